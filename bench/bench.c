@@ -1,0 +1,142 @@
+/* polar bench: prefill and decode speed of a program next to the base
+ * program, and the achieved weight bandwidth next to a plain memory copy
+ * measured in the same run. Times are the best of --reps runs; programs are
+ * interleaved within each rep so drift hits them alike. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cli/args.h"
+
+typedef struct {
+    polar_program prog;
+    char text[512];
+    double prefill_ms, decode_ms; /* best of reps: whole prefill, per decode step */
+    double bytes;                 /* read per decode step at the mean context */
+} bench_run;
+
+static polar_status time_run(polar_session *s, const polar_model *m, bench_run *r, const int *prompt, int n_prompt,
+                             int gen, polar_error *err) {
+    polar_status st = polar_session_set_program(s, &r->prog, err);
+    if (st != POLAR_OK) return st;
+    double t0 = polar_time_ms();
+    if ((st = polar_prefill(s, prompt, n_prompt, NULL, err)) != POLAR_OK) return st;
+    double t1 = polar_time_ms();
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    for (int i = 0; i < gen; i++)
+        if ((st = polar_decode_step(s, polar_argmax(polar_logits(s), info.arch.vocab), err)) != POLAR_OK) return st;
+    double t2 = polar_time_ms();
+    if (t1 - t0 < r->prefill_ms) r->prefill_ms = t1 - t0;
+    if (gen && (t2 - t1) / gen < r->decode_ms) r->decode_ms = (t2 - t1) / gen;
+    return POLAR_OK;
+}
+
+static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, double copy_gbps,
+                   const char *name, int json) {
+    const bench_run *base = &runs[0];
+    if (json) {
+        printf("{\"model\":\"%s\",\"device\":\"cpu\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,"
+               "\"copy_gbps\":%.3f,\"runs\":[",
+               name, threads, n_prompt, gen, D, copy_gbps);
+        for (int i = 0; i < n_runs; i++) {
+            const bench_run *r = &runs[i];
+            double gbps = r->bytes / (r->decode_ms * 1e6);
+            printf("%s{\"program\":\"%s\",\"executed_layers\":%d,\"prefill_ms\":%.4f,\"prefill_tok_s\":%.2f,"
+                   "\"decode_ms_per_token\":%.4f,\"decode_tok_s\":%.3f,\"bytes_per_step\":%.0f,\"gbps\":%.3f,"
+                   "\"fraction_of_copy\":%.4f,\"decode_time_vs_base\":%.4f,\"bytes_vs_base\":%.4f}",
+                   i ? "," : "", r->text, r->prog.n, r->prefill_ms, n_prompt / (r->prefill_ms * 1e-3), r->decode_ms,
+                   1e3 / r->decode_ms, r->bytes, gbps, gbps / copy_gbps, r->decode_ms / base->decode_ms,
+                   r->bytes / base->bytes);
+        }
+        printf("]}\n");
+        return;
+    }
+    printf("model %s, %d layers, cpu with %d threads, prompt %d tokens, %d decode steps (best of reps)\n", name, D,
+           threads, n_prompt, gen);
+    printf("memory copy: %.2f GB/s (bytes read + written)\n\n", copy_gbps);
+    printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
+           "decode ms", "decode/s", "GB/s", "copy%", "vs base");
+    for (int i = 0; i < n_runs; i++) {
+        const bench_run *r = &runs[i];
+        double gbps = r->bytes / (r->decode_ms * 1e6);
+        printf("%-28.28s %6d %11.2f %10.1f %11.3f %9.2f %8.2f %6.1f%% %8.3f\n", r->text, r->prog.n, r->prefill_ms,
+               n_prompt / (r->prefill_ms * 1e-3), r->decode_ms, 1e3 / r->decode_ms, gbps, 100 * gbps / copy_gbps,
+               r->decode_ms / base->decode_ms);
+    }
+    for (int i = 1; i < n_runs; i++)
+        printf("\n%s: decode time %.3f x base; bytes read %.3f x base; executed layers %.3f x base\n", runs[i].text,
+               runs[i].decode_ms / base->decode_ms, runs[i].bytes / base->bytes, (double)runs[i].prog.n / D);
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
+    int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0;
+    cli_opt opts[] = {
+        {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
+        {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
+        {"--prompt-len", OPT_INT, &n_prompt, 0}, {"--gen", OPT_INT, &gen, 0},
+        {"--reps", OPT_INT, &reps, 0},         {"--threads", OPT_INT, &threads, 0},
+        {"--json", OPT_FLAG, &json, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
+    polar_model *m;
+    int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
+    if (rc) return rc;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int D = info.arch.n_layers;
+    polar_error err;
+    bench_run runs[2];
+    memset(runs, 0, sizeof runs);
+    int n_runs = 1;
+    polar_session *s = NULL;
+    int *prompt = NULL;
+    rc = 1;
+    if (polar_program_base(D, &runs[0].prog, &err) != POLAR_OK ||
+        (program_text && polar_program_parse(program_text, D, 0, &runs[1].prog, &err) != POLAR_OK)) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    if (program_text) n_runs = 2;
+    int cap = 0;
+    for (int i = 0; i < n_runs; i++) {
+        bench_run *r = &runs[i];
+        polar_program_format(&r->prog, r->text, sizeof r->text);
+        r->prefill_ms = r->decode_ms = 1e300;
+        r->bytes = polar_decode_bytes(m, &r->prog, n_prompt + gen / 2);
+        if (r->prog.n > cap) cap = r->prog.n;
+    }
+    prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    if (!prompt) {
+        fprintf(stderr, "polar bench: error: out of memory\n");
+        goto done;
+    }
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
+    polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads};
+    if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    double copy_gbps;
+    if (polar_copy_bandwidth((size_t)256 << 20, threads, &copy_gbps, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    for (int rep = 0; rep < reps; rep++)
+        for (int i = 0; i < n_runs; i++)
+            if (time_run(s, m, &runs[i], prompt, n_prompt, gen, &err) != POLAR_OK) {
+                rc = fail_status(cmd, &err);
+                goto done;
+            }
+    const char *name = model_dir ? model_dir : preset ? preset : arch;
+    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, json);
+    rc = 0;
+done:
+    free(prompt);
+    polar_session_free(s);
+    for (int i = 0; i < 2; i++) polar_program_free(&runs[i].prog);
+    polar_model_free(m);
+    return rc;
+}

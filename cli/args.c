@@ -1,0 +1,123 @@
+#include "args.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fail_status(const char *cmd, const polar_error *err) {
+    fprintf(stderr, "polar %s: error: %s\n", cmd, err->msg);
+    return err->code == POLAR_ERR_ARG ? EXIT_USAGE : 1;
+}
+
+int fail_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "polar %s: usage error: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see polar help)\n");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+static int parse_long(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts) {
+    for (int i = 0; i < argc; i++) {
+        cli_opt *o = NULL;
+        for (int k = 0; k < n_opts; k++)
+            if (strcmp(argv[i], opts[k].name) == 0) o = &opts[k];
+        if (!o) {
+            fail_usage(cmd, "unknown option '%s'", argv[i]);
+            return 0;
+        }
+        o->seen = 1;
+        if (o->kind == OPT_FLAG) {
+            *(int *)o->dst = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fail_usage(cmd, "option %s needs a value", o->name);
+            return 0;
+        }
+        const char *v = argv[++i];
+        long long x;
+        if (o->kind == OPT_STR) {
+            *(const char **)o->dst = v;
+        } else if (o->kind == OPT_INT) {
+            if (!parse_long(v, 0, INT_MAX, &x)) {
+                fail_usage(cmd, "option %s needs a non-negative integer, got '%s'", o->name, v);
+                return 0;
+            }
+            *(int *)o->dst = (int)x;
+        } else {
+            if (!parse_long(v, 0, LLONG_MAX, &x)) {
+                fail_usage(cmd, "option %s needs a non-negative integer, got '%s'", o->name, v);
+                return 0;
+            }
+            *(uint64_t *)o->dst = (uint64_t)x;
+        }
+    }
+    return 1;
+}
+
+int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
+    size_t cap = strlen(text) / 2 + 1;
+    int *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        fprintf(stderr, "polar %s: error: out of memory\n", cmd);
+        return 0;
+    }
+    int k = 0;
+    const char *s = text;
+    for (;;) {
+        while (*s == ' ') s++;
+        if (*s < '0' || *s > '9') {
+            fail_usage(cmd, "--tokens: token id expected at column %d of '%s'", (int)(s - text) + 1, text);
+            free(ids);
+            return 0;
+        }
+        long long v = 0;
+        const char *start = s;
+        while (*s >= '0' && *s <= '9') {
+            v = v * 10 + (*s++ - '0');
+            if (v > INT_MAX) {
+                fail_usage(cmd, "--tokens: id too large at column %d", (int)(start - text) + 1);
+                free(ids);
+                return 0;
+            }
+        }
+        ids[k++] = (int)v;
+        while (*s == ' ') s++;
+        if (!*s) break;
+        if (*s != ',' || (size_t)k >= cap) {
+            fail_usage(cmd, "--tokens: ',' expected at column %d of '%s'", (int)(s - text) + 1, text);
+            free(ids);
+            return 0;
+        }
+        s++;
+    }
+    *out = ids;
+    *n = k;
+    return 1;
+}
+
+int open_model(const char *cmd, const char *model, const char *preset, const char *arch, uint64_t seed,
+               polar_model **out) {
+    polar_error err;
+    if (!!model + !!preset + !!arch != 1) return fail_usage(cmd, "give exactly one of --model, --preset, --arch");
+    if (model) return polar_model_load(model, out, &err) == POLAR_OK ? 0 : fail_status(cmd, &err);
+    polar_arch a;
+    polar_status st = preset ? polar_arch_preset(preset, &a, &err) : polar_arch_default(arch, &a, &err);
+    if (st == POLAR_OK) st = polar_model_random(&a, seed, out, &err);
+    return st == POLAR_OK ? 0 : fail_status(cmd, &err);
+}

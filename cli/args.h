@@ -1,0 +1,37 @@
+/* Command-line options by table, and the CLI's one-line error reports.
+ * Exit codes: 0 success, 2 usage error, 1 any other failure. */
+#ifndef POLAR_CLI_ARGS_H
+#define POLAR_CLI_ARGS_H
+
+#include "polar.h"
+
+enum { EXIT_USAGE = 2 };
+
+typedef enum { OPT_STR, OPT_INT, OPT_U64, OPT_FLAG } opt_kind;
+
+typedef struct {
+    const char *name;   /* "--model" */
+    opt_kind kind;
+    void *dst;          /* const char **, int *, uint64_t *, int * */
+    int seen;           /* set by parse_opts */
+} cli_opt;
+
+/* Fill the table from argv; on a bad option print one line and return 0. */
+int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts);
+
+/* "polar CMD: error: MSG" on stderr; returns 1 (or 2 for usage errors). */
+int fail_status(const char *cmd, const polar_error *err);
+int fail_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "1,2,3" -> ints; on error print and return 0. *out is malloc'd. */
+int parse_token_list(const char *cmd, const char *text, int **out, int *n);
+
+/* Load a model directory or build a preset / default arch in memory. */
+int open_model(const char *cmd, const char *model, const char *preset, const char *arch, uint64_t seed,
+               polar_model **out);
+
+int cmd_run(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

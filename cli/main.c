@@ -1,0 +1,44 @@
+/* polar: the command-line interface. It uses nothing but include/polar.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "args.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "polar %s: run an LLM as a program of layers\n"
+            "\n"
+            "  polar run --model DIR (--tokens 1,2,3 | --prompt TEXT) [--program SPEC] [--max-new N]\n"
+            "            [--ctx N] [--threads N] [--ignore-eos] [--json]\n"
+            "  polar mkmodel (--arch llama|qwen2|qwen3 | --preset NAME) [--layers N --hidden N --heads N\n"
+            "            --kv-heads N --head-dim N --ffn N --vocab N] [--seed S] --out DIR\n"
+            "  polar bench (--model DIR | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
+            "            [--gen N] [--reps N] [--threads N] [--json]\n"
+            "\n"
+            "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
+            "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n"
+            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b (real shapes, random weights).\n"
+            "Exit status: 0 success, 2 usage error, 1 any other failure.\n",
+            POLAR_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
+    if (strcmp(cmd, "mkmodel") == 0) return cmd_mkmodel(argc - 2, argv + 2);
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("polar %s\n", POLAR_VERSION);
+        return 0;
+    }
+    fprintf(stderr, "polar: usage error: unknown command '%s' (see polar help)\n", cmd);
+    return EXIT_USAGE;
+}

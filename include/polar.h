@@ -1,0 +1,214 @@
+/* polar: run a pretrained decoder-only LLM as a program of layers.
+ *
+ * The public C API. Every call that can fail returns a polar_status and, when
+ * the caller passes a non-NULL polar_error, fills it with the same code and a
+ * one-line message saying what failed, where, and why. The library holds no
+ * global mutable state: models and sessions are independent objects, and a
+ * model may be shared read-only by several sessions on several threads (one
+ * thread per session at a time).
+ */
+#ifndef POLAR_H
+#define POLAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define POLAR_VERSION "0.1.0"
+
+typedef enum {
+    POLAR_OK = 0,
+    POLAR_ERR_ARG,         /* bad argument from the caller */
+    POLAR_ERR_IO,          /* file missing, unreadable, unwritable */
+    POLAR_ERR_FORMAT,      /* malformed file: JSON, safetensors */
+    POLAR_ERR_CONFIG,      /* config.json missing, mistyped or inconsistent fields */
+    POLAR_ERR_UNSUPPORTED, /* valid input this build cannot run (model type, rope type, device) */
+    POLAR_ERR_PROGRAM,     /* program text malformed or out of range */
+    POLAR_ERR_RANGE,       /* token id outside the vocabulary, context full */
+    POLAR_ERR_NOMEM,       /* allocation failed */
+} polar_status;
+
+typedef struct {
+    polar_status code;
+    char msg[512];
+} polar_error;
+
+/* Name of a status code, e.g. "format". */
+const char *polar_status_name(polar_status s);
+
+/* ------------------------------------------------------------------ models */
+
+typedef struct polar_model polar_model;
+
+/* The architecture of a model: what config.json says, normalised. */
+typedef struct {
+    char arch[16];          /* "llama", "qwen2", "qwen3" */
+    int n_layers;           /* D */
+    int hidden;             /* model width */
+    int n_heads;            /* query heads */
+    int n_kv_heads;         /* key/value heads (GQA groups) */
+    int head_dim;           /* per-head width; may differ from hidden/n_heads (Qwen3) */
+    int ffn;                /* MLP intermediate size */
+    int vocab;
+    int max_pos;            /* max_position_embeddings */
+    double rope_theta;
+    int rope_llama3;        /* 1: llama3 frequency scaling below is in force */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
+    double rms_eps;
+    int tied_embeddings;    /* lm_head shares the token embedding */
+    int qkv_bias;           /* q/k/v projections carry a bias (Qwen2) */
+    int qk_norm;            /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int n_eos;
+    int eos[8];             /* end-of-sequence ids (config + generation_config) */
+} polar_arch;
+
+typedef struct {
+    polar_arch arch;
+    size_t n_params;
+    size_t layer_bytes;     /* bytes of weights of one decoder layer (bf16) */
+    size_t embed_bytes;     /* token embedding table */
+    size_t head_bytes;      /* final norm + lm_head (0 extra when tied, beyond the norm) */
+    size_t weight_bytes;    /* all weights */
+} polar_model_info;
+
+/* Load a Hugging Face checkpoint directory (config.json + model.safetensors
+ * or a sharded model.safetensors.index.json). BF16 tensors are used in place
+ * from the mapped file; F16/F32 are converted to bf16. */
+polar_status polar_model_load(const char *dir, polar_model **out, polar_error *err);
+
+/* Default shape for an architecture ("llama", "qwen2", "qwen3"): a tiny model
+ * for tests and demos. Fields may be edited before polar_model_random. */
+polar_status polar_arch_default(const char *arch, polar_arch *out, polar_error *err);
+
+/* Real shapes: "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b". */
+polar_status polar_arch_preset(const char *name, polar_arch *out, polar_error *err);
+
+/* Names of the presets, NULL-terminated. */
+const char *const *polar_preset_names(void);
+
+/* A model with deterministic random weights (rounded to bf16) of this shape,
+ * built in memory. The same arch and seed give the same weights. */
+polar_status polar_model_random(const polar_arch *arch, uint64_t seed, polar_model **out,
+                                polar_error *err);
+
+/* Write a model as a checkpoint directory: config.json + model.safetensors. */
+polar_status polar_model_save(const polar_model *m, const char *dir, polar_error *err);
+
+polar_status polar_model_info_get(const polar_model *m, polar_model_info *out);
+void polar_model_free(polar_model *m);
+
+/* ---------------------------------------------------------------- programs */
+
+/* A program: the sequence of layer indices executed, each in [0, D). */
+typedef struct {
+    int n;
+    int *layers;
+} polar_program;
+
+/* Parse program text: "base", or comma-separated terms "A", "A-B" with an
+ * optional "xN" suffix, or a JSON list of ints. Whitespace is ignored.
+ * max_len <= 0 means the default limit 4*D. Errors name the character
+ * position (1-based column) of the fault. Free with polar_program_free. */
+polar_status polar_program_parse(const char *text, int n_layers, int max_len, polar_program *out,
+                                 polar_error *err);
+
+/* The base program 0..D-1. */
+polar_status polar_program_base(int n_layers, polar_program *out, polar_error *err);
+
+/* Write a program in its compact text form ("0-5,6-7x2,9-27"); returns the
+ * length it needs (like snprintf). */
+int polar_program_format(const polar_program *p, char *buf, size_t size);
+
+void polar_program_free(polar_program *p);
+
+/* ---------------------------------------------------------------- sessions */
+
+typedef struct polar_session polar_session;
+
+typedef struct {
+    int max_ctx;         /* tokens the KV cache holds; 0: min(max_pos, 4096) */
+    int max_program_len; /* execution positions the cache holds; 0: the program's length */
+    int n_threads;       /* CPU threads; 0: all available */
+} polar_session_opts;
+
+/* Create a session running `program` on `m`. The KV cache (one slot per
+ * execution position per token) and every workspace are allocated here;
+ * nothing is allocated per token. The model must outlive the session. */
+polar_status polar_session_create(const polar_model *m, const polar_program *program,
+                                  const polar_session_opts *opts, polar_session **out,
+                                  polar_error *err);
+
+void polar_session_free(polar_session *s);
+
+/* Replace the program (length <= max_program_len) and clear the cache. */
+polar_status polar_session_set_program(polar_session *s, const polar_program *program,
+                                       polar_error *err);
+
+/* Forget every token: the cache is empty again. */
+void polar_session_reset(polar_session *s);
+
+/* CPU threads the session computes with. */
+int polar_session_threads(const polar_session *s);
+
+/* Tokens in the cache so far. */
+int polar_session_pos(const polar_session *s);
+
+/* Append n tokens: run them through the program, filling the cache. The
+ * logits of the last one become polar_logits(). When all_logits is not
+ * NULL it receives the logits of every appended token (n x vocab). */
+polar_status polar_prefill(polar_session *s, const int *tokens, int n, float *all_logits,
+                           polar_error *err);
+
+/* Append one token (same as polar_prefill with n = 1). */
+polar_status polar_decode_step(polar_session *s, int token, polar_error *err);
+
+/* Logits (vocab floats) of the last token appended; NULL before any. */
+const float *polar_logits(const polar_session *s);
+
+/* Index of the largest logit, the lowest index on ties. */
+int polar_argmax(const float *logits, int n);
+
+typedef struct {
+    int max_new;        /* tokens to generate at most */
+    int ignore_eos;     /* 1: do not stop at an eos id */
+} polar_gen_opts;
+
+typedef struct {
+    int n_prompt;
+    int n_generated;
+    int stopped_at_eos;
+    double prefill_ms;
+    double decode_ms;   /* total over the decode steps (n_generated - 1 of them) */
+} polar_gen_stats;
+
+/* Called after each generated token; return non-zero to stop early. */
+typedef int (*polar_token_cb)(int token, void *user);
+
+/* Greedy generation: reset, prefill the prompt, then pick the argmax token
+ * and feed it back until an eos id or max_new tokens. out must hold max_new
+ * ids. */
+polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
+                            const polar_gen_opts *opts, int *out, polar_gen_stats *stats,
+                            polar_token_cb cb, void *user, polar_error *err);
+
+/* --------------------------------------------------------------- measuring */
+
+/* Bandwidth of a plain memory copy of `bytes` bytes with n_threads threads
+ * (0: all), in GB/s counting bytes read plus bytes written. */
+polar_status polar_copy_bandwidth(size_t bytes, int n_threads, double *gbps, polar_error *err);
+
+/* Bytes one decode step at context length ctx reads: the executed layers'
+ * weights, their KV cache rows, one embedding row, the final norm and head. */
+double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx);
+
+/* Monotonic clock in milliseconds. */
+double polar_time_ms(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

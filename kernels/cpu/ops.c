@@ -1,0 +1,117 @@
+#include "ops.h"
+
+#include <math.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+void cpu_embed(float *out, const bf16 *table, int token, int hidden) {
+    const bf16 *row = table + (size_t)token * hidden;
+    for (int i = 0; i < hidden; i++) out[i] = bf16_to_f32(row[i]);
+}
+
+void cpu_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = bf16_to_f32(w[i]) * (x[i] * inv);
+}
+
+/* Up to TB tokens share each pass over a weight row, so a row is read from
+ * memory once per TB tokens; decode (T = 1) is a pure streaming GEMV. */
+#define TB 4
+
+#if defined(__AVX512F__)
+static inline __m512 load16_bf16(const bf16 *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+static void dot_rows(float *acc, const float *x, const bf16 *wr, int nt, int cols) {
+    int j = 0;
+#if defined(__AVX512F__)
+    __m512 v[TB];
+    for (int t = 0; t < nt; t++) v[t] = _mm512_setzero_ps();
+    for (; j + 16 <= cols; j += 16) {
+        __m512 wv = load16_bf16(wr + j);
+        for (int t = 0; t < nt; t++) v[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)t * cols + j), v[t]);
+    }
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_reduce_add_ps(v[t]);
+#else
+    for (int t = 0; t < nt; t++) acc[t] = 0.0f;
+#endif
+    for (; j < cols; j++) {
+        float wj = bf16_to_f32(wr[j]);
+        for (int t = 0; t < nt; t++) acc[t] += wj * x[(size_t)t * cols + j];
+    }
+}
+
+void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                int accumulate, int n_threads) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const bf16 *wr = w + (size_t)r * cols;
+        float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
+        for (int t0 = 0; t0 < T; t0 += TB) {
+            int nt = T - t0 < TB ? T - t0 : TB;
+            float acc[TB];
+            dot_rows(acc, x + (size_t)t0 * cols, wr, nt, cols);
+            for (int t = 0; t < nt; t++) {
+                float *dst = &y[(size_t)(t0 + t) * rows + r];
+                *dst = accumulate ? *dst + (acc[t] + b) : acc[t] + b;
+            }
+        }
+    }
+}
+
+void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos) {
+    for (int i = 0; i < half; i++) {
+        float angle = (float)pos * inv_freq[i];
+        cs[i] = (float)cos((double)angle);
+        sn[i] = (float)sin((double)angle);
+    }
+}
+
+void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + half] = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+                        int n_heads, int n_kv, int hd, float *scores) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd;
+    const float *qh = q + (size_t)h * hd;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+        const float *kj = k_cache + (size_t)j * kv_dim + (size_t)kvh * hd;
+        float s = 0.0f;
+        for (int i = 0; i < hd; i++) s += qh[i] * kj[i];
+        scores[j] = s * scale;
+        if (scores[j] > mx) mx = scores[j];
+    }
+    float sum = 0.0f;
+    for (int j = 0; j <= pos; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    float *oh = out + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) oh[i] = 0.0f;
+    for (int j = 0; j <= pos; j++) {
+        const float *vj = v_cache + (size_t)j * kv_dim + (size_t)kvh * hd;
+        float p = scores[j] / sum;
+        for (int i = 0; i < hd; i++) oh[i] += p * vj[i];
+    }
+}
+
+void cpu_swiglu(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}

@@ -1,0 +1,36 @@
+/* CPU reference kernels: f32 math over bf16 weights, following Hugging Face
+ * transformers' modeling code. These are the oracle for every GPU kernel.
+ * Shapes are given next to every argument; matrices are row-major. */
+#ifndef POLAR_CPU_OPS_H
+#define POLAR_CPU_OPS_H
+
+#include "bf16.h"
+
+/* out[hidden] = table[token, :] */
+void cpu_embed(float *out, const bf16 *table, int token, int hidden);
+
+/* out[n] = x / sqrt(mean(x^2) + eps) * w   (out may alias x) */
+void cpu_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps);
+
+/* y[T, rows] (=|+=) x[T, cols] . w[rows, cols]^T (+ bias[rows]).
+ * accumulate != 0 adds into y (a fused residual). Threads split the rows. */
+void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                int accumulate, int n_threads);
+
+/* cos/sin tables for one position: cs[half], sn[half] where half = head_dim/2:
+ * angle_i = pos * inv_freq_i (f32, as transformers computes it). */
+void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos);
+
+/* Rotate-half RoPE in place on x[n_heads, head_dim]: pair (i, i + d/2). */
+void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
+
+/* Causal GQA attention of one token at cache position `pos` over cache rows
+ * 0..pos. q[n_heads, hd]; k_cache, v_cache [ctx, n_kv*hd]; out[n_heads, hd];
+ * scores[pos + 1] scratch. Query head h reads kv head h / (n_heads/n_kv). */
+void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+                        int n_heads, int n_kv, int hd, float *scores);
+
+/* g[n] = silu(g) * u */
+void cpu_swiglu(float *g, const float *u, int n);
+
+#endif

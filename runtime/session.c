@@ -1,0 +1,275 @@
+/* A session runs one program over a growing token sequence on the CPU.
+ *
+ * The KV cache is keyed by execution position: entry k of the program owns
+ * slot k, whatever layer it runs. A layer repeated in the program therefore
+ * gets one slot per occurrence, a skipped layer none: exactly an unrolled
+ * model with tied weights, so decoding with the cache equals a full
+ * recompute. Everything is allocated in polar_session_create. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/ops.h"
+#include "error.h"
+#include "model.h"
+
+/* Tokens pushed through the layers together during prefill; bounds the
+ * workspaces while letting each weight row serve several tokens. */
+#define PREFILL_CHUNK 32
+
+struct polar_session {
+    const polar_model *m;
+    int *program;       /* [cap_program] layer index per execution position */
+    int n_program, cap_program;
+    int max_ctx, pos, n_threads;
+    float *k_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
+    float *v_cache;     /* same */
+    float *x;           /* [CHUNK, hidden] residual stream */
+    float *xn;          /* [CHUNK, hidden] normed input of a sublayer */
+    float *q;           /* [CHUNK, n_heads*head_dim] */
+    float *k, *v;       /* [CHUNK, n_kv*head_dim] */
+    float *att;         /* [CHUNK, n_heads*head_dim] attention output */
+    float *gate, *up;   /* [CHUNK, ffn] */
+    float *cos, *sin;   /* [CHUNK, head_dim/2] rope tables of the chunk's positions */
+    float *scores;      /* [n_threads, max_ctx] softmax scratch */
+    float *logits;      /* [vocab] of the last token */
+    int has_logits;
+};
+
+static polar_status check_program(const polar_model *m, const polar_program *p, polar_error *err) {
+    if (!p || p->n < 1 || !p->layers) return polar_fail(err, POLAR_ERR_PROGRAM, "program: empty program");
+    for (int i = 0; i < p->n; i++)
+        if (p->layers[i] < 0 || p->layers[i] >= m->arch.n_layers)
+            return polar_fail(err, POLAR_ERR_PROGRAM, "program: entry %d is layer %d, outside 0..%d", i,
+                              p->layers[i], m->arch.n_layers - 1);
+    return POLAR_OK;
+}
+
+polar_status polar_session_create(const polar_model *m, const polar_program *program,
+                                  const polar_session_opts *opts, polar_session **out, polar_error *err) {
+    *out = NULL;
+    if (!m) return polar_fail(err, POLAR_ERR_ARG, "no model given");
+    polar_status st = check_program(m, program, err);
+    if (st != POLAR_OK) return st;
+    const polar_arch *a = &m->arch;
+    polar_session_opts o = opts ? *opts : (polar_session_opts){0};
+    if (o.max_ctx < 0 || o.max_program_len < 0 || o.n_threads < 0)
+        return polar_fail(err, POLAR_ERR_ARG, "session options must not be negative");
+    if (o.max_ctx == 0) o.max_ctx = a->max_pos < 4096 ? a->max_pos : 4096;
+    if (o.max_program_len < program->n) o.max_program_len = program->n;
+    if (o.n_threads == 0) o.n_threads = omp_get_max_threads();
+    polar_session *s = calloc(1, sizeof *s);
+    if (!s) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory creating the session");
+    s->m = m;
+    s->max_ctx = o.max_ctx;
+    s->cap_program = o.max_program_len;
+    s->n_threads = o.n_threads;
+    size_t q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim, C = PREFILL_CHUNK;
+    size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
+    s->program = malloc((size_t)s->cap_program * sizeof *s->program);
+    s->k_cache = malloc(cache * sizeof(float));
+    s->v_cache = malloc(cache * sizeof(float));
+    s->x = malloc(C * a->hidden * sizeof(float));
+    s->xn = malloc(C * a->hidden * sizeof(float));
+    s->q = malloc(C * q * sizeof(float));
+    s->k = malloc(C * kv * sizeof(float));
+    s->v = malloc(C * kv * sizeof(float));
+    s->att = malloc(C * q * sizeof(float));
+    s->gate = malloc(C * a->ffn * sizeof(float));
+    s->up = malloc(C * a->ffn * sizeof(float));
+    s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
+    s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
+    s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
+    s->logits = malloc((size_t)a->vocab * sizeof(float));
+    if (!s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
+        !s->gate || !s->up || !s->cos || !s->sin || !s->scores || !s->logits) {
+        polar_session_free(s);
+        return polar_fail(err, POLAR_ERR_NOMEM,
+                          "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
+                          2 * cache * sizeof(float) >> 20, o.max_program_len, o.max_ctx);
+    }
+    memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));
+    s->n_program = program->n;
+    *out = s;
+    return POLAR_OK;
+}
+
+polar_status polar_session_set_program(polar_session *s, const polar_program *program, polar_error *err) {
+    polar_status st = check_program(s->m, program, err);
+    if (st != POLAR_OK) return st;
+    if (program->n > s->cap_program)
+        return polar_fail(err, POLAR_ERR_PROGRAM,
+                          "program: %d entries but the session's cache holds %d execution positions", program->n,
+                          s->cap_program);
+    memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));
+    s->n_program = program->n;
+    polar_session_reset(s);
+    return POLAR_OK;
+}
+
+void polar_session_reset(polar_session *s) {
+    s->pos = 0;
+    s->has_logits = 0;
+}
+
+int polar_session_pos(const polar_session *s) { return s->pos; }
+
+int polar_session_threads(const polar_session *s) { return s->n_threads; }
+
+const float *polar_logits(const polar_session *s) { return s->has_logits ? s->logits : NULL; }
+
+void polar_session_free(polar_session *s) {
+    if (!s) return;
+    free(s->program);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->x);
+    free(s->xn);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->gate);
+    free(s->up);
+    free(s->cos);
+    free(s->sin);
+    free(s->scores);
+    free(s->logits);
+    free(s);
+}
+
+/* One decoder layer (weights w) at execution position slot, for T tokens at
+ * positions s->pos .. s->pos+T-1. */
+static void layer_forward(polar_session *s, const layer_weights *w, int slot, int T) {
+    const polar_arch *a = &s->m->arch;
+    int hd = a->head_dim, half = hd / 2, nt = s->n_threads;
+    int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
+    float eps = (float)a->rms_eps;
+    float *kc = s->k_cache + (size_t)slot * s->max_ctx * kvd;
+    float *vc = s->v_cache + (size_t)slot * s->max_ctx * kvd;
+
+    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->attn_norm, a->hidden, eps);
+    cpu_matmul(s->q, s->xn, w->wq, w->bq, T, qd, a->hidden, 0, nt);
+    cpu_matmul(s->k, s->xn, w->wk, w->bk, T, kvd, a->hidden, 0, nt);
+    cpu_matmul(s->v, s->xn, w->wv, w->bv, T, kvd, a->hidden, 0, nt);
+    for (int t = 0; t < T; t++) {
+        float *qt = s->q + (size_t)t * qd, *kt = s->k + (size_t)t * kvd;
+        if (w->q_norm) {
+            for (int h = 0; h < a->n_heads; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, w->q_norm, hd, eps);
+            for (int h = 0; h < a->n_kv_heads; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, w->k_norm, hd, eps);
+        }
+        cpu_rope(qt, s->cos + (size_t)t * half, s->sin + (size_t)t * half, a->n_heads, hd);
+        cpu_rope(kt, s->cos + (size_t)t * half, s->sin + (size_t)t * half, a->n_kv_heads, hd);
+        memcpy(kc + (size_t)(s->pos + t) * kvd, kt, (size_t)kvd * sizeof(float));
+        memcpy(vc + (size_t)(s->pos + t) * kvd, s->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic)
+    for (int th = 0; th < T * a->n_heads; th++) {
+        int t = th / a->n_heads, h = th % a->n_heads;
+        float *scores = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
+        cpu_attention_head(s->att + (size_t)t * qd, s->q + (size_t)t * qd, kc, vc, s->pos + t, h, a->n_heads,
+                           a->n_kv_heads, hd, scores);
+    }
+    cpu_matmul(s->x, s->att, w->wo, NULL, T, a->hidden, qd, 1, nt);
+
+    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->mlp_norm, a->hidden, eps);
+    cpu_matmul(s->gate, s->xn, w->w_gate, NULL, T, a->ffn, a->hidden, 0, nt);
+    cpu_matmul(s->up, s->xn, w->w_up, NULL, T, a->ffn, a->hidden, 0, nt);
+    for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);
+    cpu_matmul(s->x, s->gate, w->w_down, NULL, T, a->hidden, a->ffn, 1, nt);
+}
+
+/* T <= PREFILL_CHUNK tokens through the whole program; logits of all of them
+ * into all_logits (T x vocab) when given, of the last into s->logits. */
+static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits) {
+    const polar_model *m = s->m;
+    const polar_arch *a = &m->arch;
+    int half = a->head_dim / 2;
+    for (int t = 0; t < T; t++) {
+        cpu_embed(s->x + (size_t)t * a->hidden, m->embed, tokens[t], a->hidden);
+        cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
+    }
+    for (int k = 0; k < s->n_program; k++) layer_forward(s, &m->layers[s->program[k]], k, T);
+    int first = all_logits ? 0 : T - 1;
+    for (int t = first; t < T; t++)
+        cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, m->final_norm, a->hidden,
+                    (float)a->rms_eps);
+    if (all_logits)
+        cpu_matmul(all_logits, s->xn, m->lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads);
+    cpu_matmul(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, NULL, 1, a->vocab, a->hidden, 0,
+               s->n_threads);
+    s->pos += T;
+    s->has_logits = 1;
+}
+
+polar_status polar_prefill(polar_session *s, const int *tokens, int n, float *all_logits, polar_error *err) {
+    if (!s || (!tokens && n)) return polar_fail(err, POLAR_ERR_ARG, "prefill: no session or tokens");
+    if (n < 1) return polar_fail(err, POLAR_ERR_ARG, "prefill: no tokens given");
+    int vocab = s->m->arch.vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return polar_fail(err, POLAR_ERR_RANGE, "token %d (at index %d) is outside the vocabulary 0..%d",
+                              tokens[i], i, vocab - 1);
+    if (n > s->max_ctx - s->pos)
+        return polar_fail(err, POLAR_ERR_RANGE, "%d tokens do not fit: the context holds %d and %d are used", n,
+                          s->max_ctx, s->pos);
+    for (int i = 0; i < n; i += PREFILL_CHUNK) {
+        int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+        /* When all logits are wanted, the last-token copy is redundant but cheap
+         * next to the chunk's own head matmul. */
+        forward_chunk(s, tokens + i, T, all_logits ? all_logits + (size_t)i * vocab : NULL);
+    }
+    return POLAR_OK;
+}
+
+polar_status polar_decode_step(polar_session *s, int token, polar_error *err) {
+    return polar_prefill(s, &token, 1, NULL, err);
+}
+
+int polar_argmax(const float *logits, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+static int is_eos(const polar_arch *a, int token) {
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos[i] == token) return 1;
+    return 0;
+}
+
+polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, const polar_gen_opts *opts, int *out,
+                            polar_gen_stats *stats, polar_token_cb cb, void *user, polar_error *err) {
+    polar_gen_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (!s || !opts || (!out && opts->max_new > 0)) return polar_fail(err, POLAR_ERR_ARG, "generate: missing argument");
+    if (opts->max_new < 0) return polar_fail(err, POLAR_ERR_ARG, "generate: max_new must not be negative");
+    if (n_prompt > s->max_ctx)
+        return polar_fail(err, POLAR_ERR_RANGE, "prompt of %d tokens is longer than the context (%d)", n_prompt,
+                          s->max_ctx);
+    if (opts->max_new > 1 && n_prompt + opts->max_new - 1 > s->max_ctx)
+        return polar_fail(err, POLAR_ERR_RANGE, "prompt (%d) + generated tokens (%d) exceed the context (%d)", n_prompt,
+                          opts->max_new, s->max_ctx);
+    polar_session_reset(s);
+    stats->n_prompt = n_prompt;
+    double t0 = polar_time_ms();
+    polar_status st = polar_prefill(s, prompt, n_prompt, NULL, err);
+    if (st != POLAR_OK) return st;
+    stats->prefill_ms = polar_time_ms() - t0;
+    double td = polar_time_ms();
+    for (int i = 0; i < opts->max_new; i++) {
+        if (i > 0 && (st = polar_decode_step(s, out[i - 1], err)) != POLAR_OK) return st;
+        int tok = polar_argmax(s->logits, s->m->arch.vocab);
+        out[i] = tok;
+        stats->n_generated = i + 1;
+        if (cb && cb(tok, user)) break;
+        if (!opts->ignore_eos && is_eos(&s->m->arch, tok)) {
+            stats->stopped_at_eos = 1;
+            break;
+        }
+    }
+    stats->decode_ms = polar_time_ms() - td;
+    return POLAR_OK;
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Make the golden fixtures polar's CPU runtime is checked against.
+
+Run by hand (not by CI):  pip install torch transformers safetensors
+                          python3 tests/golden/make_golden.py
+
+For each architecture a tiny random model is built by Hugging Face
+transformers, its weights rounded to bf16 and saved with save_pretrained
+(config.json + model.safetensors, as transformers writes them). Then, in
+float32 with eager attention, for every program the model's layer list is
+rebuilt (layers[i] for i in the program) and run without a cache: the logits
+at every prompt position and 8 greedy tokens, each from a full recompute.
+Everything lands in tests/golden/<arch>/expected.safetensors.
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GREEDY = 8
+
+COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, bos_token_id=0, eos_token_id=255, hidden_act="silu")
+
+MODELS = {
+    # GQA, llama3 rope scaling (original context 32 so all three frequency bands occur), tied embeddings
+    "llama": (LlamaConfig, LlamaForCausalLM,
+              dict(COMMON, intermediate_size=128, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                   rope_theta=10000.0,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # q/k/v bias, untied head
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM,
+              dict(COMMON, intermediate_size=160, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                   tie_word_embeddings=False)),
+    # q_norm/k_norm, head_dim (32) != hidden/heads (16)
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM,
+              dict(COMMON, intermediate_size=128, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                   tie_word_embeddings=False)),
+}
+
+# name -> (program text in polar's grammar, layer list)
+PROGRAMS = [
+    ("base", "base", [0, 1, 2, 3]),
+    ("skip", "0,3", [0, 3]),
+    ("repeat", "0,1-2x2,3", [0, 1, 2, 1, 2, 3]),
+    ("mixed", "0,2-3x2", [0, 2, 3, 2, 3]),
+    ("reorder", "0,2,1,3", [0, 2, 1, 3]),
+]
+
+PROMPT = [17, 3, 200, 45, 91, 128, 7]
+
+
+def init_weights(model, seed):
+    """Weights ~ N(0, 1/fan_in) so every layer matters; norms near 1; small biases."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+
+
+def run_program(model, layers, layer_types, prog, ids):
+    """The model with its layer list rebuilt for the program (per-layer config lists too)."""
+    model.model.layers = torch.nn.ModuleList([layers[i] for i in prog])
+    model.config.num_hidden_layers = len(prog)
+    if layer_types:
+        model.config.layer_types = [layer_types[i] for i in prog]
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+
+
+def main():
+    torch.set_num_threads(2)
+    for seed, (arch, (cfg_cls, model_cls, kw)) in enumerate(MODELS.items()):
+        out = os.path.join(HERE, arch)
+        os.makedirs(out, exist_ok=True)
+        cfg = cfg_cls(**kw)
+        torch.manual_seed(seed)
+        model = model_cls(cfg).float().eval()
+        init_weights(model, 1000 + seed)
+        model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+        # Reload in float32 as a user would: the bf16 round trip above also
+        # rounded non-weight buffers (RoPE inv_freq), which must stay f32.
+        model = model_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+        layers = list(model.model.layers)
+        layer_types = list(getattr(model.config, "layer_types", None) or [])
+        tensors = {"prompt": torch.tensor(PROMPT, dtype=torch.int32)}
+        for k, (name, text, prog) in enumerate(PROGRAMS):
+            tensors[f"{name}.logits"] = run_program(model, layers, layer_types, prog, PROMPT).contiguous()
+            seq = list(PROMPT)
+            for _ in range(GREEDY):  # full recompute each step: no cache anywhere
+                seq.append(int(run_program(model, layers, layer_types, prog, seq)[-1].argmax()))
+            tensors[f"{name}.tokens"] = torch.tensor(seq[len(PROMPT):], dtype=torch.int32)
+            tensors[f"{name}.program"] = torch.tensor(prog, dtype=torch.int32)
+        meta = {"programs": json.dumps([[n, t] for n, t, _ in PROGRAMS]),
+                "transformers": transformers.__version__, "torch": torch.__version__}
+        save_file(tensors, os.path.join(out, "expected.safetensors"), metadata=meta)
+        print(arch, {n: tensors[f"{n}.tokens"].tolist() for n, _, _ in PROGRAMS})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Run every test program and the CLI tests; print each case and end with
+# "N passed, M failed". A program that dies (signal, non-zero exit without a
+# FAIL line) counts as one more failure.
+BUILD=${BUILD:-build}
+export BUILD
+passed=0
+failed=0
+log=$(mktemp)
+run() {
+    name=$1
+    shift
+    "$@" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    p=$(grep -c '^PASS ' "$log")
+    f=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL $name (exited with status $rc)"
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+}
+for t in test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache; do
+    run "$t" "$BUILD/tests/$t"
+done
+run cli_test sh tests/cli_test.sh
+rm -f "$log"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
