@@ -119,8 +119,8 @@ polar_status polar_program_parse(const char *text, int n_layers, int max_len, po
 /* The base program 0..D-1. */
 polar_status polar_program_base(int n_layers, polar_program *out, polar_error *err);
 
-/* Write a program in its compact text form ("0-5,6-7x2,9-27"); returns the
- * length it needs (like snprintf). */
+/* Write a program in its shortest text form ("0-5,6-7x2,9-27"); returns the
+ * length it needs (like snprintf), or -1 when out of memory. */
 int polar_program_format(const polar_program *p, char *buf, size_t size);
 
 void polar_program_free(polar_program *p);

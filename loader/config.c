@@ -161,6 +161,13 @@ polar_status config_parse(const char *text, size_t len, const char *what, polar_
         (st = get_bool(&c, "use_sliding_window", 0, &sliding)) || (st = parse_rope(&c, a)) ||
         (st = add_eos(&c, json_get(c.root, "eos_token_id"), a)))
         goto done;
+    const json_value *types = json_get(c.root, "layer_types");
+    for (size_t i = 0; types && types->type == JSON_ARRAY && i < types->len; i++)
+        if (types->items[i]->type != JSON_STRING || strcmp(types->items[i]->str, "full_attention") != 0) {
+            st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: layer_types[%zu] is not \"full_attention\" "
+                            "(sliding_attention is not supported)", what, i);
+            goto done;
+        }
     const json_value *act = json_get(c.root, "hidden_act");
     if (act && (act->type != JSON_STRING || strcmp(act->str, "silu") != 0)) {
         st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", what);

@@ -159,27 +159,63 @@ polar_status polar_program_base(int n_layers, polar_program *out, polar_error *e
     return POLAR_OK;
 }
 
-/* Runs of consecutive layers become "A-B"; a run repeated back to back
- * becomes "A-BxN". */
+/* Length of the run of consecutive layers starting at i. */
+static int run_length(const polar_program *p, int i) {
+    int j = i + 1;
+    while (j < p->n && p->layers[j] == p->layers[j - 1] + 1) j++;
+    return j - i;
+}
+
+/* How many times layers[i .. i+len) occurs back to back from i. */
+static int repeat_count(const polar_program *p, int i, int len) {
+    int r = 1;
+    while (i + (r + 1) * len <= p->n &&
+           memcmp(p->layers + i, p->layers + i + r * len, (size_t)len * sizeof(int)) == 0)
+        r++;
+    return r;
+}
+
+/* The shortest text: a DP over suffixes choosing terms "A-B" repeated xN,
+ * fewest terms first, then the most layers covered by repeats, so that
+ * 0-5,6-7x2 is preferred to the equally short 0-7,6-7. */
 int polar_program_format(const polar_program *p, char *buf, size_t size) {
-    size_t k = 0;
+    int n = p->n;
+    int *terms = malloc((size_t)(n + 1) * sizeof *terms), *rep = malloc((size_t)(n + 1) * sizeof *rep);
+    int *len = malloc((size_t)(n + 1) * sizeof *len), *cnt = malloc((size_t)(n + 1) * sizeof *cnt);
     if (size) buf[0] = 0;
-    for (int i = 0; i < p->n;) {
-        int j = i + 1;
-        while (j < p->n && p->layers[j] == p->layers[j - 1] + 1) j++;
-        int len = j - i, reps = 1;
-        while (j + len <= p->n && memcmp(p->layers + i, p->layers + j, (size_t)len * sizeof(int)) == 0) {
-            reps++;
-            j += len;
-        }
-        char term[48];
-        int t = len == 1 ? snprintf(term, sizeof term, "%d", p->layers[i])
-                         : snprintf(term, sizeof term, "%d-%d", p->layers[i], p->layers[i + len - 1]);
-        if (reps > 1) t += snprintf(term + t, sizeof term - (size_t)t, "x%d", reps);
-        int w = snprintf(k < size ? buf + k : NULL, k < size ? size - k : 0, "%s%s", i ? "," : "", term);
-        k += (size_t)w;
-        i = j;
+    if (!terms || !rep || !len || !cnt) {
+        free(terms);
+        free(rep);
+        free(len);
+        free(cnt);
+        return -1;
     }
+    terms[n] = rep[n] = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        terms[i] = INT_MAX;
+        for (int L = 1, run = run_length(p, i); L <= run; L++)
+            for (int r = 1, rmax = repeat_count(p, i, L); r <= rmax; r++) {
+                int t = 1 + terms[i + L * r], cov = L * (r - 1) + rep[i + L * r];
+                if (t < terms[i] || (t == terms[i] && cov > rep[i])) {
+                    terms[i] = t;
+                    rep[i] = cov;
+                    len[i] = L;
+                    cnt[i] = r;
+                }
+            }
+    }
+    size_t k = 0;
+    for (int i = 0; i < n; i += len[i] * cnt[i]) {
+        char term[48];
+        int a = p->layers[i], b = p->layers[i + len[i] - 1];
+        int t = a == b ? snprintf(term, sizeof term, "%d", a) : snprintf(term, sizeof term, "%d-%d", a, b);
+        if (cnt[i] > 1) snprintf(term + t, sizeof term - (size_t)t, "x%d", cnt[i]);
+        k += (size_t)snprintf(k < size ? buf + k : NULL, k < size ? size - k : 0, "%s%s", i ? "," : "", term);
+    }
+    free(terms);
+    free(rep);
+    free(len);
+    free(cnt);
     return (int)k;
 }
 
