@@ -1,0 +1,80 @@
+#!/bin/sh
+# The CLI end to end: documented output for good input, and for every kind of
+# bad input one line on stderr saying what and where, exit 1 (or 2 for usage
+# errors), never a signal.
+BUILD=${BUILD:-build}
+P=$BUILD/polar
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+"$BUILD/tests/mkbad" "$D" || { echo "FAIL cli_fixtures (mkbad)"; exit 1; }
+
+# expect NAME RC KEYWORD CMD...: exit status RC, exactly one stderr line containing KEYWORD.
+expect() {
+    name=$1 want=$2 key=$3
+    shift 3
+    "$@" >"$D/out" 2>"$D/err"
+    rc=$?
+    lines=$(wc -l <"$D/err")
+    if [ "$rc" -eq "$want" ] && [ "$lines" -eq 1 ] && grep -q -F -- "$key" "$D/err"; then
+        echo "PASS cli_$name"
+    else
+        echo "FAIL cli_$name (exit $rc, want $want; $lines stderr lines; want '$key'): $(head -c 300 "$D/err")"
+    fi
+}
+
+# expect_out NAME KEYWORD CMD...: success with KEYWORD on stdout and nothing on stderr.
+expect_out() {
+    name=$1 key=$2
+    shift 2
+    "$@" >"$D/out" 2>"$D/err"
+    rc=$?
+    if [ "$rc" -eq 0 ] && [ ! -s "$D/err" ] && grep -q -F -- "$key" "$D/out"; then
+        echo "PASS cli_$name"
+    else
+        echo "FAIL cli_$name (exit $rc; want '$key'): $(head -c 300 "$D/out") $(head -c 300 "$D/err")"
+    fi
+}
+
+G=$D/good
+expect_out run_base "executed layers: 4 of 4" $P run --model "$G" --tokens 1,2,3 --max-new 4
+expect_out run_program "program: 0-2,1-3" $P run --model "$G" --tokens 1,2,3 --program "0,1-2x2,3" --max-new 4
+expect_out run_json '"program":[0,2,3,2,3],"program_text":"0,2-3x2","executed_layers":5,"n_layers":4,"prompt_tokens":3,"tokens":[' \
+    $P run --model "$G" --tokens 1,2,3 --program "0,2-3x2" --max-new 4 --json
+expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens 7 --max-new 2 --json
+expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
+expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
+expect_out bench '"decode_time_vs_base":' $P bench --arch llama --program 0-1,2-3x2 --prompt-len 8 --gen 4 --reps 1 --json
+expect_out help "polar run --model DIR" $P help
+
+expect truncated 1 "past the data section" $P run --model "$D/truncated" --tokens 1
+expect tiny_file 1 "truncated: 4 bytes" $P run --model "$D/tiny" --tokens 1
+expect header_length 1 "runs past the end of the file" $P run --model "$D/hdrlen" --tokens 1
+expect offsets 1 "past the data section" $P run --model "$D/offsets" --tokens 1
+expect overlap 1 "overlap" $P run --model "$D/overlap" --tokens 1
+expect dtype 1 "dtype I32" $P run --model "$D/dtype" --tokens 1
+expect shape 1 "has shape [65, 64], expected [64, 64]" $P run --model "$D/shape" --tokens 1
+expect missing_tensor 1 "no tensor 'model.layers.3.mlp.down_proj.weight'" $P run --model "$D/missing" --tokens 1
+expect missing_shard 1 "model-00001-of-00002.safetensors: cannot open" $P run --model "$D/sharded_missing" --tokens 1
+expect config_missing 1 "'hidden_size' is missing" $P run --model "$D/cfg_missing" --tokens 1
+expect config_type 1 "'hidden_size' must be an integer, got string" $P run --model "$D/cfg_type" --tokens 1
+expect config_unknown 1 "model_type 'qwen2_moe' is not supported" $P run --model "$D/cfg_unknown" --tokens 1
+expect config_syntax 1 "line 2 column 17" $P run --model "$D/cfg_syntax" --tokens 1
+expect no_model 1 "not a model folder" $P run --model "$D/nothing" --tokens 1
+
+expect program_range 1 "layer 4 out of range" $P run --model "$G" --tokens 1 --program 0-4
+expect program_backwards 1 "runs backwards at column 3" $P run --model "$G" --tokens 1 --program 0,3-1
+expect program_x0 1 "x0" $P run --model "$G" --tokens 1 --program 0-3x0
+expect program_empty 1 "empty program" $P run --model "$G" --tokens 1 --program ""
+expect program_garbage 1 "column 2" $P run --model "$G" --tokens 1 --program "0?"
+expect program_too_long 1 "longer than the limit of 16" $P run --model "$G" --tokens 1 --program 0-3x5
+expect token_range 1 "token 256 (at index 1) is outside the vocabulary 0..255" $P run --model "$G" --tokens 1,256
+expect prompt_too_long 1 "longer than the context (2)" $P run --model "$G" --tokens 1,2,3 --ctx 2
+expect prompt_needs_tokenizer 1 "--prompt needs a tokenizer" $P run --model "$G" --prompt "hi"
+
+expect usage_tokens 2 "--tokens: token id expected at column 3" $P run --model "$G" --tokens 1,,2
+expect usage_option 2 "unknown option '--bogus'" $P run --model "$G" --tokens 1 --bogus
+expect usage_value 2 "needs a non-negative integer" $P run --model "$G" --tokens 1 --max-new -3
+expect usage_missing 2 "--model PATH is required" $P run --tokens 1
+expect usage_command 2 "unknown command 'frobnicate'" $P frobnicate
+expect usage_preset 2 "unknown preset 'gpt-5'" $P bench --preset gpt-5
+expect mkmodel_bad_arch 1 "multiple of num_key_value_heads" $P mkmodel --arch llama --heads 4 --kv-heads 3 --out "$D/x"

@@ -1,0 +1,176 @@
+/* Models: deterministic random weights, save/load round trips, every dtype
+ * the loader converts, sharded checkpoints, and clear errors for missing,
+ * misshapen or mistyped tensors. */
+#include <unistd.h>
+
+#include "ckpt_util.h"
+#include "harness.h"
+
+static char tmp_root[] = "/tmp/polar-model-XXXXXX";
+
+/* Logits of a fixed prompt under a program: the behaviour to compare. */
+static void logits_of(const polar_model *m, const char *program, float *out) {
+    polar_error err;
+    polar_program p;
+    polar_session *s = NULL;
+    CHECK_OK(polar_program_parse(program, m->arch.n_layers, 0, &p, &err));
+    polar_session_opts so = {.max_ctx = 8, .n_threads = 2};
+    CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
+    int toks[5] = {3, 1, 4, 1, 5};
+    if (s) CHECK_OK(polar_prefill(s, toks, 5, NULL, &err));
+    if (s) memcpy(out, polar_logits(s), (size_t)m->arch.vocab * sizeof(float));
+    polar_session_free(s);
+    polar_program_free(&p);
+}
+
+static int same_weights(const polar_model *a, const polar_model *b) {
+    polar_model_info ia, ib;
+    polar_model_info_get(a, &ia);
+    polar_model_info_get(b, &ib);
+    return memcmp(a->embed, b->embed, ia.embed_bytes) == 0 &&
+           memcmp(a->layers[1].w_down, b->layers[1].w_down, (size_t)a->arch.hidden * a->arch.ffn * 2) == 0;
+}
+
+static void model_random_deterministic(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m1 = NULL, *m2 = NULL, *m3 = NULL;
+    CHECK_OK(polar_arch_default("qwen2", &a, &err));
+    CHECK_OK(polar_model_random(&a, 7, &m1, &err));
+    CHECK_OK(polar_model_random(&a, 7, &m2, &err));
+    CHECK_OK(polar_model_random(&a, 8, &m3, &err));
+    if (!m1 || !m2 || !m3) return;
+    CHECK(same_weights(m1, m2), "same seed, same weights");
+    CHECK(!same_weights(m1, m3), "another seed, other weights");
+    polar_model_info info;
+    polar_model_info_get(m1, &info);
+    CHECK(info.n_params == 4 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 160 * 64 + 64 + 2 * 32) + 2 * 256 * 64 + 64,
+          "parameter count %zu", info.n_params);
+    polar_model_free(m1);
+    polar_model_free(m2);
+    polar_model_free(m3);
+    a.n_kv_heads = 3;
+    CHECK(polar_model_random(&a, 1, &m1, &err) == POLAR_ERR_CONFIG && strstr(err.msg, "multiple"), "bad arch: %s",
+          err.msg);
+}
+
+/* Save -> load gives the same weights, and F32, F16 and sharded checkpoints
+ * of the same bf16 values give bit-identical logits. */
+static void model_round_trips(void) {
+    static const char *archs[] = {"llama", "qwen2", "qwen3"};
+    for (int ai = 0; ai < 3; ai++) {
+        polar_error err;
+        polar_arch a;
+        polar_model *m = NULL;
+        CHECK_OK(polar_arch_default(archs[ai], &a, &err));
+        CHECK_OK(polar_model_random(&a, 3, &m, &err));
+        if (!m) continue;
+        float *want = malloc(256 * sizeof(float)), *got = malloc(256 * sizeof(float));
+        logits_of(m, "0,1-2x2,3", want);
+        struct {
+            const char *name;
+            ckpt_opts o;
+        } variants[] = {{"saved", {ST_BF16, NULL, NULL, 1}},
+                        {"f32", {ST_F32, NULL, NULL, 1}},
+                        {"f16", {ST_F16, NULL, NULL, 1}},
+                        {"sharded", {ST_BF16, NULL, NULL, 2}}};
+        for (int v = 0; v < 4; v++) {
+            char dir[256];
+            snprintf(dir, sizeof dir, "%s/%s-%s", tmp_root, archs[ai], variants[v].name);
+            if (v == 0) CHECK_OK(polar_model_save(m, dir, &err));
+            else CHECK_OK(ckpt_write(m, dir, &variants[v].o, &err));
+            polar_model *l = NULL;
+            CHECK_OK(polar_model_load(dir, &l, &err));
+            if (!l) continue;
+            logits_of(l, "0,1-2x2,3", got);
+            if (variants[v].o.dtype != ST_F16) {
+                CHECK(same_weights(m, l), "%s %s: weights differ after loading", archs[ai], variants[v].name);
+                CHECK(memcmp(want, got, 256 * sizeof(float)) == 0, "%s %s: logits differ", archs[ai],
+                      variants[v].name);
+            } else {
+                /* f16 keeps every bf16 value above 2^-17 exactly; the few
+                 * smaller weights lose bits, so compare with a tolerance. */
+                float d = 0;
+                for (int i = 0; i < 256; i++) d = fmaxf(d, fabsf(want[i] - got[i]));
+                CHECK(d < 1e-4f, "%s f16: logits differ by %g", archs[ai], d);
+            }
+            polar_model_free(l);
+        }
+        free(want);
+        free(got);
+        polar_model_free(m);
+    }
+}
+
+static void expect_load_error(polar_model *m, const char *tag, const ckpt_opts *o, polar_status code, const char *why) {
+    polar_error err = {0};
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/bad-%s", tmp_root, tag);
+    CHECK_OK(ckpt_write(m, dir, o, &err));
+    polar_model *l = NULL;
+    polar_status st = polar_model_load(dir, &l, &err);
+    CHECK(st == code && l == NULL, "%s: status %s", tag, polar_status_name(st));
+    CHECK(strstr(err.msg, why), "%s: message '%s' lacks '%s'", tag, err.msg, why);
+}
+
+static void model_bad_checkpoints(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL;
+    CHECK_OK(polar_arch_default("qwen2", &a, &err));
+    CHECK_OK(polar_model_random(&a, 3, &m, &err));
+    if (!m) return;
+    ckpt_opts missing = {ST_BF16, "model.layers.2.self_attn.k_proj.bias", NULL, 1};
+    expect_load_error(m, "missing", &missing, POLAR_ERR_FORMAT, "no tensor 'model.layers.2.self_attn.k_proj.bias'");
+    ckpt_opts head = {ST_BF16, "lm_head.weight", NULL, 2};
+    expect_load_error(m, "nohead", &head, POLAR_ERR_FORMAT, "'lm_head.weight'");
+    ckpt_opts shape = {ST_BF16, NULL, "model.layers.0.mlp.up_proj.weight", 1};
+    expect_load_error(m, "shape", &shape, POLAR_ERR_FORMAT, "has shape [161, 64], expected [160, 64]");
+    ckpt_opts vshape = {ST_BF16, NULL, "model.norm.weight", 1};
+    expect_load_error(m, "vshape", &vshape, POLAR_ERR_FORMAT, "expected [64]");
+    ckpt_opts dtype = {ST_I32, NULL, NULL, 1};
+    expect_load_error(m, "dtype", &dtype, POLAR_ERR_FORMAT, "dtype I32");
+    CHECK(polar_model_load("/nonexistent", &m, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model folder"),
+          "no folder: %s", err.msg);
+    CHECK(polar_model_load(GOLDEN_DIR, &m, &err) == POLAR_ERR_IO && strstr(err.msg, "config.json"),
+          "no config: %s", err.msg);
+    polar_model_free(m);
+}
+
+/* Sharded index naming a tensor its shard lacks, or a file outside the folder. */
+static void model_bad_index(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL, *l = NULL;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    CHECK_OK(polar_model_random(&a, 3, &m, &err));
+    if (!m) return;
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/index", tmp_root);
+    ckpt_opts o = {ST_BF16, NULL, NULL, 2};
+    CHECK_OK(ckpt_write(m, dir, &o, &err));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");
+    fclose(f);
+    CHECK(polar_model_load(dir, &l, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "'model.norm.weight' listed in the index"),
+          "index: %s", err.msg);
+    f = fopen(path, "w");
+    fprintf(f, "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
+    fclose(f);
+    CHECK(polar_model_load(dir, &l, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "inside the folder"), "escape: %s",
+          err.msg);
+    polar_model_free(m);
+}
+
+int main(void) {
+    if (!mkdtemp(tmp_root)) return 1;
+    RUN(model_random_deterministic);
+    RUN(model_round_trips);
+    RUN(model_bad_checkpoints);
+    RUN(model_bad_index);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
+    if (system(cmd) != 0) return 1;
+    TEST_EXIT();
+}
