@@ -57,16 +57,18 @@ test: all $(TEST_BIN)
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program
+FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c runtime/error.c runtime/program.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz:
 	@command -v clang >/dev/null || { echo "make fuzz: clang with libFuzzer is needed (apt-get install clang)"; exit 1; }
 	@mkdir -p build-fuzz
 	@for t in $(FUZZ_TARGETS); do \
-	  clang $(FUZZ_FLAGS) -o build-fuzz/$$t tests/fuzz/$$t.c $(LIB_SRC) -lm || exit 1; \
+	  clang $(FUZZ_FLAGS) -o build-fuzz/$$t tests/fuzz/$$t.c $(FUZZ_SRC) -lm || exit 1; \
 	  mkdir -p build-fuzz/corpus-$$t; \
 	  cp tests/fuzz/seeds/$$t/* build-fuzz/corpus-$$t/ 2>/dev/null; \
 	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
-	  ./build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus-$$t 2>&1 | tail -n 3 || exit 1; \
+	  ./build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus-$$t >build-fuzz/$$t.log 2>&1; \
+	  rc=$$?; tail -n 3 build-fuzz/$$t.log; [ $$rc -eq 0 ] || { echo "$$t found a crash: see build-fuzz/$$t.log"; exit 1; }; \
 	done
 
 # The main job: a small random model run with the base program and a
@@ -76,7 +78,7 @@ demo: all
 
 # CPU benchmark on the Llama-3.2-1B shape (random weights, built in memory).
 bench: all
-	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 64 --gen 16
+	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
 	rm -rf build build-san build-fuzz

@@ -130,9 +130,10 @@ static void model_bad_checkpoints(void) {
     expect_load_error(m, "vshape", &vshape, POLAR_ERR_FORMAT, "expected [64]");
     ckpt_opts dtype = {ST_I32, NULL, NULL, 1};
     expect_load_error(m, "dtype", &dtype, POLAR_ERR_FORMAT, "dtype I32");
-    CHECK(polar_model_load("/nonexistent", &m, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model folder"),
+    polar_model *l = NULL;
+    CHECK(polar_model_load("/nonexistent", &l, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model folder"),
           "no folder: %s", err.msg);
-    CHECK(polar_model_load(GOLDEN_DIR, &m, &err) == POLAR_ERR_IO && strstr(err.msg, "config.json"),
+    CHECK(polar_model_load(GOLDEN_DIR, &l, &err) == POLAR_ERR_IO && strstr(err.msg, "config.json"),
           "no config: %s", err.msg);
     polar_model_free(m);
 }
