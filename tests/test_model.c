@@ -164,8 +164,29 @@ static void model_bad_index(void) {
     polar_model_free(m);
 }
 
+/* Presets have the real shapes: their parameter counts are the published ones. */
+static void model_presets(void) {
+    static const struct {
+        const char *name;
+        size_t params;
+    } want[] = {{"llama-3.2-1b", 1235814400}, {"llama-3.2-3b", 3212749824}, {"qwen2.5-3b", 3085938688},
+                {"qwen3-8b", 8190735360}};
+    const char *const *names = polar_preset_names();
+    for (size_t i = 0; i < 4; i++) {
+        polar_error err;
+        polar_model m = {0};
+        polar_model_info info;
+        CHECK(names[i] && strcmp(names[i], want[i].name) == 0, "preset %zu is %s", i, names[i]);
+        CHECK_OK(polar_arch_preset(want[i].name, &m.arch, &err));
+        CHECK_OK(polar_model_info_get(&m, &info));
+        CHECK(info.n_params == want[i].params, "%s: %zu params, want %zu", want[i].name, info.n_params, want[i].params);
+    }
+    CHECK(names[4] == NULL, "four presets");
+}
+
 int main(void) {
     if (!mkdtemp(tmp_root)) return 1;
+    RUN(model_presets);
     RUN(model_random_deterministic);
     RUN(model_round_trips);
     RUN(model_bad_checkpoints);

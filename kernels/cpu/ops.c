@@ -20,7 +20,7 @@ void cpu_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
 
 /* Up to TB tokens share each pass over a weight row, so a row is read from
  * memory once per TB tokens; decode (T = 1) is a pure streaming GEMV. */
-#define TB 4
+#define TB 8
 
 #if defined(__AVX512F__)
 static inline __m512 load16_bf16(const bf16 *p) {
