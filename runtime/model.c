@@ -7,47 +7,53 @@
 #include <sys/stat.h>
 
 #include "../loader/config.h"
+#include "../loader/gguf.h"
 #include "error.h"
 
 #define LAYER_TENSORS 13
 
 int model_tensor_count(const polar_arch *a) { return 3 + a->n_layers * LAYER_TENSORS; }
 
-static void add_ref(tensor_ref *r, int *n, const bf16 **slot, int rows, int cols, const char *fmt, int layer) {
-    snprintf(r[*n].name, sizeof r[*n].name, fmt, layer);
+static void add_ref(tensor_ref *r, int *n, const bf16 **slot, int rows, int cols, const char *hf, const char *gguf,
+                    int layer) {
+    snprintf(r[*n].name, sizeof r[*n].name, hf, layer);
+    snprintf(r[*n].gguf_name, sizeof r[*n].gguf_name, gguf, layer);
     r[*n].slot = slot;
     r[*n].rows = rows;
     r[*n].cols = cols;
+    r[*n].rope_permuted = 0;
     (*n)++;
 }
 
 void model_tensor_refs(polar_model *m, tensor_ref *r) {
     const polar_arch *a = &m->arch;
     int n = 0, q = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
-    add_ref(r, &n, &m->embed, a->vocab, a->hidden, "model.embed_tokens.weight", 0);
+    add_ref(r, &n, &m->embed, a->vocab, a->hidden, "model.embed_tokens.weight", "token_embd.weight", 0);
     for (int l = 0; l < a->n_layers; l++) {
         layer_weights *w = &m->layers[l];
-        add_ref(r, &n, &w->attn_norm, a->hidden, 0, "model.layers.%d.input_layernorm.weight", l);
-        add_ref(r, &n, &w->wq, q, a->hidden, "model.layers.%d.self_attn.q_proj.weight", l);
-        add_ref(r, &n, &w->wk, kv, a->hidden, "model.layers.%d.self_attn.k_proj.weight", l);
-        add_ref(r, &n, &w->wv, kv, a->hidden, "model.layers.%d.self_attn.v_proj.weight", l);
+        add_ref(r, &n, &w->attn_norm, a->hidden, 0, "model.layers.%d.input_layernorm.weight", "blk.%d.attn_norm.weight", l);
+        add_ref(r, &n, &w->wq, q, a->hidden, "model.layers.%d.self_attn.q_proj.weight", "blk.%d.attn_q.weight", l);
+        r[n - 1].rope_permuted = 1;
+        add_ref(r, &n, &w->wk, kv, a->hidden, "model.layers.%d.self_attn.k_proj.weight", "blk.%d.attn_k.weight", l);
+        r[n - 1].rope_permuted = 1;
+        add_ref(r, &n, &w->wv, kv, a->hidden, "model.layers.%d.self_attn.v_proj.weight", "blk.%d.attn_v.weight", l);
         if (a->qkv_bias) {
-            add_ref(r, &n, &w->bq, q, 0, "model.layers.%d.self_attn.q_proj.bias", l);
-            add_ref(r, &n, &w->bk, kv, 0, "model.layers.%d.self_attn.k_proj.bias", l);
-            add_ref(r, &n, &w->bv, kv, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+            add_ref(r, &n, &w->bq, q, 0, "model.layers.%d.self_attn.q_proj.bias", "blk.%d.attn_q.bias", l);
+            add_ref(r, &n, &w->bk, kv, 0, "model.layers.%d.self_attn.k_proj.bias", "blk.%d.attn_k.bias", l);
+            add_ref(r, &n, &w->bv, kv, 0, "model.layers.%d.self_attn.v_proj.bias", "blk.%d.attn_v.bias", l);
         }
         if (a->qk_norm) {
-            add_ref(r, &n, &w->q_norm, a->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            add_ref(r, &n, &w->k_norm, a->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+            add_ref(r, &n, &w->q_norm, a->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", "blk.%d.attn_q_norm.weight", l);
+            add_ref(r, &n, &w->k_norm, a->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", "blk.%d.attn_k_norm.weight", l);
         }
-        add_ref(r, &n, &w->wo, a->hidden, q, "model.layers.%d.self_attn.o_proj.weight", l);
-        add_ref(r, &n, &w->mlp_norm, a->hidden, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        add_ref(r, &n, &w->w_gate, a->ffn, a->hidden, "model.layers.%d.mlp.gate_proj.weight", l);
-        add_ref(r, &n, &w->w_up, a->ffn, a->hidden, "model.layers.%d.mlp.up_proj.weight", l);
-        add_ref(r, &n, &w->w_down, a->hidden, a->ffn, "model.layers.%d.mlp.down_proj.weight", l);
+        add_ref(r, &n, &w->wo, a->hidden, q, "model.layers.%d.self_attn.o_proj.weight", "blk.%d.attn_output.weight", l);
+        add_ref(r, &n, &w->mlp_norm, a->hidden, 0, "model.layers.%d.post_attention_layernorm.weight", "blk.%d.ffn_norm.weight", l);
+        add_ref(r, &n, &w->w_gate, a->ffn, a->hidden, "model.layers.%d.mlp.gate_proj.weight", "blk.%d.ffn_gate.weight", l);
+        add_ref(r, &n, &w->w_up, a->ffn, a->hidden, "model.layers.%d.mlp.up_proj.weight", "blk.%d.ffn_up.weight", l);
+        add_ref(r, &n, &w->w_down, a->hidden, a->ffn, "model.layers.%d.mlp.down_proj.weight", "blk.%d.ffn_down.weight", l);
     }
-    add_ref(r, &n, &m->final_norm, a->hidden, 0, "model.norm.weight", 0);
-    if (!a->tied_embeddings) add_ref(r, &n, &m->lm_head, a->vocab, a->hidden, "lm_head.weight", 0);
+    add_ref(r, &n, &m->final_norm, a->hidden, 0, "model.norm.weight", "output_norm.weight", 0);
+    if (!a->tied_embeddings) add_ref(r, &n, &m->lm_head, a->vocab, a->hidden, "lm_head.weight", "output.weight", 0);
     /* Fewer than model_tensor_count when optional tensors are absent: the
      * caller stops at the first empty name. */
     if (n < model_tensor_count(a)) r[n].name[0] = 0;
@@ -110,48 +116,119 @@ static polar_status model_alloc(const polar_arch *a, polar_model **out, polar_er
     return POLAR_OK;
 }
 
-/* Bind one checkpoint tensor: check shape, use bf16 in place, convert others. */
-static polar_status bind_tensor(polar_model *m, const tensor_ref *r, polar_error *err) {
-    const char *file = NULL;
-    const st_tensor *t = st_set_find(&m->files, r->name, &file);
-    if (!t) return polar_fail(err, POLAR_ERR_FORMAT, "checkpoint has no tensor '%s'", r->name);
+/* A tensor as a file holds it, in Hugging Face order ([rows, cols]). */
+typedef struct {
+    const char *file;
+    int ndim;
+    int64_t shape[4];
+    st_dtype dtype;     /* BF16, F16, F32 ... when quant == 0 */
+    int quant;          /* a ggml quantised type (Q4_0, Q4_1, Q8_0), or 0 */
+    const void *data;
+} tensor_view;
+
+/* Undo llama.cpp's per-head row permutation of q/k (adjacent-pair RoPE):
+ * permuted row 2i+j of a head holds original row j*hd/2 + i. */
+static int unpermute_rows(bf16 *w, int rows, int cols, int head_dim) {
+    bf16 *tmp = malloc((size_t)head_dim * cols * sizeof *tmp);
+    if (!tmp) return 0;
+    int half = head_dim / 2;
+    for (int h = 0; h < rows / head_dim; h++) {
+        bf16 *head = w + (size_t)h * head_dim * cols;
+        for (int i = 0; i < half; i++)
+            for (int j = 0; j < 2; j++)
+                memcpy(tmp + (size_t)(j * half + i) * cols, head + (size_t)(2 * i + j) * cols, (size_t)cols * sizeof *tmp);
+        memcpy(head, tmp, (size_t)head_dim * cols * sizeof *tmp);
+    }
+    free(tmp);
+    return 1;
+}
+
+/* Bind one tensor: check its shape, use bf16 in place, convert the rest. */
+static polar_status bind_view(polar_model *m, const tensor_ref *r, const tensor_view *t, int permuted,
+                              polar_error *err) {
     int want_dims = r->cols ? 2 : 1;
     if (t->ndim != want_dims || t->shape[0] != r->rows || (r->cols && t->shape[1] != r->cols)) {
         char got[96] = "";
         for (int d = 0, k = 0; d < t->ndim && k < 80; d++)
             k += snprintf(got + k, sizeof got - (size_t)k, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
         if (r->cols)
-            return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%d, %d]", file,
+            return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%d, %d]", t->file,
                               r->name, got, r->rows, r->cols);
-        return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%d]", file, r->name, got,
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%d]", t->file, r->name, got,
                           r->rows);
     }
     size_t n = (size_t)r->rows * (size_t)(r->cols ? r->cols : 1);
-    if (t->dtype == ST_BF16 && ((uintptr_t)t->data & 1) == 0) {
+    if (!t->quant && t->dtype == ST_BF16 && ((uintptr_t)t->data & 1) == 0 && !permuted) {
         *r->slot = t->data;
         return POLAR_OK;
     }
-    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
-        return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has dtype %s (BF16, F16 or F32 expected)", file,
+    if (!t->quant && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has dtype %s (BF16, F16 or F32 expected)", t->file,
                           r->name, st_dtype_name(t->dtype));
     bf16 *buf = malloc(n * sizeof *buf);
     if (!model_own(m, buf)) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory converting '%s'", r->name);
     const unsigned char *src = t->data;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == ST_BF16) {
-            memcpy(&buf[i], src + 2 * i, 2);
-        } else if (t->dtype == ST_F16) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            buf[i] = f32_to_bf16(f16_to_f32(h));
-        } else {
-            float f;
-            memcpy(&f, src + 4 * i, 4);
-            buf[i] = f32_to_bf16(f);
+    if (t->quant) {
+        /* Dequantise a row at a time through a small f32 buffer. */
+        size_t row = r->cols ? (size_t)r->cols : n;
+        float *f = malloc(row * sizeof *f);
+        if (!f) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory converting '%s'", r->name);
+        size_t row_bytes = row / ggml_block_elems(t->quant) * ggml_block_bytes(t->quant);
+        for (size_t i = 0; i < n / row; i++) {
+            ggml_dequantize(t->quant, src + i * row_bytes, f, row);
+            for (size_t j = 0; j < row; j++) buf[i * row + j] = f32_to_bf16(f[j]);
+        }
+        free(f);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (t->dtype == ST_BF16) {
+                memcpy(&buf[i], src + 2 * i, 2);
+            } else if (t->dtype == ST_F16) {
+                uint16_t h;
+                memcpy(&h, src + 2 * i, 2);
+                buf[i] = f32_to_bf16(f16_to_f32(h));
+            } else {
+                float f;
+                memcpy(&f, src + 4 * i, 4);
+                buf[i] = f32_to_bf16(f);
+            }
         }
     }
+    if (permuted && !unpermute_rows(buf, r->rows, r->cols, m->arch.head_dim))
+        return polar_fail(err, POLAR_ERR_NOMEM, "out of memory converting '%s'", r->name);
     *r->slot = buf;
     return POLAR_OK;
+}
+
+static polar_status bind_safetensors(polar_model *m, const tensor_ref *r, polar_error *err) {
+    tensor_view v = {0};
+    const st_tensor *t = st_set_find(&m->files, r->name, &v.file);
+    if (!t) return polar_fail(err, POLAR_ERR_FORMAT, "checkpoint has no tensor '%s'", r->name);
+    v.ndim = t->ndim;
+    for (int d = 0; d < t->ndim && d < 4; d++) v.shape[d] = t->shape[d];
+    v.dtype = t->dtype;
+    v.data = t->data;
+    return bind_view(m, r, &v, 0, err);
+}
+
+static polar_status bind_gguf(polar_model *m, const tensor_ref *r, polar_error *err) {
+    const gguf_file *g = m->gguf;
+    const gguf_tensor *t = gguf_find_tensor(g, r->gguf_name);
+    if (!t) return polar_fail(err, POLAR_ERR_FORMAT, "%s: no tensor '%s'", g->path, r->gguf_name);
+    tensor_view v = {.file = g->path, .ndim = t->n_dims, .data = t->data};
+    for (int d = 0; d < t->n_dims; d++) v.shape[d] = (int64_t)t->ne[t->n_dims - 1 - d]; /* ggml order is reversed */
+    if (t->type == GGML_F32) v.dtype = ST_F32;
+    else if (t->type == GGML_F16) v.dtype = ST_F16;
+    else if (t->type == GGML_BF16) v.dtype = ST_BF16;
+    else v.quant = t->type;
+    int permuted = r->rope_permuted && strcmp(m->arch.arch, "llama") == 0;
+    polar_status st = bind_view(m, r, &v, permuted, err);
+    if (st != POLAR_OK && strstr(err->msg, "has shape")) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s (GGUF name '%s')", why, r->gguf_name);
+    }
+    return st;
 }
 
 static polar_status for_each_ref(polar_model *m, polar_status (*fn)(polar_model *, const tensor_ref *, void *,
@@ -170,21 +247,51 @@ static polar_status for_each_ref(polar_model *m, polar_status (*fn)(polar_model 
 
 static polar_status bind_cb(polar_model *m, const tensor_ref *r, void *ctx, polar_error *err) {
     (void)ctx;
-    return bind_tensor(m, r, err);
+    return m->gguf ? bind_gguf(m, r, err) : bind_safetensors(m, r, err);
 }
 
-polar_status polar_model_load(const char *dir, polar_model **out, polar_error *err) {
-    *out = NULL;
-    if (!dir) return polar_fail(err, POLAR_ERR_ARG, "no model path given");
-    struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return polar_fail(err, POLAR_ERR_IO, "%s: not a model folder (config.json + model.safetensors)", dir);
+static int is_gguf_path(const char *path) {
+    size_t n = strlen(path);
+    return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
+}
+
+static polar_status load_gguf(const char *path, polar_model **out, polar_error *err) {
+    gguf_file *g = calloc(1, sizeof *g);
+    if (!g) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    polar_status st = gguf_open(path, g, err);
     polar_arch a;
-    polar_status st = config_load(dir, &a, err);
+    if (st == POLAR_OK) st = gguf_model_arch(g, &a, err);
+    polar_model *m = NULL;
+    if (st == POLAR_OK) st = model_alloc(&a, &m, err);
+    if (st != POLAR_OK) {
+        gguf_close(g);
+        free(g);
+        return st;
+    }
+    m->gguf = g;
+    if ((st = gguf_apply_rope_freqs(g, m->rope_inv_freq, m->arch.head_dim / 2, err)) == POLAR_OK) st = for_each_ref(m, bind_cb, NULL, err);
+    if (st != POLAR_OK) {
+        polar_model_free(m);
+        return st;
+    }
+    *out = m;
+    return POLAR_OK;
+}
+
+polar_status polar_model_load(const char *path, polar_model **out, polar_error *err) {
+    *out = NULL;
+    if (!path) return polar_fail(err, POLAR_ERR_ARG, "no model path given");
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && is_gguf_path(path)) return load_gguf(path, out, err);
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return polar_fail(err, POLAR_ERR_IO, "%s: not a model (a folder with config.json + model.safetensors, or a .gguf file)",
+                          path);
+    polar_arch a;
+    polar_status st = config_load(path, &a, err);
     if (st != POLAR_OK) return st;
     polar_model *m;
     if ((st = model_alloc(&a, &m, err)) != POLAR_OK) return st;
-    if ((st = st_set_open(dir, &m->files, err)) == POLAR_OK) st = for_each_ref(m, bind_cb, NULL, err);
+    if ((st = st_set_open(path, &m->files, err)) == POLAR_OK) st = for_each_ref(m, bind_cb, NULL, err);
     if (st != POLAR_OK) {
         polar_model_free(m);
         return st;
@@ -314,5 +421,9 @@ void polar_model_free(polar_model *m) {
     free(m->owned);
     free(m->layers);
     st_set_close(&m->files);
+    if (m->gguf) {
+        gguf_close(m->gguf);
+        free(m->gguf);
+    }
     free(m);
 }

@@ -27,7 +27,8 @@ struct polar_model {
     const bf16 *lm_head;        /* [vocab, hidden]; == embed when tied */
     layer_weights *layers;      /* [n_layers] */
     float *rope_inv_freq;       /* [head_dim/2], scaling applied */
-    st_set files;               /* mapped checkpoint (empty for random models) */
+    st_set files;               /* mapped safetensors checkpoint, or */
+    void *gguf;                 /* a mapped GGUF file (gguf_file *) */
     void **owned;               /* buffers the model allocated */
     int n_owned, cap_owned;
 };
@@ -35,9 +36,11 @@ struct polar_model {
 /* One weight tensor of the model: its checkpoint name, where its pointer
  * lives in the model, and its shape (cols = 0 for vectors). */
 typedef struct {
-    char name[96];
+    char name[96];       /* Hugging Face name */
+    char gguf_name[64];  /* the same tensor in a GGUF file */
     const bf16 **slot;
     int rows, cols;
+    int rope_permuted;   /* q/k weights: GGUF llama rows are permuted per head */
 } tensor_ref;
 
 /* Every tensor the architecture needs, in checkpoint order. refs must hold

@@ -59,7 +59,7 @@ expect config_missing 1 "'hidden_size' is missing" $P run --model "$D/cfg_missin
 expect config_type 1 "'hidden_size' must be an integer, got string" $P run --model "$D/cfg_type" --tokens 1
 expect config_unknown 1 "model_type 'qwen2_moe' is not supported" $P run --model "$D/cfg_unknown" --tokens 1
 expect config_syntax 1 "line 2 column 17" $P run --model "$D/cfg_syntax" --tokens 1
-expect no_model 1 "not a model folder" $P run --model "$D/nothing" --tokens 1
+expect no_model 1 "not a model" $P run --model "$D/nothing" --tokens 1
 
 expect program_range 1 "layer 4 out of range" $P run --model "$G" --tokens 1 --program 0-4
 expect program_backwards 1 "runs backwards at column 3" $P run --model "$G" --tokens 1 --program 0,3-1

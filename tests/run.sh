@@ -22,7 +22,8 @@ run() {
     passed=$((passed + p))
     failed=$((failed + f))
 }
-for t in test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache; do
+for t in test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
+    test_default_model; do
     run "$t" "$BUILD/tests/$t"
 done
 run cli_test sh tests/cli_test.sh

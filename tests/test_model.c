@@ -131,7 +131,7 @@ static void model_bad_checkpoints(void) {
     ckpt_opts dtype = {ST_I32, NULL, NULL, 1};
     expect_load_error(m, "dtype", &dtype, POLAR_ERR_FORMAT, "dtype I32");
     polar_model *l = NULL;
-    CHECK(polar_model_load("/nonexistent", &l, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model folder"),
+    CHECK(polar_model_load("/nonexistent", &l, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model"),
           "no folder: %s", err.msg);
     CHECK(polar_model_load(GOLDEN_DIR, &l, &err) == POLAR_ERR_IO && strstr(err.msg, "config.json"),
           "no config: %s", err.msg);

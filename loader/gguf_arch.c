@@ -1,0 +1,107 @@
+/* GGUF metadata -> polar_arch, for the architectures the runtime runs. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../runtime/error.h"
+#include "config.h"
+#include "gguf.h"
+
+typedef struct {
+    const gguf_file *f;
+    char arch[16];
+    polar_error *err;
+} meta;
+
+static int is_int_type(gguf_vtype t) {
+    return t == GGUF_U8 || t == GGUF_I8 || t == GGUF_U16 || t == GGUF_I16 || t == GGUF_U32 || t == GGUF_I32 ||
+           t == GGUF_U64 || t == GGUF_I64;
+}
+
+/* "{arch}.suffix" as a positive integer; absent -> dflt (0: required). */
+static polar_status get_int(const meta *m, const char *suffix, int dflt, int *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    if (!kv) {
+        if (!dflt) return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' is missing", m->f->path, key);
+        *out = dflt;
+        return POLAR_OK;
+    }
+    if (!is_int_type(kv->type) || kv->i < 1 || kv->i > (1 << 30))
+        return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' must be a positive integer", m->f->path, key);
+    *out = (int)kv->i;
+    return POLAR_OK;
+}
+
+static polar_status get_float(const meta *m, const char *suffix, double dflt, double *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    if (!kv) {
+        *out = dflt;
+        return POLAR_OK;
+    }
+    if ((kv->type != GGUF_F32 && kv->type != GGUF_F64 && !is_int_type(kv->type)) || !(kv->f > 0))
+        return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' must be a positive number", m->f->path, key);
+    *out = kv->f;
+    return POLAR_OK;
+}
+
+static void add_eos(const gguf_file *f, const char *key, polar_arch *a) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv || !is_int_type(kv->type) || kv->i < 0 || kv->i >= a->vocab) return;
+    for (int k = 0; k < a->n_eos; k++)
+        if (a->eos[k] == (int)kv->i) return;
+    if (a->n_eos < (int)(sizeof a->eos / sizeof a->eos[0])) a->eos[a->n_eos++] = (int)kv->i;
+}
+
+polar_status gguf_model_arch(const gguf_file *f, polar_arch *a, polar_error *err) {
+    memset(a, 0, sizeof *a);
+    meta m = {f, "", err};
+    const gguf_kv *kv = gguf_find_kv(f, "general.architecture");
+    if (!kv || kv->type != GGUF_STRING)
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: metadata 'general.architecture' is missing", f->path);
+    snprintf(m.arch, sizeof m.arch, "%.*s", (int)(kv->str.len < 15 ? kv->str.len : 15), kv->str.s);
+    if (!gguf_str_eq(kv->str, "llama") && !gguf_str_eq(kv->str, "qwen2") && !gguf_str_eq(kv->str, "qwen3"))
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: GGUF architecture '%.40s' is not supported (llama, qwen2, qwen3 are)",
+                          f->path, m.arch);
+    snprintf(a->arch, sizeof a->arch, "%s", m.arch);
+    const gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
+    polar_status st;
+    if ((st = get_int(&m, "block_count", 0, &a->n_layers)) || (st = get_int(&m, "embedding_length", 0, &a->hidden)) ||
+        (st = get_int(&m, "feed_forward_length", 0, &a->ffn)) ||
+        (st = get_int(&m, "attention.head_count", 0, &a->n_heads)) ||
+        (st = get_int(&m, "attention.head_count_kv", a->n_heads, &a->n_kv_heads)) ||
+        (st = get_int(&m, "attention.key_length", a->hidden / a->n_heads, &a->head_dim)) ||
+        (st = get_int(&m, "context_length", 4096, &a->max_pos)) ||
+        (st = get_int(&m, "vocab_size", embd && embd->n_dims == 2 ? (int)embd->ne[1] : 0, &a->vocab)) ||
+        (st = get_float(&m, "rope.freq_base", 10000.0, &a->rope_theta)) ||
+        (st = get_float(&m, "attention.layer_norm_rms_epsilon", 1e-6, &a->rms_eps)))
+        return st;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m.arch);
+    const gguf_kv *scaling = gguf_find_kv(f, key);
+    if (scaling && scaling->type == GGUF_STRING && !gguf_str_eq(scaling->str, "none"))
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported", f->path,
+                          (int)(scaling->str.len > 40 ? 40 : scaling->str.len), scaling->str.s);
+    a->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    a->qkv_bias = strcmp(a->arch, "qwen2") == 0;
+    a->qk_norm = strcmp(a->arch, "qwen3") == 0;
+    add_eos(f, "tokenizer.ggml.eos_token_id", a);
+    add_eos(f, "tokenizer.ggml.eot_token_id", a);
+    return config_validate(a, f->path, err);
+}
+
+polar_status gguf_apply_rope_freqs(const gguf_file *f, float *inv_freq, int half, polar_error *err) {
+    const gguf_tensor *t = gguf_find_tensor(f, "rope_freqs.weight");
+    if (!t) return POLAR_OK;
+    if (t->type != GGML_F32 || t->n_elements != (uint64_t)half)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: rope_freqs.weight must be F32 with %d elements", f->path, half);
+    for (int i = 0; i < half; i++) {
+        float d;
+        memcpy(&d, (const char *)t->data + 4 * i, 4);
+        if (!(d > 0)) return polar_fail(err, POLAR_ERR_FORMAT, "%s: rope_freqs.weight[%d] is not positive", f->path, i);
+        inv_freq[i] /= d;
+    }
+    return POLAR_OK;
+}
