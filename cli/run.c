@@ -1,19 +1,89 @@
-/* polar run: generate greedily from token ids with a program of layers. */
+/* polar run: greedy generation with a program of layers, from token ids or
+ * from text (the model's tokenizer and chat template). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
 
-static int print_token(int token, void *user) {
+/* Streams generated text: token bytes are held back while they end in an
+ * incomplete UTF-8 character, so a character split across tokens prints
+ * whole. */
+typedef struct {
+    const polar_tokenizer *tok;
+    char pending[16];
+    size_t n_pending;
+    char *text;         /* everything generated, for --json */
+    size_t len, cap;
+    int print, stop_id;
+} text_stream;
+
+/* Length of the prefix of s[0..n) that does not end inside a UTF-8 character. */
+static size_t complete_prefix(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back ? n - back : n;
+    }
+    return n;
+}
+
+static void stream_bytes(text_stream *ts, const char *p, size_t n) {
+    if (ts->len + n + 1 > ts->cap) {
+        size_t cap = (ts->len + n + 1) * 2;
+        char *t = realloc(ts->text, cap);
+        if (!t) return;
+        ts->text = t;
+        ts->cap = cap;
+    }
+    memcpy(ts->text + ts->len, p, n);
+    ts->len += n;
+    ts->text[ts->len] = 0;
+    if (!ts->print) return;
+    for (size_t i = 0; i < n; i++) {
+        if (ts->n_pending == sizeof ts->pending) {
+            fwrite(ts->pending, 1, ts->n_pending, stdout);
+            ts->n_pending = 0;
+        }
+        ts->pending[ts->n_pending++] = p[i];
+    }
+    size_t ok = complete_prefix(ts->pending, ts->n_pending);
+    fwrite(ts->pending, 1, ok, stdout);
+    memmove(ts->pending, ts->pending + ok, ts->n_pending - ok);
+    ts->n_pending -= ok;
+    fflush(stdout);
+}
+
+static int on_text_token(int token, void *user) {
+    text_stream *ts = user;
+    const char *p;
+    size_t n;
+    if (token != ts->stop_id && polar_token_piece(ts->tok, token, &p, &n)) stream_bytes(ts, p, n);
+    return 0;
+}
+
+static int on_id_token(int token, void *user) {
     (void)user;
     printf(" %d", token);
     fflush(stdout);
     return 0;
 }
 
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') printf("\\n");
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 static void print_json(const polar_program *p, const polar_arch *a, int n_prompt, const int *out,
-                       const polar_gen_stats *st) {
+                       const polar_gen_stats *st, const text_stream *ts) {
     char text[4096];
     polar_program_format(p, text, sizeof text);
     printf("{\"program\":[");
@@ -21,41 +91,73 @@ static void print_json(const polar_program *p, const polar_arch *a, int n_prompt
     printf("],\"program_text\":\"%s\",\"executed_layers\":%d,\"n_layers\":%d,\"prompt_tokens\":%d,\"tokens\":[",
            text, p->n, a->n_layers, n_prompt);
     for (int i = 0; i < st->n_generated; i++) printf("%s%d", i ? "," : "", out[i]);
+    printf("]");
+    if (ts) {
+        printf(",\"text\":");
+        print_json_string(ts->text ? ts->text : "", ts->len);
+    }
     int steps = st->n_generated > 1 ? st->n_generated - 1 : 0;
-    printf("],\"stopped_at_eos\":%s,\"prefill_ms\":%.4f,\"decode_ms_per_token\":%.4f}\n",
+    printf(",\"stopped_at_eos\":%s,\"prefill_ms\":%.4f,\"decode_ms_per_token\":%.4f}\n",
            st->stopped_at_eos ? "true" : "false", st->prefill_ms, steps ? st->decode_ms / steps : 0.0);
 }
 
+/* The prompt's ids: from --tokens, or the tokenized (chat-formatted) text. */
+static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, const polar_tokenizer *tok, int chat,
+                      const char *system, int **ids, int *n) {
+    if (tokens) return parse_token_list(cmd, tokens, ids, n) ? 0 : EXIT_USAGE;
+    polar_error err;
+    char *text = NULL;
+    if (chat && polar_chat_prompt(tok, system, prompt, &text, &err) != POLAR_OK) return fail_status(cmd, &err);
+    const char *src = text ? text : prompt;
+    /* A chat prompt spells its own special tokens; raw text gets BOS when the
+     * tokenizer asks for it. */
+    polar_status st = polar_tokenize(tok, src, strlen(src), chat, !chat, ids, n, &err);
+    polar_free(text);
+    if (st != POLAR_OK) return fail_status(cmd, &err);
+    if (*n == 0) return fail_usage(cmd, "--prompt gives no tokens");
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
-    const char *cmd = "run", *model_dir = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
-    int max_new = 16, ctx = 0, threads = 0, json = 0, ignore_eos = 0;
+    const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
+    const char *system = NULL;
+    int max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set;
     cli_opt opts[] = {
-        {"--model", OPT_STR, &model_dir, 0},   {"--tokens", OPT_STR, &tokens, 0},
+        {"--model", OPT_STR, &model_arg, 0},   {"--tokens", OPT_STR, &tokens, 0},
         {"--prompt", OPT_STR, &prompt, 0},     {"--program", OPT_STR, &program_text, 0},
         {"--max-new", OPT_INT, &max_new, 0},   {"--ctx", OPT_INT, &ctx, 0},
         {"--threads", OPT_INT, &threads, 0},   {"--json", OPT_FLAG, &json, 0},
-        {"--ignore-eos", OPT_FLAG, &ignore_eos, 0},
+        {"--ignore-eos", OPT_FLAG, &ignore_eos, 0}, {"--raw", OPT_FLAG, &raw, 0},
+        {"--chat", OPT_FLAG, &chat_flag, 0},   {"--system", OPT_STR, &system, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
-    if (!model_dir) return fail_usage(cmd, "--model PATH is required");
+    max_new_set = opts[4].seen;
     if (!!tokens + !!prompt != 1) return fail_usage(cmd, "give exactly one of --tokens or --prompt");
-    if (prompt) {
-        fprintf(stderr, "polar run: error: --prompt needs a tokenizer, which this build does not have yet; "
-                        "pass token ids with --tokens 1,2,3\n");
-        return 1;
-    }
-    int *ids = NULL, n_ids = 0;
-    if (!parse_token_list(cmd, tokens, &ids, &n_ids)) return EXIT_USAGE;
+    if (raw && chat_flag) return fail_usage(cmd, "--raw and --chat exclude each other");
+    if (tokens && !max_new_set) max_new = 16;
+    char *default_model = NULL;
+    const char *model_path = model_arg;
+    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
 
     polar_error err;
     polar_model *m = NULL;
+    polar_tokenizer *tok = NULL;
     polar_session *s = NULL;
     polar_program prog = {0};
-    int *out = NULL, rc = 1;
-    if (polar_model_load(model_dir, &m, &err) != POLAR_OK) {
+    int *ids = NULL, n_ids = 0, *out = NULL, rc = 1;
+    text_stream ts = {0};
+    if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
+    if (prompt && polar_tokenizer_load(model_path, &tok, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    /* Chat by default when the model carries a template (instruct models). */
+    int chat = tok && !raw && (chat_flag || strcmp(polar_chat_template_name(tok), "none") != 0);
+    if ((rc = prompt_ids(cmd, tokens, prompt, tok, chat, system, &ids, &n_ids)) != 0) goto done;
+    rc = 1;
     polar_model_info info;
     polar_model_info_get(m, &info);
     if (polar_program_parse(program_text, info.arch.n_layers, 0, &prog, &err) != POLAR_OK) {
@@ -65,38 +167,51 @@ int cmd_run(int argc, char **argv) {
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
     polar_session_opts so = {.max_ctx = ctx, .n_threads = threads};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
-    if (!out || polar_session_create(m, &prog, &so, &s, &err) != POLAR_OK) {
-        if (!out) snprintf(err.msg, sizeof err.msg, "out of memory");
+    if (!out) {
+        fprintf(stderr, "polar run: error: out of memory\n");
+        goto done;
+    }
+    if (polar_session_create(m, &prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
     char text[4096];
     polar_program_format(&prog, text, sizeof text);
     if (!json) {
-        printf("program: %s\nexecuted layers: %d of %d\nprompt tokens: %d\ngenerated:", text, prog.n,
-               info.arch.n_layers, n_ids);
+        printf("program: %s\nexecuted layers: %d of %d\nprompt tokens: %d\n%s", text, prog.n, info.arch.n_layers,
+               n_ids, tok ? "" : "generated:");
         fflush(stdout);
     }
-    polar_gen_opts go = {.max_new = max_new, .ignore_eos = ignore_eos};
+    int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;
+    polar_gen_opts go = {.max_new = max_new, .ignore_eos = ignore_eos, .stop = &stop, .n_stop = stop >= 0};
+    ts.tok = tok;
+    ts.print = !json;
+    ts.stop_id = stop;
     polar_gen_stats st;
-    if (polar_generate(s, ids, n_ids, &go, out, &st, json ? NULL : print_token, NULL, &err) != POLAR_OK) {
+    polar_token_cb cb = tok ? on_text_token : json ? NULL : on_id_token;
+    if (polar_generate(s, ids, n_ids, &go, out, &st, cb, &ts, &err) != POLAR_OK) {
         if (!json) printf("\n");
         rc = fail_status(cmd, &err);
         goto done;
     }
     if (json) {
-        print_json(&prog, &info.arch, n_ids, out, &st);
+        print_json(&prog, &info.arch, n_ids, out, &st, tok ? &ts : NULL);
     } else {
+        fwrite(ts.pending, 1, ts.n_pending, stdout);
         int steps = st.n_generated > 1 ? st.n_generated - 1 : 0;
         printf("%s\nprefill: %.2f ms (%d tokens)\ndecode: %.2f ms/token (%d steps)\n",
-               st.stopped_at_eos ? " [eos]" : "", st.prefill_ms, n_ids, steps ? st.decode_ms / steps : 0.0, steps);
+               st.stopped_at_eos ? (tok ? "" : " [eos]") : "", st.prefill_ms, n_ids,
+               steps ? st.decode_ms / steps : 0.0, steps);
     }
     rc = 0;
 done:
     polar_session_free(s);
     polar_program_free(&prog);
+    polar_tokenizer_free(tok);
     polar_model_free(m);
-    free(ids);
+    polar_free(default_model);
+    polar_free(ids);
     free(out);
+    free(ts.text);
     return rc;
 }

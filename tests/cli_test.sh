@@ -69,12 +69,26 @@ expect program_garbage 1 "column 2" $P run --model "$G" --tokens 1 --program "0?
 expect program_too_long 1 "longer than the limit of 16" $P run --model "$G" --tokens 1 --program 0-3x5
 expect token_range 1 "token 256 (at index 1) is outside the vocabulary 0..255" $P run --model "$G" --tokens 1,256
 expect prompt_too_long 1 "longer than the context (2)" $P run --model "$G" --tokens 1,2,3 --ctx 2
-expect prompt_needs_tokenizer 1 "--prompt needs a tokenizer" $P run --model "$G" --prompt "hi"
+expect prompt_no_tokenizer 1 "no tokenizer (tokenizer.json, tokenizer.model, qwen.tiktoken or a .gguf file)" \
+    $P run --model "$G" --prompt "hi"
 
 expect usage_tokens 2 "--tokens: token id expected at column 3" $P run --model "$G" --tokens 1,,2
 expect usage_option 2 "unknown option '--bogus'" $P run --model "$G" --tokens 1 --bogus
 expect usage_value 2 "needs a non-negative integer" $P run --model "$G" --tokens 1 --max-new -3
-expect usage_missing 2 "--model PATH is required" $P run --tokens 1
+expect usage_missing 2 "give exactly one of --tokens or --prompt" $P run --model "$G"
+expect usage_raw_chat 2 "--raw and --chat exclude each other" $P run --prompt hi --raw --chat
 expect usage_command 2 "unknown command 'frobnicate'" $P frobnicate
 expect usage_preset 2 "unknown preset 'gpt-5'" $P bench --preset gpt-5
 expect mkmodel_bad_arch 1 "multiple of num_key_value_heads" $P mkmodel --arch llama --heads 4 --kv-heads 3 --out "$D/x"
+
+# Text in, text out on the default model (POLAR_DEFAULT_MODEL, set by make test).
+expect_out prompt_chat '"text":"The capital of France is Paris."' $P run --prompt "What is the capital of France?" --max-new 24 --json
+expect_out prompt_raw '"prompt_tokens":5,' $P run --prompt "The capital of France is" --raw --max-new 3 --json
+expect_out prompt_program "executed layers: 32 of 30" $P run --prompt "Hi" --program 0-29,28-29 --max-new 2
+expect_out tokenize '{"ids":[19556,905,216,33,34,35,36,37,1326,982],' $P tokenize --text "Hello world 12345 don't" --json
+expect_out tokenize_special '"pieces":["<|im_start|>","user"' $P tokenize --text "<|im_start|>user" --json
+expect tokenize_missing 1 "none.gguf: no tokenizer" $P tokenize --model "$D/none.gguf" --text hi
+printf 'GGUX' > "$D/bad.gguf"
+expect gguf_magic 1 "not a GGUF file (bad magic)" $P run --model "$D/bad.gguf" --tokens 1
+head -c 100000 "$POLAR_DEFAULT_MODEL" > "$D/cut.gguf"
+expect gguf_truncated 1 "runs past the end" $P run --model "$D/cut.gguf" --tokens 1

@@ -5,6 +5,10 @@
  * forms). Every string must give the same ids, and decode(encode(s)) == s
  * (NFC(s) for the Qwen family, whose tokenizer normalises first).
  * POLAR_DEPS and POLAR_FIXTURES point at the data (set by make test). */
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "../loader/json.h"
 #include "harness.h"
 
@@ -136,6 +140,136 @@ static void tokenizer_bytes_round_trip(void) {
     }
 }
 
+/* Each built-in template, checked against the model family's own format
+ * (SmolLM2's as transformers renders the GGUF's template). */
+static void expect_chat(const char *tok_path, const char *config, const char *name, const char *system,
+                        const char *want, const char *end_of_turn) {
+    polar_error err;
+    polar_tokenizer *t = NULL;
+    char dir[] = "/tmp/polar-chat-XXXXXX", path[128];
+    if (config) { /* a folder: tokenizer.json + tokenizer_config.json naming the template */
+        CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        FILE *f = fopen(path, "w");
+        fputs(config, f);
+        fclose(f);
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        CHECK(symlink(tok_path, path) == 0, "symlink");
+        tok_path = dir;
+    }
+    CHECK_OK(polar_tokenizer_load(tok_path, &t, &err));
+    char *out = NULL;
+    if (t) CHECK_OK(polar_chat_prompt(t, system, "Hi there", &out, &err));
+    CHECK(t && strcmp(polar_chat_template_name(t), name) == 0, "template %s, want %s", polar_chat_template_name(t), name);
+    CHECK(out && strcmp(out, want) == 0, "%s prompt:\n%s", name, out ? out : "(none)");
+    CHECK(polar_tokenizer_end_of_turn(t) == polar_token_id(t, end_of_turn) && polar_token_id(t, end_of_turn) >= 0,
+          "%s: end of turn is %s", name, end_of_turn);
+    polar_free(out);
+    polar_tokenizer_free(t);
+    if (config) {
+        unlink(path);
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
+static void tokenizer_chat_templates(void) {
+    expect_chat(getenv("POLAR_DEFAULT_MODEL"), NULL, "smollm2", NULL,
+                "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+                "<|im_end|>");
+    expect_chat(getenv("POLAR_DEFAULT_MODEL"), NULL, "smollm2", "Be brief.",
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+                "<|im_end|>");
+    char llama[1024];
+    snprintf(llama, sizeof llama, "%s", data_path("POLAR_DEPS", "llama_models/llama3/tokenizer.model"));
+    expect_chat(llama, NULL, "llama3", "Be brief.",
+                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                "<|eot_id|>");
+    char qwen[1024];
+    snprintf(qwen, sizeof qwen, "%s", data_path("POLAR_DEPS", "dashscope/resources/qwen.tiktoken"));
+    expect_chat(qwen, NULL, "chatml", NULL,
+                "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+                "<|im_end|>");
+    char *qjson = realpath(data_path("POLAR_FIXTURES", "qwen.tokenizer.json"), NULL); /* symlinks want it absolute */
+    CHECK(qjson != NULL, "qwen tokenizer.json fixture");
+    if (!qjson) return;
+    expect_chat(qjson, "{\"chat_template\": \"{%- if enable_thinking is defined -%}<think>{%- endif -%}<|im_start|>\"}",
+                "qwen3", NULL,
+                "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_end|>");
+    free(qjson);
+}
+
+/* Malformed tokenizer.json files: a clear error naming the fault. */
+static void tokenizer_bad_json(void) {
+    static const struct {
+        const char *text, *why;
+    } bad[] = {
+        {"{\"model\": {\"type\": \"WordPiece\"}}", "not a BPE tokenizer"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": [], \"merges\": []}}", "not a BPE tokenizer"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", "vocabulary of 1 tokens"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "vocab entry 0 has no valid id"},
+        {"{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}", "byte_fallback"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"added_tokens\": 5}", "added_tokens"},
+        {"{\"model\": {\"type\": \"BPE\"", "JSON syntax error"},
+    };
+    char dir[] = "/tmp/polar-tokjson-XXXXXX", path[128];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FILE *f = fopen(path, "w");
+        fputs(bad[i].text, f);
+        fclose(f);
+        polar_error err = {0};
+        polar_tokenizer *t = NULL;
+        polar_status st = polar_tokenizer_load(path, &t, &err);
+        CHECK(st != POLAR_OK && !t, "case %zu must fail", i);
+        CHECK(strstr(err.msg, bad[i].why) != NULL, "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].why);
+    }
+    /* A vocabulary of all 256 bytes with faulty merges and pre-tokenizers. */
+    static const char *tails[][2] = {
+        {"\"merges\": [\"a\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", "is not \"a b\""},
+        {"\"merges\": [\"a zz\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", "not in the vocabulary"},
+        {"\"merges\": [3]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", "neither"},
+        {"\"merges\": []}, \"pre_tokenizer\": {\"type\": \"Whitespace\"}}", "pre_tokenizer is not one polar knows"},
+        {"\"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"normalizer\": {\"type\": \"NFKC\"}}", "'NFKC'"},
+    };
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        FILE *f = fopen(path, "w");
+        fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {", f);
+        for (int b = 0; b < 256; b++) {
+            char piece[8];
+            uint32_t cp = b < '!' || (b > '~' && b < 0xA1) || b == 0xAD ? 0 : (uint32_t)b;
+            if (!cp) { /* GPT-2's stand-ins for unprintable bytes start at U+0100 */
+                int n = 0;
+                for (int k = 0; k < b; k++) n += k < '!' || (k > '~' && k < 0xA1) || k == 0xAD;
+                cp = 256 + (uint32_t)n;
+            }
+            int len = cp < 0x80 ? 1 : 2;
+            if (len == 1) piece[0] = (char)cp;
+            else {
+                piece[0] = (char)(0xC0 | (cp >> 6));
+                piece[1] = (char)(0x80 | (cp & 0x3F));
+            }
+            piece[len] = 0;
+            fprintf(f, "%s\"%s%s\": %d", b ? ", " : "", cp == '"' || cp == '\\' ? "\\" : "", piece, b);
+        }
+        fprintf(f, "}, %s", tails[i][0]);
+        fclose(f);
+        polar_error err = {0};
+        polar_tokenizer *t = NULL;
+        polar_status st = polar_tokenizer_load(path, &t, &err);
+        CHECK(st != POLAR_OK && !t, "tail %zu must fail", i);
+        CHECK(strstr(err.msg, tails[i][1]) != NULL, "tail %zu: '%s' lacks '%s'", i, err.msg, tails[i][1]);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     RUN(tokenizer_smollm2_gguf);
     RUN(tokenizer_smollm2_json);
@@ -144,5 +278,7 @@ int main(void) {
     RUN(tokenizer_qwen_tiktoken);
     RUN(tokenizer_qwen_json);
     RUN(tokenizer_bytes_round_trip);
+    RUN(tokenizer_chat_templates);
+    RUN(tokenizer_bad_json);
     TEST_EXIT();
 }
