@@ -96,6 +96,8 @@ static polar_status read_value(reader *r, gguf_vtype t, gguf_kv *kv, int depth) 
             return polar_fail(r->err, POLAR_ERR_FORMAT, "%s: array of %llu elements is absurd", r->path,
                               (unsigned long long)kv->arr_n);
         kv->arr_type = (gguf_vtype)et;
+        size_t min_elem = et == GGUF_STRING ? 8 : et == GGUF_ARRAY ? 12 : scalar_size((gguf_vtype)et);
+        if (kv->arr_n > (r->size - r->pos) / min_elem) return truncated(r, "an array");
         if (et == GGUF_STRING) {
             kv->arr_strs = malloc((size_t)(kv->arr_n ? kv->arr_n : 1) * sizeof *kv->arr_strs);
             if (!kv->arr_strs) return polar_fail(r->err, POLAR_ERR_NOMEM, "%s: out of memory", r->path);
@@ -196,9 +198,15 @@ polar_status gguf_parse(const char *path, const void *buf, size_t size, gguf_fil
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: GGUF version %u (2 and 3 are supported)", path, version);
     f->version = version;
     if (!read_u64(&r, &f->n_tensors) || !read_u64(&r, &f->n_kv)) return truncated(&r, "the header");
+    /* A key/value takes at least 12 bytes and a tensor info 32: counts the
+     * file cannot hold are refused before anything is allocated for them. */
     if (f->n_tensors > GGUF_MAX_COUNT || f->n_kv > GGUF_MAX_COUNT)
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: absurd counts (%llu tensors, %llu metadata keys)", path,
                           (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv);
+    if (f->n_kv > (size - r.pos) / 12 || f->n_tensors > (size - r.pos) / 32)
+        return polar_fail(err, POLAR_ERR_FORMAT,
+                          "%s: truncated or corrupt: %llu tensors and %llu metadata keys cannot fit in %zu bytes", path,
+                          (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv, size);
     f->kv = calloc((size_t)(f->n_kv ? f->n_kv : 1), sizeof *f->kv);
     f->tensors = calloc((size_t)(f->n_tensors ? f->n_tensors : 1), sizeof *f->tensors);
     uint64_t *offsets = calloc((size_t)(f->n_tensors ? f->n_tensors : 1), sizeof *offsets);

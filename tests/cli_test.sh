@@ -91,4 +91,4 @@ expect tokenize_missing 1 "none.gguf: no tokenizer" $P tokenize --model "$D/none
 printf 'GGUX' > "$D/bad.gguf"
 expect gguf_magic 1 "not a GGUF file (bad magic)" $P run --model "$D/bad.gguf" --tokens 1
 head -c 100000 "$POLAR_DEFAULT_MODEL" > "$D/cut.gguf"
-expect gguf_truncated 1 "runs past the end" $P run --model "$D/cut.gguf" --tokens 1
+expect gguf_truncated 1 "truncated or corrupt" $P run --model "$D/cut.gguf" --tokens 1

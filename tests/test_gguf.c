@@ -84,7 +84,7 @@ static void gguf_malformed(void) {
         {GGUF_UNKNOWN_TYPE, POLAR_ERR_UNSUPPORTED, "ggml type 12"},
         {GGUF_OFFSET_PAST_END, POLAR_ERR_FORMAT, "past the end of the file"},
         {GGUF_MISALIGNED, POLAR_ERR_FORMAT, "not aligned"},
-        {GGUF_TRUNCATED, POLAR_ERR_FORMAT, "runs past the end"},
+        {GGUF_TRUNCATED, POLAR_ERR_FORMAT, "truncated or corrupt"},
         {GGUF_BAD_VALUE_TYPE, POLAR_ERR_FORMAT, "unknown value type 77"},
         {GGUF_NO_TENSOR, POLAR_ERR_FORMAT, "no tensor 'blk.0.attn_norm.weight'"},
     };

@@ -163,8 +163,18 @@ static void json_bos(polar_tokenizer *t, const json_value *pp) {
 }
 
 polar_status tok_load_json(polar_tokenizer *t, const char *path, polar_error *err) {
+    char *text;
+    size_t len;
+    polar_status st = json_read_file(path, (size_t)256 << 20, &text, &len, err);
+    if (st != POLAR_OK) return st;
+    st = tok_load_json_text(t, text, len, path, err);
+    free(text);
+    return st;
+}
+
+polar_status tok_load_json_text(polar_tokenizer *t, const char *text, size_t len, const char *path, polar_error *err) {
     json_doc *doc;
-    polar_status st = json_parse_file(path, &doc, err);
+    polar_status st = json_parse(text, len, path, &doc, err);
     if (st != POLAR_OK) return st;
     const json_value *root = json_root(doc), *model = json_get(root, "model");
     const json_value *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");

@@ -66,6 +66,7 @@ size_t pretok_next(pretok_style style, const unsigned char *s, size_t n, size_t 
 
 /* Loaders, by source. */
 polar_status tok_load_json(polar_tokenizer *t, const char *path, polar_error *err);
+polar_status tok_load_json_text(polar_tokenizer *t, const char *text, size_t len, const char *what, polar_error *err);
 polar_status tok_load_tiktoken(polar_tokenizer *t, const char *path, polar_error *err);
 polar_status tok_load_gguf(polar_tokenizer *t, const void *gguf, polar_error *err);
 
