@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../runtime/error.h"
+#include "../tokenizer/unicode.h"
 
 #define JSON_MAX_DEPTH 128
 #define ARENA_BLOCK (64 * 1024)
@@ -104,29 +105,6 @@ static int read_hex4(parser *p, unsigned *u) {
     return 1;
 }
 
-static size_t put_utf8(char *o, unsigned cp) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* A string starting at the opening quote. Escapes never lengthen the text
  * (\uXXXX is 6 bytes for at most 3 of UTF-8; a surrogate pair 12 for 4), so
  * the raw length bounds the decoded one. */
@@ -170,7 +148,7 @@ static polar_status parse_string(parser *p, const char **s, size_t *n) {
                     return syntax(p, "high surrogate not followed by a low one");
                 u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
             }
-            k += put_utf8(o + k, u);
+            k += (size_t)utf8_encode(u, o + k);
             break;
         }
         default:
