@@ -21,7 +21,7 @@ endif
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c \
-           runtime/error.c runtime/model.c runtime/presets.c runtime/program.c runtime/session.c \
+           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c

@@ -8,16 +8,21 @@ static void usage(FILE *f) {
     fprintf(f,
             "polar %s: run an LLM as a program of layers\n"
             "\n"
-            "  polar run --model DIR (--tokens 1,2,3 | --prompt TEXT) [--program SPEC] [--max-new N]\n"
-            "            [--ctx N] [--threads N] [--ignore-eos] [--json]\n"
-            "  polar mkmodel (--arch llama|qwen2|qwen3 | --preset NAME) [--layers N --hidden N --heads N\n"
-            "            --kv-heads N --head-dim N --ffn N --vocab N] [--seed S] --out DIR\n"
-            "  polar bench (--model DIR | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
+            "  polar run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
+            "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--ignore-eos] [--json]\n"
+            "  polar tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"
+            "  polar mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
+            "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
+            "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"
+            "  polar bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
             "            [--gen N] [--reps N] [--threads N] [--json]\n"
             "\n"
+            "PATH: a model folder (config.json + safetensors) or a .gguf file; without --model, the\n"
+            "default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
             "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
             "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n"
-            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b (real shapes, random weights).\n"
+            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b (real shapes,\n"
+            "random weights).\n"
             "Exit status: 0 success, 2 usage error, 1 any other failure.\n",
             POLAR_VERSION);
 }

@@ -45,7 +45,7 @@ typedef struct polar_model polar_model;
 
 /* The architecture of a model: what config.json says, normalised. */
 typedef struct {
-    char arch[16];          /* "llama", "qwen2", "qwen3" */
+    char arch[16];          /* "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe" */
     int n_layers;           /* D */
     int hidden;             /* model width */
     int n_heads;            /* query heads */
@@ -64,12 +64,26 @@ typedef struct {
     int qk_norm;            /* per-head RMSNorm of q and k before RoPE (Qwen3) */
     int n_eos;
     int eos[8];             /* end-of-sequence ids (config + generation_config) */
+    /* Mixture of experts (qwen2_moe, qwen3_moe); n_experts = 0 for dense models.
+     * Layer l is an MoE layer when l is not in mlp_only and
+     * (l + 1) % sparse_step == 0; other layers have a dense MLP of width ffn. */
+    int n_experts;
+    int top_k;              /* experts per token */
+    int moe_ffn;            /* width of each expert's SwiGLU MLP */
+    int shared_ffn;         /* width of the sigmoid-gated shared expert; 0: none */
+    int norm_topk;          /* renormalise the top-k routing weights to sum 1 */
+    int sparse_step;
+    int n_mlp_only;
+    int mlp_only[64];
 } polar_arch;
+
+/* 1 when layer l of this architecture is a mixture-of-experts layer. */
+int polar_arch_layer_is_moe(const polar_arch *a, int l);
 
 typedef struct {
     polar_arch arch;
     size_t n_params;
-    size_t layer_bytes;     /* bytes of weights of one decoder layer (bf16) */
+    size_t layer_bytes;     /* bytes of weights of one decoder layer (bf16), averaged over layers */
     size_t embed_bytes;     /* token embedding table */
     size_t head_bytes;      /* final norm + lm_head (0 extra when tied, beyond the norm) */
     size_t weight_bytes;    /* all weights */
@@ -80,11 +94,13 @@ typedef struct {
  * from the mapped file; F16/F32 are converted to bf16. */
 polar_status polar_model_load(const char *dir, polar_model **out, polar_error *err);
 
-/* Default shape for an architecture ("llama", "qwen2", "qwen3"): a tiny model
+/* Default shape for an architecture ("llama", "qwen2", "qwen3", "qwen2_moe",
+ * "qwen3_moe"): a tiny model
  * for tests and demos. Fields may be edited before polar_model_random. */
 polar_status polar_arch_default(const char *arch, polar_arch *out, polar_error *err);
 
-/* Real shapes: "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b". */
+/* Real shapes: "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b",
+ * "qwen1.5-moe-a2.7b". */
 polar_status polar_arch_preset(const char *name, polar_arch *out, polar_error *err);
 
 /* Names of the presets, NULL-terminated. */

@@ -124,6 +124,36 @@ static polar_status parse_rope(const cfg *c, polar_arch *a) {
     return POLAR_OK;
 }
 
+/* num_experts (or num_local_experts), num_experts_per_tok,
+ * moe_intermediate_size, shared_expert_intermediate_size (qwen2_moe),
+ * norm_topk_prob, decoder_sparse_step, mlp_only_layers. */
+static polar_status parse_moe(const cfg *c, polar_arch *a) {
+    const int BIG = 1 << 30;
+    const char *experts_key = json_get(c->root, "num_experts") ? "num_experts" : "num_local_experts";
+    polar_status st;
+    if ((st = get_int(c, experts_key, 1, 0, 1, 4096, &a->n_experts)) ||
+        (st = get_int(c, "num_experts_per_tok", 1, 0, 1, 64, &a->top_k)) ||
+        (st = get_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &a->moe_ffn)) ||
+        (st = get_int(c, "decoder_sparse_step", 0, 1, 1, 4096, &a->sparse_step)) ||
+        (st = get_bool(c, "norm_topk_prob", 0, &a->norm_topk)))
+        return st;
+    if (strcmp(a->arch, "qwen2_moe") == 0 &&
+        (st = get_int(c, "shared_expert_intermediate_size", 1, 0, 1, BIG, &a->shared_ffn)) != POLAR_OK)
+        return st;
+    const json_value *only = json_get(c->root, "mlp_only_layers");
+    if (only && only->type != JSON_NULL) {
+        if (only->type != JSON_ARRAY || only->len > sizeof a->mlp_only / sizeof a->mlp_only[0])
+            return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: 'mlp_only_layers' must be a list of at most 64 layers", c->what);
+        for (size_t i = 0; i < only->len; i++) {
+            const json_value *v = only->items[i];
+            if (v->type != JSON_NUMBER || !v->is_integer || v->number < 0 || v->number >= a->n_layers)
+                return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: mlp_only_layers[%zu] is not a layer index", c->what, i);
+            a->mlp_only[a->n_mlp_only++] = (int)v->number;
+        }
+    }
+    return POLAR_OK;
+}
+
 polar_status config_parse(const char *text, size_t len, const char *what, polar_arch *a, polar_error *err) {
     memset(a, 0, sizeof *a);
     json_doc *doc;
@@ -139,9 +169,11 @@ polar_status config_parse(const char *text, size_t len, const char *what, polar_
         st = polar_fail(err, POLAR_ERR_CONFIG, "%s: required field 'model_type' is missing or not a string", what);
         goto done;
     }
-    if (strcmp(mt->str, "llama") && strcmp(mt->str, "qwen2") && strcmp(mt->str, "qwen3")) {
-        st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: model_type '%.40s' is not supported (llama, qwen2, qwen3 are)",
-                        what, mt->str);
+    if (strcmp(mt->str, "llama") && strcmp(mt->str, "qwen2") && strcmp(mt->str, "qwen3") &&
+        strcmp(mt->str, "qwen2_moe") && strcmp(mt->str, "qwen3_moe")) {
+        st = polar_fail(err, POLAR_ERR_UNSUPPORTED,
+                        "%s: model_type '%.40s' is not supported (llama, qwen2, qwen3, qwen2_moe, qwen3_moe are)", what,
+                        mt->str);
         goto done;
     }
     snprintf(a->arch, sizeof a->arch, "%s", mt->str);
@@ -181,13 +213,17 @@ polar_status config_parse(const char *text, size_t len, const char *what, polar_
         st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: use_sliding_window = true is not supported", what);
         goto done;
     }
-    /* Qwen2 always has q/k/v bias; Qwen3 has q_norm/k_norm. */
-    a->qkv_bias = strcmp(a->arch, "qwen2") == 0 ? 1 : bias;
-    a->qk_norm = strcmp(a->arch, "qwen3") == 0;
-    if (bias && strcmp(a->arch, "qwen2") != 0) {
+    /* Qwen2 always has q/k/v bias, Qwen2-MoE unless qkv_bias says otherwise;
+     * the Qwen3 families have q_norm/k_norm. */
+    int qwen2 = strcmp(a->arch, "qwen2") == 0, qwen2_moe = strcmp(a->arch, "qwen2_moe") == 0;
+    a->qkv_bias = qwen2 || bias;
+    if (qwen2_moe && (st = get_bool(&c, "qkv_bias", 1, &a->qkv_bias)) != POLAR_OK) goto done;
+    a->qk_norm = strncmp(a->arch, "qwen3", 5) == 0;
+    if (bias && !qwen2 && !qwen2_moe) {
         st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: attention_bias = true is only supported for qwen2", what);
         goto done;
     }
+    if (strstr(a->arch, "_moe") && (st = parse_moe(&c, a)) != POLAR_OK) goto done;
     st = config_validate(a, what, err);
 done:
     json_free(doc);
@@ -203,6 +239,18 @@ polar_status config_validate(const polar_arch *a, const char *what, polar_error 
                           what, a->n_heads, a->n_kv_heads);
     if (a->head_dim < 2 || a->head_dim % 2)
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: head_dim %d must be even and at least 2", what, a->head_dim);
+    if (a->n_experts && (a->top_k < 1 || a->moe_ffn < 1 || a->sparse_step < 1))
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: an MoE model needs num_experts_per_tok, moe_intermediate_size and "
+                          "decoder_sparse_step >= 1", what);
+    for (int i = 0; i < a->n_mlp_only; i++)
+        if (a->mlp_only[i] < 0 || a->mlp_only[i] >= a->n_layers)
+            return polar_fail(err, POLAR_ERR_CONFIG, "%s: mlp_only_layers names layer %d of %d", what, a->mlp_only[i],
+                              a->n_layers);
+    if (a->n_experts && a->top_k > 64)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: num_experts_per_tok %d (at most 64 supported)", what, a->top_k);
+    if (a->top_k > a->n_experts && a->n_experts)
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: num_experts_per_tok %d is larger than num_experts %d", what,
+                          a->top_k, a->n_experts);
     if (!(a->rope_theta > 0) || !(a->rms_eps > 0))
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: rope_theta and rms_norm_eps must be positive", what);
     /* Keep every weight matrix indexable with size_t and rows with int. */
@@ -235,10 +283,11 @@ polar_status config_load(const char *dir, polar_arch *out, polar_error *err) {
 polar_status config_write(const polar_arch *a, const char *path, polar_error *err) {
     FILE *f = fopen(path, "w");
     if (!f) return polar_fail(err, POLAR_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    static const char *archs[][2] = {
-        {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"}};
+    static const char *archs[][2] = {{"llama", "LlamaForCausalLM"},         {"qwen2", "Qwen2ForCausalLM"},
+                                     {"qwen3", "Qwen3ForCausalLM"},         {"qwen2_moe", "Qwen2MoeForCausalLM"},
+                                     {"qwen3_moe", "Qwen3MoeForCausalLM"}};
     const char *cls = "LlamaForCausalLM";
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (strcmp(a->arch, archs[i][0]) == 0) cls = archs[i][1];
     fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls, a->arch);
     fprintf(f, "  \"num_hidden_layers\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", a->n_layers,
@@ -254,7 +303,17 @@ polar_status config_write(const polar_arch *a, const char *path, polar_error *er
                 a->rope_factor, a->rope_low_freq_factor, a->rope_high_freq_factor, a->rope_original_max_pos);
     fprintf(f, "  \"tie_word_embeddings\": %s,\n", a->tied_embeddings ? "true" : "false");
     if (strcmp(a->arch, "llama") == 0) fprintf(f, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
-    if (strcmp(a->arch, "qwen3") == 0) fprintf(f, "  \"attention_bias\": false,\n");
+    if (strncmp(a->arch, "qwen3", 5) == 0) fprintf(f, "  \"attention_bias\": false,\n");
+    if (strcmp(a->arch, "qwen2_moe") == 0) fprintf(f, "  \"qkv_bias\": %s,\n", a->qkv_bias ? "true" : "false");
+    if (a->n_experts) {
+        fprintf(f, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n",
+                a->n_experts, a->top_k, a->moe_ffn);
+        if (a->shared_ffn) fprintf(f, "  \"shared_expert_intermediate_size\": %d,\n", a->shared_ffn);
+        fprintf(f, "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": %d,\n  \"mlp_only_layers\": [",
+                a->norm_topk ? "true" : "false", a->sparse_step);
+        for (int i = 0; i < a->n_mlp_only; i++) fprintf(f, "%s%d", i ? ", " : "", a->mlp_only[i]);
+        fprintf(f, "],\n");
+    }
     if (strcmp(a->arch, "llama") != 0) fprintf(f, "  \"use_sliding_window\": false,\n");
     fprintf(f, "  \"hidden_act\": \"silu\",\n  \"torch_dtype\": \"bfloat16\",\n  \"eos_token_id\": [");
     for (int i = 0; i < a->n_eos; i++) fprintf(f, "%s%d", i ? ", " : "", a->eos[i]);

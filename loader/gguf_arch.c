@@ -55,6 +55,32 @@ static void add_eos(const gguf_file *f, const char *key, polar_arch *a) {
     if (a->n_eos < (int)(sizeof a->eos / sizeof a->eos[0])) a->eos[a->n_eos++] = (int)kv->i;
 }
 
+/* Experts from {arch}.expert_*; a block without a router is a dense layer.
+ * Renormalising the top-k is Qwen3-MoE's rule and not Qwen2-MoE's unless
+ * expert_weights_norm says otherwise. */
+static polar_status gguf_moe(const meta *m, polar_arch *a) {
+    polar_status st;
+    if ((st = get_int(m, "expert_count", 0, &a->n_experts)) || (st = get_int(m, "expert_used_count", 0, &a->top_k)) ||
+        (st = get_int(m, "expert_feed_forward_length", 0, &a->moe_ffn)))
+        return st;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", m->arch);
+    if (gguf_find_kv(m->f, key) && (st = get_int(m, "expert_shared_feed_forward_length", 0, &a->shared_ffn)))
+        return st;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", m->arch);
+    const gguf_kv *norm = gguf_find_kv(m->f, key);
+    a->norm_topk = norm ? norm->u != 0 : strcmp(a->arch, "qwen3_moe") == 0;
+    a->sparse_step = 1;
+    for (int l = 0; l < a->n_layers; l++) {
+        snprintf(key, sizeof key, "blk.%d.ffn_gate_inp.weight", l);
+        if (gguf_find_tensor(m->f, key)) continue;
+        if (a->n_mlp_only == (int)(sizeof a->mlp_only / sizeof a->mlp_only[0]))
+            return polar_fail(m->err, POLAR_ERR_UNSUPPORTED, "%s: more than 64 dense layers in an MoE model", m->f->path);
+        a->mlp_only[a->n_mlp_only++] = l;
+    }
+    return POLAR_OK;
+}
+
 polar_status gguf_model_arch(const gguf_file *f, polar_arch *a, polar_error *err) {
     memset(a, 0, sizeof *a);
     meta m = {f, "", err};
@@ -62,10 +88,14 @@ polar_status gguf_model_arch(const gguf_file *f, polar_arch *a, polar_error *err
     if (!kv || kv->type != GGUF_STRING)
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: metadata 'general.architecture' is missing", f->path);
     snprintf(m.arch, sizeof m.arch, "%.*s", (int)(kv->str.len < 15 ? kv->str.len : 15), kv->str.s);
-    if (!gguf_str_eq(kv->str, "llama") && !gguf_str_eq(kv->str, "qwen2") && !gguf_str_eq(kv->str, "qwen3"))
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: GGUF architecture '%.40s' is not supported (llama, qwen2, qwen3 are)",
+    static const char *const names[][2] = {
+        {"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"}, {"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (gguf_str_eq(kv->str, names[i][0])) snprintf(a->arch, sizeof a->arch, "%s", names[i][1]);
+    if (!a->arch[0])
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED,
+                          "%s: GGUF architecture '%.40s' is not supported (llama, qwen2, qwen3, qwen2moe, qwen3moe are)",
                           f->path, m.arch);
-    snprintf(a->arch, sizeof a->arch, "%s", m.arch);
     const gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
     polar_status st;
     if ((st = get_int(&m, "block_count", 0, &a->n_layers)) || (st = get_int(&m, "embedding_length", 0, &a->hidden)) ||
@@ -85,8 +115,9 @@ polar_status gguf_model_arch(const gguf_file *f, polar_arch *a, polar_error *err
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported", f->path,
                           (int)(scaling->str.len > 40 ? 40 : scaling->str.len), scaling->str.s);
     a->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
-    a->qkv_bias = strcmp(a->arch, "qwen2") == 0;
-    a->qk_norm = strcmp(a->arch, "qwen3") == 0;
+    a->qkv_bias = strncmp(a->arch, "qwen2", 5) == 0 && gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
+    a->qk_norm = strncmp(a->arch, "qwen3", 5) == 0;
+    if (strstr(a->arch, "_moe") && (st = gguf_moe(&m, a)) != POLAR_OK) return st;
     add_eos(f, "tokenizer.ggml.eos_token_id", a);
     add_eos(f, "tokenizer.ggml.eot_token_id", a);
     return config_validate(a, f->path, err);

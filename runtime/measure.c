@@ -55,10 +55,27 @@ polar_status polar_copy_bandwidth(size_t bytes, int n_threads, double *gbps, pol
 }
 
 double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx) {
-    polar_model_info info;
-    if (polar_model_info_get(m, &info) != POLAR_OK || !p) return 0;
+    if (!p) return 0;
     const polar_arch *a = &m->arch;
+    /* Bytes of each layer's weights, from the model's own tensor table; an
+     * MoE layer reads its router, top_k of its experts and the shared one. */
+    tensor_ref *refs;
+    int n = model_tensor_refs((polar_model *)m, LAYOUT_PER_EXPERT, &refs);
+    double *layer = calloc((size_t)a->n_layers, sizeof *layer);
+    if (n < 0 || !layer) {
+        if (n >= 0) free(refs);
+        free(layer);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (refs[i].layer >= 0) layer[refs[i].layer] += (double)ref_elems(&refs[i]) * sizeof(bf16);
+    free(refs);
+    double idle_experts = (double)(a->n_experts - a->top_k) * 3.0 * a->moe_ffn * a->hidden * sizeof(bf16);
     double kv_row = 2.0 * a->n_kv_heads * a->head_dim * sizeof(float); /* K and V, f32 on the CPU */
     double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * a->hidden * sizeof(bf16);
-    return (double)p->n * ((double)info.layer_bytes + kv_row * ctx) + (double)a->hidden * sizeof(bf16) + head;
+    double total = (double)a->hidden * sizeof(bf16) + head; /* one embedding row, final norm, lm_head */
+    for (int k = 0; k < p->n; k++)
+        total += layer[p->layers[k]] - (polar_arch_layer_is_moe(a, p->layers[k]) ? idle_experts : 0) + kv_row * ctx;
+    free(layer);
+    return total;
 }

@@ -16,8 +16,14 @@ typedef struct {
     const bf16 *q_norm, *k_norm;/* [head_dim] or NULL (Qwen3) */
     const bf16 *wo;             /* [hidden, n_heads*head_dim] */
     const bf16 *mlp_norm;       /* [hidden] */
-    const bf16 *w_gate, *w_up;  /* [ffn, hidden] */
+    const bf16 *w_gate, *w_up;  /* [ffn, hidden]   dense MLP (NULL in MoE layers) */
     const bf16 *w_down;         /* [hidden, ffn] */
+    const bf16 *router;         /* [n_experts, hidden]                MoE layers only */
+    const bf16 *exp_gate_up;    /* [n_experts, 2*moe_ffn, hidden]  gate rows, then up rows */
+    const bf16 *exp_down;       /* [n_experts, hidden, moe_ffn] */
+    const bf16 *sh_gate, *sh_up;/* [shared_ffn, hidden]  shared expert, or NULL */
+    const bf16 *sh_down;        /* [hidden, shared_ffn] */
+    const bf16 *sh_router;      /* [1, hidden]  sigmoid gate of the shared expert */
 } layer_weights;
 
 struct polar_model {
@@ -33,20 +39,43 @@ struct polar_model {
     int n_owned, cap_owned;
 };
 
-/* One weight tensor of the model: its checkpoint name, where its pointer
- * lives in the model, and its shape (cols = 0 for vectors). */
+/* One weight tensor as a checkpoint holds it, and where its elements live in
+ * the model: a region of a destination buffer (*slot, dst_elems long).
+ * A stack of experts [experts, rows, cols] lands chunk by chunk, expert e at
+ * dst_offset + e * dst_stride; a plain tensor at dst_offset. */
 typedef struct {
     char name[96];       /* Hugging Face name */
     char gguf_name[64];  /* the same tensor in a GGUF file */
     const bf16 **slot;
-    int rows, cols;
+    int layer;           /* -1 for embedding, final norm and head */
+    int experts;         /* 0: a 1-D/2-D tensor; E: a 3-D stack */
+    int rows, cols;      /* cols = 0 for vectors */
+    size_t dst_elems, dst_offset, dst_stride;
     int rope_permuted;   /* q/k weights: GGUF llama rows are permuted per head */
 } tensor_ref;
 
-/* Every tensor the architecture needs, in checkpoint order. refs must hold
- * model_tensor_count(arch) entries. */
-int model_tensor_count(const polar_arch *a);
-void model_tensor_refs(polar_model *m, tensor_ref *refs);
+/* How a checkpoint lays out expert weights. */
+typedef enum {
+    LAYOUT_PER_EXPERT, /* mlp.experts.E.{gate,up,down}_proj.weight (transformers v4, the Qwen releases) */
+    LAYOUT_STACKED,    /* mlp.experts.gate_up_proj / down_proj (transformers v5) */
+    LAYOUT_GGUF,       /* blk.N.ffn_{gate,up,down}_exps stacks */
+} expert_layout;
+
+/* Every tensor the architecture needs, in checkpoint order: allocates the
+ * list (free it) and returns its length, or -1 when out of memory. */
+int model_tensor_refs(polar_model *m, expert_layout layout, tensor_ref **refs);
+
+/* Elements of a ref (all experts). */
+size_t ref_elems(const tensor_ref *r);
+
+/* Copy a ref's elements out of the model (for writers): n = ref_elems. */
+void ref_gather(const tensor_ref *r, bf16 *out);
+
+/* Bind every tensor of a checkpoint (m->files or m->gguf) into the model. */
+polar_status model_bind(polar_model *m, polar_error *err);
+
+/* Fill every tensor with deterministic random values. */
+polar_status model_fill_random(polar_model *m, uint64_t seed, polar_error *err);
 
 /* Keep a buffer alive as long as the model; returns 0 when out of memory. */
 int model_own(polar_model *m, void *buf);

@@ -5,6 +5,7 @@
  * gets one slot per occurrence, a skipped layer none: exactly an unrolled
  * model with tied weights, so decoding with the cache equals a full
  * recompute. Everything is allocated in polar_session_create. */
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,10 @@ struct polar_session {
     float *q;           /* [CHUNK, n_heads*head_dim] */
     float *k, *v;       /* [CHUNK, n_kv*head_dim] */
     float *att;         /* [CHUNK, n_heads*head_dim] attention output */
-    float *gate, *up;   /* [CHUNK, ffn] */
+    float *gate, *up;   /* [CHUNK, max(ffn, shared_ffn, 2*moe_ffn)] */
+    float *router;      /* [CHUNK, n_experts] router logits */
+    float *mlp_out;     /* [CHUNK, hidden] MoE layer output before the residual */
+    float *expert_out;  /* [hidden] one expert's output for one token */
     float *cos, *sin;   /* [CHUNK, head_dim/2] rope tables of the chunk's positions */
     float *scores;      /* [n_threads, max_ctx] softmax scratch */
     float *logits;      /* [vocab] of the last token */
@@ -75,14 +79,21 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->k = malloc(C * kv * sizeof(float));
     s->v = malloc(C * kv * sizeof(float));
     s->att = malloc(C * q * sizeof(float));
-    s->gate = malloc(C * a->ffn * sizeof(float));
-    s->up = malloc(C * a->ffn * sizeof(float));
+    size_t ffn = (size_t)a->ffn;
+    if ((size_t)a->shared_ffn > ffn) ffn = (size_t)a->shared_ffn;
+    if ((size_t)2 * a->moe_ffn > ffn) ffn = (size_t)2 * a->moe_ffn;
+    s->gate = malloc(C * ffn * sizeof(float));
+    s->up = malloc(C * ffn * sizeof(float));
+    s->router = malloc(C * (size_t)(a->n_experts ? a->n_experts : 1) * sizeof(float));
+    s->mlp_out = malloc(C * a->hidden * sizeof(float));
+    s->expert_out = malloc((size_t)a->hidden * sizeof(float));
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
     s->logits = malloc((size_t)a->vocab * sizeof(float));
     if (!s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
-        !s->gate || !s->up || !s->cos || !s->sin || !s->scores || !s->logits) {
+        !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_out || !s->cos || !s->sin || !s->scores ||
+        !s->logits) {
         polar_session_free(s);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
@@ -131,11 +142,52 @@ void polar_session_free(polar_session *s) {
     free(s->att);
     free(s->gate);
     free(s->up);
+    free(s->router);
+    free(s->mlp_out);
+    free(s->expert_out);
     free(s->cos);
     free(s->sin);
     free(s->scores);
     free(s->logits);
     free(s);
+}
+
+/* The MoE sublayer on the normed input s->xn: each token through its top-k
+ * experts (weighted, summed in expert order) plus the sigmoid-gated shared
+ * expert, then added to the residual stream. */
+static void moe_forward(polar_session *s, const layer_weights *w, int T) {
+    const polar_arch *a = &s->m->arch;
+    int H = a->hidden, F = a->moe_ffn, E = a->n_experts, nt = s->n_threads;
+    int idx[64];
+    float weight[64];
+    cpu_matmul(s->router, s->xn, w->router, NULL, T, E, H, 0, nt);
+    for (int t = 0; t < T; t++) {
+        const float *xt = s->xn + (size_t)t * H;
+        float *out = s->mlp_out + (size_t)t * H;
+        memset(out, 0, (size_t)H * sizeof *out);
+        cpu_route(s->router + (size_t)t * E, E, a->top_k, a->norm_topk, idx, weight);
+        for (int j = 0; j < a->top_k; j++) {
+            /* gate and up rows of expert idx[j] are one [2F, H] block */
+            cpu_matmul(s->gate, xt, w->exp_gate_up + (size_t)idx[j] * 2 * F * H, NULL, 1, 2 * F, H, 0, nt);
+            cpu_swiglu(s->gate, s->gate + F, F);
+            cpu_matmul(s->expert_out, s->gate, w->exp_down + (size_t)idx[j] * H * F, NULL, 1, H, F, 0, nt);
+            for (int i = 0; i < H; i++) out[i] += s->expert_out[i] * weight[j];
+        }
+    }
+    if (w->sh_gate) {
+        int S = a->shared_ffn;
+        cpu_matmul(s->gate, s->xn, w->sh_gate, NULL, T, S, H, 0, nt);
+        cpu_matmul(s->up, s->xn, w->sh_up, NULL, T, S, H, 0, nt);
+        for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * S, s->up + (size_t)t * S, S);
+        for (int t = 0; t < T; t++) {
+            float g;
+            cpu_matmul(&g, s->xn + (size_t)t * H, w->sh_router, NULL, 1, 1, H, 0, 1);
+            cpu_matmul(s->expert_out, s->gate + (size_t)t * S, w->sh_down, NULL, 1, H, S, 0, nt);
+            float sig = 1.0f / (1.0f + expf(-g));
+            for (int i = 0; i < H; i++) s->mlp_out[(size_t)t * H + i] += sig * s->expert_out[i];
+        }
+    }
+    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->mlp_out[i];
 }
 
 /* One decoder layer (weights w) at execution position slot, for T tokens at
@@ -173,6 +225,10 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
     cpu_matmul(s->x, s->att, w->wo, NULL, T, a->hidden, qd, 1, nt);
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->mlp_norm, a->hidden, eps);
+    if (w->router) {
+        moe_forward(s, w, T);
+        return;
+    }
     cpu_matmul(s->gate, s->xn, w->w_gate, NULL, T, a->ffn, a->hidden, 0, nt);
     cpu_matmul(s->up, s->xn, w->w_up, NULL, T, a->ffn, a->hidden, 0, nt);
     for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);

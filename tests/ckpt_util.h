@@ -18,6 +18,7 @@ typedef struct {
     const char *omit;    /* tensor left out */
     const char *widen;   /* tensor written one row too many */
     int shards;          /* 1 or 2 (+ model.safetensors.index.json) */
+    int stacked;         /* experts as transformers v5 stacks them */
 } ckpt_opts;
 
 /* The data of one tensor in the requested dtype (malloc'd). */
@@ -47,19 +48,23 @@ static polar_status ckpt_write(polar_model *m, const char *dir, const ckpt_opts 
     snprintf(path, sizeof path, "%s/config.json", dir);
     polar_status st = config_write(&m->arch, path, err);
     if (st != POLAR_OK) return st;
-    int n = model_tensor_count(&m->arch), k = 0;
-    tensor_ref *refs = malloc((size_t)n * sizeof *refs);
+    tensor_ref *refs;
+    int n = model_tensor_refs(m, o->stacked ? LAYOUT_STACKED : LAYOUT_PER_EXPERT, &refs), k = 0;
     st_write_tensor *w = calloc((size_t)n, sizeof *w);
     void **bufs = calloc((size_t)n, sizeof *bufs);
-    model_tensor_refs(m, refs);
-    for (int i = 0; i < n && refs[i].name[0]; i++) {
+    for (int i = 0; i < n; i++) {
         if (o->omit && strcmp(refs[i].name, o->omit) == 0) continue;
         int widen = o->widen && strcmp(refs[i].name, o->widen) == 0;
-        size_t cols = refs[i].cols ? (size_t)refs[i].cols : 1;
-        bufs[k] = ckpt_convert(*refs[i].slot, (size_t)refs[i].rows * cols, widen ? cols : 0, o->dtype);
-        w[k] = (st_write_tensor){refs[i].name, o->dtype, refs[i].cols ? 2 : 1, {refs[i].rows + widen, refs[i].cols},
-                                 bufs[k]};
-        k++;
+        size_t cols = refs[i].cols ? (size_t)refs[i].cols : 1, elems = ref_elems(&refs[i]);
+        bf16 *vals = malloc(elems * sizeof *vals);
+        ref_gather(&refs[i], vals);
+        bufs[k] = ckpt_convert(vals, elems, widen ? cols : 0, o->dtype);
+        free(vals);
+        st_write_tensor t = {refs[i].name, o->dtype, 0, {0}, bufs[k]};
+        if (refs[i].experts) t.shape[t.ndim++] = refs[i].experts;
+        t.shape[t.ndim++] = refs[i].rows + widen;
+        if (refs[i].cols) t.shape[t.ndim++] = refs[i].cols;
+        w[k++] = t;
     }
     if (o->shards <= 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);

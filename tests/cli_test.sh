@@ -44,7 +44,11 @@ expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
 expect_out bench '"decode_time_vs_base":' $P bench --arch llama --program 0-1,2-3x2 --prompt-len 8 --gen 4 --reps 1 --json
-expect_out help "polar run --model DIR" $P help
+expect_out help "polar run [--model PATH]" $P help
+expect_out mkmodel_moe "16 experts (top 4, width 32, shared 0)" $P mkmodel --arch qwen3_moe --experts 16 --top-k 4 --expert-ffn 32 --out "$D/moe"
+expect_out run_moe "executed layers: 6 of 4" $P run --model "$D/moe" --tokens 1,2 --program 0-1x2,2-3 --max-new 3
+expect mkmodel_moe_dense 2 "need an MoE architecture" $P mkmodel --arch llama --experts 4 --out "$D/x"
+expect mkmodel_topk 1 "num_experts_per_tok 9 is larger than num_experts 8" $P mkmodel --arch qwen2_moe --top-k 9 --out "$D/x"
 
 expect truncated 1 "past the data section" $P run --model "$D/truncated" --tokens 1
 expect tiny_file 1 "truncated: 4 bytes" $P run --model "$D/tiny" --tokens 1
@@ -57,7 +61,7 @@ expect missing_tensor 1 "no tensor 'model.layers.3.mlp.down_proj.weight'" $P run
 expect missing_shard 1 "model-00001-of-00002.safetensors: cannot open" $P run --model "$D/sharded_missing" --tokens 1
 expect config_missing 1 "'hidden_size' is missing" $P run --model "$D/cfg_missing" --tokens 1
 expect config_type 1 "'hidden_size' must be an integer, got string" $P run --model "$D/cfg_type" --tokens 1
-expect config_unknown 1 "model_type 'qwen2_moe' is not supported" $P run --model "$D/cfg_unknown" --tokens 1
+expect config_unknown 1 "model_type 'mixtral' is not supported" $P run --model "$D/cfg_unknown" --tokens 1
 expect config_syntax 1 "line 2 column 17" $P run --model "$D/cfg_syntax" --tokens 1
 expect no_model 1 "not a model" $P run --model "$D/nothing" --tokens 1
 

@@ -50,10 +50,8 @@ static void permute_rows(float *w, int rows, int cols, int hd) {
 
 static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) {
     const polar_arch *a = &m->arch;
-    int n = model_tensor_count(a), k = 0;
-    tensor_ref *refs = malloc((size_t)(n + 1) * sizeof *refs);
-    model_tensor_refs(m, refs);
-    while (k < n && refs[k].name[0]) k++;
+    tensor_ref *refs;
+    int k = model_tensor_refs(m, LAYOUT_GGUF, &refs);
     if (fault == GGUF_NO_TENSOR) { /* drop blk.0.attn_norm.weight */
         memmove(refs + 1, refs + 2, (size_t)(k - 2) * sizeof *refs);
         k--;
@@ -64,12 +62,27 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     fwrite(fault == GGUF_BAD_MAGIC ? "GGUX" : "GGUF", 1, 4, f);
     gw_u32(f, fault == GGUF_BAD_VERSION ? 1 : 3);
     gw_u64(f, fault == GGUF_HUGE_COUNT ? (uint64_t)1 << 40 : (uint64_t)n_tensors);
-    gw_u64(f, 11);
+    /* llama.cpp spells the MoE architectures without the underscore. */
+    char gname[16];
+    snprintf(gname, sizeof gname, "%s", a->arch);
+    char *us = strchr(gname, '_');
+    if (us) memmove(us, us + 1, strlen(us));
+    int moe_keys = a->n_experts ? 3 + (a->shared_ffn > 0) : 0;
+    gw_u64(f, 11 + (uint64_t)moe_keys);
     gw_str(f, "general.architecture");
     gw_u32(f, fault == GGUF_BAD_VALUE_TYPE ? 77 : GGUF_STRING);
     if (fault == GGUF_HUGE_STRING) gw_u64(f, (uint64_t)1 << 50);
-    gw_str(f, a->arch);
+    gw_str(f, gname);
     char key[64];
+    struct {
+        const char *k;
+        int v;
+    } moe[] = {{"expert_count", a->n_experts}, {"expert_used_count", a->top_k},
+               {"expert_feed_forward_length", a->moe_ffn}, {"expert_shared_feed_forward_length", a->shared_ffn}};
+    for (int i = 0; i < moe_keys; i++) {
+        snprintf(key, sizeof key, "%s.%s", gname, moe[i].k);
+        kv_u32(f, key, (uint32_t)moe[i].v);
+    }
     struct {
         const char *k;
         int v;
@@ -78,12 +91,12 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
                 {"attention.head_count_kv", a->n_kv_heads}, {"attention.key_length", a->head_dim},
                 {"context_length", a->max_pos},         {"vocab_size", a->vocab}};
     for (int i = 0; i < 8; i++) {
-        snprintf(key, sizeof key, "%s.%s", a->arch, ints[i].k);
+        snprintf(key, sizeof key, "%s.%s", gname, ints[i].k);
         kv_u32(f, key, (uint32_t)ints[i].v);
     }
-    snprintf(key, sizeof key, "%s.rope.freq_base", a->arch);
+    snprintf(key, sizeof key, "%s.rope.freq_base", gname);
     kv_f32(f, key, (float)a->rope_theta);
-    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a->arch);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", gname);
     kv_f32(f, key, (float)a->rms_eps);
     if (fault == GGUF_TRUNCATED) {
         fclose(f);
@@ -94,10 +107,12 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     for (int i = 0; i < n_tensors; i++) {
         int is_rope = i == k;
         gw_str(f, is_rope ? "rope_freqs.weight" : refs[i].gguf_name);
-        int cols = is_rope ? half : refs[i].cols, rows = is_rope ? 1 : refs[i].rows;
-        gw_u32(f, cols ? 2 : 1);
+        int cols = is_rope ? half : refs[i].cols, rows = is_rope ? 1 : refs[i].rows, ex = is_rope ? 0 : refs[i].experts;
+        gw_u32(f, (cols ? 2 : 1) + (ex ? 1 : 0));
         gw_u64(f, (uint64_t)(cols ? cols : rows));
         if (cols) gw_u64(f, (uint64_t)rows);
+        if (ex) gw_u64(f, (uint64_t)ex);
+        rows *= ex ? ex : 1;
         gw_u32(f, fault == GGUF_UNKNOWN_TYPE && i == 1 ? 12 : GGML_F32);
         uint64_t off = offset;
         if (fault == GGUF_OFFSET_PAST_END && i == n_tensors - 1) off += (uint64_t)1 << 32;
@@ -115,9 +130,12 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             v = malloc(cnt * 4);
             for (int j = 0; j < half; j++) v[j] = powf((float)a->rope_theta, -(float)(2 * j) / a->head_dim) / m->rope_inv_freq[j];
         } else {
-            cnt = (size_t)refs[i].rows * (refs[i].cols ? refs[i].cols : 1);
+            cnt = ref_elems(&refs[i]);
             v = malloc(cnt * 4);
-            for (size_t j = 0; j < cnt; j++) v[j] = bf16_to_f32((*refs[i].slot)[j]);
+            bf16 *b = malloc(cnt * sizeof *b);
+            ref_gather(&refs[i], b);
+            for (size_t j = 0; j < cnt; j++) v[j] = bf16_to_f32(b[j]);
+            free(b);
             if (refs[i].rope_permuted && !strcmp(a->arch, "llama")) permute_rows(v, refs[i].rows, refs[i].cols, a->head_dim);
         }
         fwrite(v, 4, cnt, f);

@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     put(root, "cfg_missing", "config.json", "{\"model_type\": \"llama\", \"num_hidden_layers\": 4}");
     put(root, "cfg_type", "config.json",
         "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": \"64\"}");
-    put(root, "cfg_unknown", "config.json", "{\"model_type\": \"qwen2_moe\"}");
+    put(root, "cfg_unknown", "config.json", "{\"model_type\": \"mixtral\"}");
     put(root, "cfg_syntax", "config.json", "{\"model_type\": \"llama\",\n  \"hidden_size\" 64}");
     snprintf(path, sizeof path, "%s/sharded_missing/model.safetensors", root);
     unlink(path);

@@ -47,7 +47,7 @@ static void check_consistency(const char *arch, const char *program_text, int n_
         CHECK(d <= CACHE_TOL, "%s %s step %d: cached vs recomputed logits differ by %g", arch, program_text, step, d);
         CHECK(polar_argmax(a, V) == polar_argmax(b, V), "%s %s step %d: next token differs", arch, program_text, step);
     }
-    printf("  %-6s %-12s prompt %2d + %2d steps: max |cached - recomputed| %.2e\n", arch, program_text, n_prompt,
+    printf("  %-9s %-14s prompt %2d + %2d steps: max |cached - recomputed| %.2e\n", arch, program_text, n_prompt,
            steps, worst);
     free(seq);
     polar_session_free(cached);
@@ -64,6 +64,12 @@ static void cache_repeat(void) {
 static void cache_mixed(void) {
     check_consistency("qwen2", "0,2-3x2", 5, 12);
     check_consistency("llama", "3,0x2,2", 5, 12);
+}
+
+/* A repeated MoE layer routes again on its new input, in prefill and decode alike. */
+static void cache_moe(void) {
+    check_consistency("qwen2_moe", "0-1,5,1x2,4-5", 5, 12);
+    check_consistency("qwen3_moe", "0-1x2,3", 5, 12);
 }
 
 /* A prompt longer than the prefill chunk: logits of every position from one
@@ -130,6 +136,7 @@ static void cache_set_program(void) {
 int main(void) {
     RUN(cache_repeat);
     RUN(cache_mixed);
+    RUN(cache_moe);
     RUN(cache_chunked_prefill);
     RUN(cache_set_program);
     TEST_EXIT();

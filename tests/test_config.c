@@ -46,9 +46,36 @@ static void expect_bad(const char *text, polar_status code, const char *why) {
     CHECK(strstr(err.msg, why) && strstr(err.msg, "config.json"), "message '%s' lacks '%s'", err.msg, why);
 }
 
+static void config_moe(void) {
+    polar_arch a;
+    polar_error err;
+    CHECK_OK(parse("{\"model_type\":\"qwen2_moe\"," BASE ",\"num_experts\":60,\"num_experts_per_tok\":4,"
+                   "\"moe_intermediate_size\":1408,\"shared_expert_intermediate_size\":5632,\"norm_topk_prob\":false,"
+                   "\"decoder_sparse_step\":1,\"mlp_only_layers\":[1]}",
+                   &a, &err));
+    CHECK(a.n_experts == 60 && a.top_k == 4 && a.moe_ffn == 1408 && a.shared_ffn == 5632 && !a.norm_topk, "qwen2_moe");
+    CHECK(a.qkv_bias && !a.qk_norm && polar_arch_layer_is_moe(&a, 0) && !polar_arch_layer_is_moe(&a, 1), "layers");
+    CHECK_OK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_local_experts\":8,\"num_experts_per_tok\":2,"
+                   "\"moe_intermediate_size\":32,\"norm_topk_prob\":true,\"decoder_sparse_step\":2}",
+                   &a, &err));
+    CHECK(a.n_experts == 8 && a.norm_topk && a.qk_norm && !a.qkv_bias && !a.shared_ffn, "qwen3_moe, num_local_experts");
+    CHECK(!polar_arch_layer_is_moe(&a, 0) && polar_arch_layer_is_moe(&a, 1), "decoder_sparse_step 2");
+}
+
 static void config_errors(void) {
+    expect_bad("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":5,"
+               "\"moe_intermediate_size\":32}",
+               POLAR_ERR_CONFIG, "num_experts_per_tok 5 is larger than num_experts 4");
+    expect_bad("{\"model_type\":\"qwen2_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+               "\"moe_intermediate_size\":32}",
+               POLAR_ERR_CONFIG, "'shared_expert_intermediate_size' is missing");
+    expect_bad("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}",
+               POLAR_ERR_CONFIG, "'num_local_experts' is missing");
+    expect_bad("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+               "\"moe_intermediate_size\":32,\"mlp_only_layers\":[7]}",
+               POLAR_ERR_CONFIG, "mlp_only_layers[0]");
     expect_bad("{" BASE "}", POLAR_ERR_CONFIG, "'model_type' is missing");
-    expect_bad("{\"model_type\":\"qwen2_moe\"," BASE "}", POLAR_ERR_UNSUPPORTED, "model_type 'qwen2_moe'");
+    expect_bad("{\"model_type\":\"mixtral\"," BASE "}", POLAR_ERR_UNSUPPORTED, "model_type 'mixtral'");
     expect_bad("{\"model_type\":\"gpt2\"," BASE "}", POLAR_ERR_UNSUPPORTED, "'gpt2'");
     expect_bad("{\"model_type\":\"llama\",\"num_hidden_layers\":2}", POLAR_ERR_CONFIG, "'hidden_size' is missing");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"num_key_value_heads\":\"2\"}", POLAR_ERR_CONFIG,
@@ -96,6 +123,7 @@ static void config_files(void) {
 int main(void) {
     RUN(config_llama);
     RUN(config_qwen);
+    RUN(config_moe);
     RUN(config_errors);
     RUN(config_files);
     TEST_EXIT();

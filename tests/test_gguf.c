@@ -23,8 +23,8 @@ static void logits_of(const polar_model *m, float *out) {
 }
 
 static void gguf_matches_safetensors(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3"};
-    for (int i = 0; i < 3; i++) {
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"};
+    for (int i = 0; i < 5; i++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL, *g = NULL;
@@ -36,7 +36,9 @@ static void gguf_matches_safetensors(void) {
         CHECK_OK(polar_model_load(path, &g, &err));
         if (!m || !g) continue;
         CHECK(g->arch.n_layers == a.n_layers && g->arch.head_dim == a.head_dim && g->arch.qkv_bias == a.qkv_bias &&
-                  g->arch.qk_norm == a.qk_norm && g->arch.tied_embeddings == a.tied_embeddings,
+                  g->arch.qk_norm == a.qk_norm && g->arch.tied_embeddings == a.tied_embeddings &&
+                  g->arch.n_experts == a.n_experts && g->arch.norm_topk == a.norm_topk &&
+                  g->arch.shared_ffn == a.shared_ffn,
               "%s: architecture from metadata", archs[i]);
         CHECK(memcmp(g->layers[2].wq, m->layers[2].wq, (size_t)a.n_heads * a.head_dim * a.hidden * 2) == 0,
               "%s: q rows un-permuted", archs[i]);
@@ -46,6 +48,9 @@ static void gguf_matches_safetensors(void) {
         for (int v = 0; v < 256; v++) d = fmaxf(d, fabsf(want[v] - got[v]));
         /* rope_freqs round-trips llama3's inv_freq through a division in f32. */
         CHECK(d < 1e-4f, "%s: GGUF logits differ from safetensors by %g", archs[i], d);
+        for (int l = 0; l < a.n_layers; l++)
+            CHECK(polar_arch_layer_is_moe(&g->arch, l) == polar_arch_layer_is_moe(&a, l), "%s layer %d: MoE or dense",
+                  archs[i], l);
         polar_model_free(m);
         polar_model_free(g);
     }

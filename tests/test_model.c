@@ -24,11 +24,15 @@ static void logits_of(const polar_model *m, const char *program, float *out) {
 }
 
 static int same_weights(const polar_model *a, const polar_model *b) {
-    polar_model_info ia, ib;
+    polar_model_info ia;
     polar_model_info_get(a, &ia);
-    polar_model_info_get(b, &ib);
-    return memcmp(a->embed, b->embed, ia.embed_bytes) == 0 &&
-           memcmp(a->layers[1].w_down, b->layers[1].w_down, (size_t)a->arch.hidden * a->arch.ffn * 2) == 0;
+    const polar_arch *r = &a->arch;
+    const layer_weights *x = &a->layers[1], *y = &b->layers[1];
+    if (memcmp(a->embed, b->embed, ia.embed_bytes) != 0) return 0;
+    if (!x->router) return memcmp(x->w_down, y->w_down, (size_t)r->hidden * r->ffn * 2) == 0;
+    size_t gu = (size_t)r->n_experts * 2 * r->moe_ffn * r->hidden;
+    return memcmp(x->router, y->router, (size_t)r->n_experts * r->hidden * 2) == 0 &&
+           memcmp(x->exp_gate_up, y->exp_gate_up, gu * 2) == 0 && memcmp(x->exp_down, y->exp_down, gu) == 0;
 }
 
 static void model_random_deterministic(void) {
@@ -57,8 +61,8 @@ static void model_random_deterministic(void) {
 /* Save -> load gives the same weights, and F32, F16 and sharded checkpoints
  * of the same bf16 values give bit-identical logits. */
 static void model_round_trips(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3"};
-    for (int ai = 0; ai < 3; ai++) {
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"};
+    for (int ai = 0; ai < 5; ai++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL;
@@ -73,8 +77,9 @@ static void model_round_trips(void) {
         } variants[] = {{"saved", {ST_BF16, NULL, NULL, 1}},
                         {"f32", {ST_F32, NULL, NULL, 1}},
                         {"f16", {ST_F16, NULL, NULL, 1}},
-                        {"sharded", {ST_BF16, NULL, NULL, 2}}};
-        for (int v = 0; v < 4; v++) {
+                        {"sharded", {ST_BF16, NULL, NULL, 2, 0}},
+                        {"stacked", {ST_BF16, NULL, NULL, 1, 1}}};
+        for (int v = 0; v < 5; v++) {
             char dir[256];
             snprintf(dir, sizeof dir, "%s/%s-%s", tmp_root, archs[ai], variants[v].name);
             if (v == 0) CHECK_OK(polar_model_save(m, dir, &err));
@@ -138,6 +143,45 @@ static void model_bad_checkpoints(void) {
     polar_model_free(m);
 }
 
+/* MoE checkpoints: a missing expert, a checkpoint with fewer experts than
+ * its config claims (both layouts), a config asking top-k > experts. */
+static void model_bad_moe(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL, *few = NULL;
+    CHECK_OK(polar_arch_default("qwen2_moe", &a, &err));
+    CHECK_OK(polar_model_random(&a, 4, &m, &err));
+    a.n_experts = 6;
+    CHECK_OK(polar_model_random(&a, 4, &few, &err));
+    if (!m || !few) return;
+    ckpt_opts missing = {ST_BF16, "model.layers.5.mlp.experts.3.up_proj.weight", NULL, 1, 0};
+    expect_load_error(m, "moe-missing", &missing, POLAR_ERR_FORMAT, "no tensor 'model.layers.5.mlp.experts.3.up_proj.weight'");
+    ckpt_opts shared = {ST_BF16, "model.layers.1.mlp.shared_expert_gate.weight", NULL, 1, 0};
+    expect_load_error(m, "moe-shared", &shared, POLAR_ERR_FORMAT, "'model.layers.1.mlp.shared_expert_gate.weight'");
+    /* A 6-expert checkpoint under a config that says 8. */
+    char path[300];
+    for (int stacked = 0; stacked < 2; stacked++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "%s/moe-count-%d", tmp_root, stacked);
+        ckpt_opts o = {ST_BF16, NULL, NULL, 1, stacked};
+        CHECK_OK(ckpt_write(few, dir, &o, &err));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        CHECK_OK(config_write(&m->arch, path, &err));
+        polar_model *l = NULL;
+        polar_status st = polar_model_load(dir, &l, &err);
+        CHECK(st == POLAR_ERR_FORMAT && !l, "expert count mismatch must fail (%s)", err.msg);
+        CHECK(strstr(err.msg, "'model.layers.1.mlp.gate.weight' has shape [6, 64], expected [8, 64]"),
+              "expert count mismatch: %s", err.msg);
+    }
+    polar_arch bad = m->arch;
+    bad.top_k = 9;
+    polar_model *l = NULL;
+    CHECK(polar_model_random(&bad, 1, &l, &err) == POLAR_ERR_CONFIG && strstr(err.msg, "larger than num_experts 8"),
+          "top-k > experts: %s", err.msg);
+    polar_model_free(m);
+    polar_model_free(few);
+}
+
 /* Sharded index naming a tensor its shard lacks, or a file outside the folder. */
 static void model_bad_index(void) {
     polar_error err;
@@ -170,9 +214,9 @@ static void model_presets(void) {
         const char *name;
         size_t params;
     } want[] = {{"llama-3.2-1b", 1235814400}, {"llama-3.2-3b", 3212749824}, {"qwen2.5-3b", 3085938688},
-                {"qwen3-8b", 8190735360}};
+                {"qwen3-8b", 8190735360}, {"qwen1.5-moe-a2.7b", 14315784192}};
     const char *const *names = polar_preset_names();
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < 5; i++) {
         polar_error err;
         polar_model m = {0};
         polar_model_info info;
@@ -181,7 +225,7 @@ static void model_presets(void) {
         CHECK_OK(polar_model_info_get(&m, &info));
         CHECK(info.n_params == want[i].params, "%s: %zu params, want %zu", want[i].name, info.n_params, want[i].params);
     }
-    CHECK(names[4] == NULL, "four presets");
+    CHECK(names[5] == NULL, "five presets");
 }
 
 int main(void) {
@@ -191,6 +235,7 @@ int main(void) {
     RUN(model_round_trips);
     RUN(model_bad_checkpoints);
     RUN(model_bad_index);
+    RUN(model_bad_moe);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0) return 1;

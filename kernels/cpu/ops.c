@@ -115,3 +115,36 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
 void cpu_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
+
+void cpu_route(const float *logits, int n, int k, int norm, int *idx, float *weight) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < n; e++) mx = logits[e] > mx ? logits[e] : mx;
+    /* Probabilities are only compared and summed over the top k: keep them
+     * in the selection loop rather than a buffer. */
+    for (int e = 0; e < n; e++) sum += expf(logits[e] - mx);
+    int picked = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < picked; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        idx[picked] = best;
+        weight[picked++] = expf(logits[best] - mx) / sum;
+    }
+    if (norm) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += weight[j];
+        for (int j = 0; j < k; j++) weight[j] /= s;
+    }
+    for (int j = 1; j < k; j++) /* ascending expert index: the order transformers sums them in */
+        for (int i = j; i > 0 && idx[i] < idx[i - 1]; i--) {
+            int ti = idx[i];
+            idx[i] = idx[i - 1];
+            idx[i - 1] = ti;
+            float tw = weight[i];
+            weight[i] = weight[i - 1];
+            weight[i - 1] = tw;
+        }
+}

@@ -33,4 +33,9 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);
 
+/* MoE routing of one token: softmax (f32) over logits[n], the k most likely
+ * experts (the lower index on ties), their probabilities renormalised to sum
+ * 1 when norm. Returns them in ascending expert order: idx[k], weight[k]. */
+void cpu_route(const float *logits, int n, int k, int norm, int *idx, float *weight);
+
 #endif

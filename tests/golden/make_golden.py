@@ -19,8 +19,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GREEDY = 8
@@ -43,22 +43,39 @@ MODELS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM,
               dict(COMMON, intermediate_size=128, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                    tie_word_embeddings=False)),
+    # experts: MoE in layers 1 and 5 (3 is listed dense), shared expert, no top-k renormalisation
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                  dict(COMMON, num_hidden_layers=6, intermediate_size=160, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                       shared_expert_intermediate_size=96, norm_topk_prob=False, decoder_sparse_step=2,
+                       mlp_only_layers=[3])),
+    # every layer MoE, q/k norm, renormalised top-k, no shared expert
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  dict(COMMON, intermediate_size=128, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                       norm_topk_prob=True, decoder_sparse_step=1)),
 }
 
-# name -> (program text in polar's grammar, layer list)
-PROGRAMS = [
-    ("base", "base", [0, 1, 2, 3]),
-    ("skip", "0,3", [0, 3]),
-    ("repeat", "0,1-2x2,3", [0, 1, 2, 1, 2, 3]),
-    ("mixed", "0,2-3x2", [0, 2, 3, 2, 3]),
-    ("reorder", "0,2,1,3", [0, 2, 1, 3]),
-]
+# name -> (program text in polar's grammar, layer list), for 4- and 6-layer models
+PROGRAMS = {
+    4: [("base", "base", [0, 1, 2, 3]),
+        ("skip", "0,3", [0, 3]),
+        ("repeat", "0,1-2x2,3", [0, 1, 2, 1, 2, 3]),
+        ("mixed", "0,2-3x2", [0, 2, 3, 2, 3]),
+        ("reorder", "0,2,1,3", [0, 2, 1, 3])],
+    6: [("base", "base", [0, 1, 2, 3, 4, 5]),
+        ("skip", "0-1,4-5", [0, 1, 4, 5]),
+        ("repeat", "0,1-2x2,3-5", [0, 1, 2, 1, 2, 3, 4, 5]),
+        ("mixed", "0-2,4-5x2", [0, 1, 2, 4, 5, 4, 5]),
+        ("reorder", "0,2,1,3-5", [0, 2, 1, 3, 4, 5])],
+}
 
 PROMPT = [17, 3, 200, 45, 91, 128, 7]
 
 
 def init_weights(model, seed):
-    """Weights ~ N(0, 1/fan_in) so every layer matters; norms near 1; small biases."""
+    """Weights ~ N(0, 1/fan_in) so every layer matters; norms near 1; small biases; routers
+    scaled up so the top-k choice is clear-cut (no near-ties for float error to flip)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -66,6 +83,8 @@ def init_weights(model, seed):
                 p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(4 * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
@@ -97,17 +116,18 @@ def main():
         layers = list(model.model.layers)
         layer_types = list(getattr(model.config, "layer_types", None) or [])
         tensors = {"prompt": torch.tensor(PROMPT, dtype=torch.int32)}
-        for k, (name, text, prog) in enumerate(PROGRAMS):
+        programs = PROGRAMS[cfg.num_hidden_layers]
+        for k, (name, text, prog) in enumerate(programs):
             tensors[f"{name}.logits"] = run_program(model, layers, layer_types, prog, PROMPT).contiguous()
             seq = list(PROMPT)
             for _ in range(GREEDY):  # full recompute each step: no cache anywhere
                 seq.append(int(run_program(model, layers, layer_types, prog, seq)[-1].argmax()))
             tensors[f"{name}.tokens"] = torch.tensor(seq[len(PROMPT):], dtype=torch.int32)
             tensors[f"{name}.program"] = torch.tensor(prog, dtype=torch.int32)
-        meta = {"programs": json.dumps([[n, t] for n, t, _ in PROGRAMS]),
+        meta = {"programs": json.dumps([[n, t] for n, t, _ in programs]),
                 "transformers": transformers.__version__, "torch": torch.__version__}
         save_file(tensors, os.path.join(out, "expected.safetensors"), metadata=meta)
-        print(arch, {n: tensors[f"{n}.tokens"].tolist() for n, _, _ in PROGRAMS})
+        print(arch, {n: tensors[f"{n}.tokens"].tolist() for n, _, _ in programs})
 
 
 if __name__ == "__main__":
