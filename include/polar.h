@@ -259,6 +259,65 @@ const char *polar_chat_template_name(const polar_tokenizer *t);
 
 void polar_free(void *p);
 
+/* --------------------------------------------------------------- predictor */
+
+/* The PoLar predictor: token states of the question (T x d_q, from a frozen
+ * encoder model) -> per-layer segment-start logits (D) and op logits (D x 3:
+ * 0 skip, 1 keep, 2 repeat), for a model of D layers. */
+typedef struct polar_predictor polar_predictor;
+
+/* Load predictor weights (safetensors with the reference's PyTorch names:
+ * q_proj, layer_embedding, cross_attn, layer_encoder.layers.N, seg_head,
+ * op_head). D, d, d_q come from the shapes; the head count from the file's
+ * metadata "nheads" (default 4). */
+polar_status polar_predictor_load(const char *path, polar_predictor **out, polar_error *err);
+void polar_predictor_free(polar_predictor *p);
+int polar_predictor_layers(const polar_predictor *p);    /* D */
+int polar_predictor_input_dim(const polar_predictor *p); /* d_q */
+
+/* Run the network on token states h[T, d_q] (T <= 512): seg[D], op[D * 3]. */
+polar_status polar_predict_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op,
+                                  polar_error *err);
+
+typedef struct {
+    double threshold;  /* a layer starts a segment when sigmoid(seg) >= threshold (0.5) */
+    int kmax;          /* longest segment (4) */
+    int beam;          /* beam width (5) */
+    int top_ops;       /* ops tried per segment (2) */
+    int min_layers;    /* keep programs executing at least this many layers (0: no bound) */
+    int max_layers;    /* ... and at most this many (0: no bound) */
+} polar_decode_opts;
+
+/* The reference decoder's defaults: 0.5, 4, 5, 2, no bounds. */
+polar_decode_opts polar_decode_defaults(void);
+
+typedef struct {
+    polar_program program;
+    double score;      /* sum of the chosen ops' log-probabilities */
+} polar_candidate;
+
+/* Beam-decode the logits into up to max_out distinct programs, best first,
+ * ranked as the reference decoder ranks them; the all-skip program and those
+ * outside the layer bounds are dropped. Free each with polar_program_free. */
+polar_status polar_decode_programs(const float *seg, const float *op, int D, const polar_decode_opts *opts,
+                                   polar_candidate *out, int max_out, int *n_out, polar_error *err);
+
+/* PoLar's segment form of a program: seg_start[D] (1 where a segment starts,
+ * seg_start[0] = 1) and ops[D] (0 skip, 1 keep, 2 repeat at segment starts,
+ * -1 elsewhere), segments of at most kmax layers. The parse reproduces the
+ * reference's tie-breaks: fewest segments, then fewest skips, then most
+ * repeats, then larger segments earlier. Paths it cannot express (a layer
+ * run three times, reordering, a repeat that is not one segment twice)
+ * fail with the reason. */
+polar_status polar_program_to_segments(const polar_program *p, int D, int kmax, unsigned char *seg_start, int *ops,
+                                       polar_error *err);
+polar_status polar_segments_to_program(const unsigned char *seg_start, const int *ops, int D, polar_program *out,
+                                       polar_error *err);
+
+/* Encoder states: reset the session, run the tokens through its program and
+ * write each token's final hidden state after the final norm (n x hidden). */
+polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hidden, polar_error *err);
+
 /* --------------------------------------------------------------- measuring */
 
 /* Bandwidth of a plain memory copy of `bytes` bytes with n_threads threads

@@ -236,8 +236,9 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
 }
 
 /* T <= PREFILL_CHUNK tokens through the whole program; logits of all of them
- * into all_logits (T x vocab) when given, of the last into s->logits. */
-static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits) {
+ * into all_logits (T x vocab) when given, of the last into s->logits; their
+ * final-normed hidden states into hidden (T x hidden) when given. */
+static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits, float *hidden) {
     const polar_model *m = s->m;
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
@@ -246,10 +247,11 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
         cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
     }
     for (int k = 0; k < s->n_program; k++) layer_forward(s, &m->layers[s->program[k]], k, T);
-    int first = all_logits ? 0 : T - 1;
+    int first = all_logits || hidden ? 0 : T - 1;
     for (int t = first; t < T; t++)
         cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, m->final_norm, a->hidden,
                     (float)a->rms_eps);
+    if (hidden) memcpy(hidden, s->xn, (size_t)T * a->hidden * sizeof *hidden);
     if (all_logits)
         cpu_matmul(all_logits, s->xn, m->lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads);
     cpu_matmul(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, NULL, 1, a->vocab, a->hidden, 0,
@@ -258,7 +260,21 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
     s->has_logits = 1;
 }
 
+static polar_status append(polar_session *s, const int *tokens, int n, float *all_logits, float *hidden,
+                           polar_error *err);
+
 polar_status polar_prefill(polar_session *s, const int *tokens, int n, float *all_logits, polar_error *err) {
+    return append(s, tokens, n, all_logits, NULL, err);
+}
+
+polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hidden, polar_error *err) {
+    if (!s || !hidden) return polar_fail(err, POLAR_ERR_ARG, "encode: no session or output");
+    polar_session_reset(s);
+    return append(s, tokens, n, NULL, hidden, err);
+}
+
+static polar_status append(polar_session *s, const int *tokens, int n, float *all_logits, float *hidden,
+                           polar_error *err) {
     if (!s || (!tokens && n)) return polar_fail(err, POLAR_ERR_ARG, "prefill: no session or tokens");
     if (n < 1) return polar_fail(err, POLAR_ERR_ARG, "prefill: no tokens given");
     int vocab = s->m->arch.vocab;
@@ -273,7 +289,8 @@ polar_status polar_prefill(polar_session *s, const int *tokens, int n, float *al
         int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
         /* When all logits are wanted, the last-token copy is redundant but cheap
          * next to the chunk's own head matmul. */
-        forward_chunk(s, tokens + i, T, all_logits ? all_logits + (size_t)i * vocab : NULL);
+        forward_chunk(s, tokens + i, T, all_logits ? all_logits + (size_t)i * vocab : NULL,
+                      hidden ? hidden + (size_t)i * s->m->arch.hidden : NULL);
     }
     return POLAR_OK;
 }

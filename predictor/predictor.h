@@ -1,0 +1,33 @@
+/* The PoLar predictor's weights (f32, PyTorch layout [out, in]). */
+#ifndef POLAR_PREDICTOR_H
+#define POLAR_PREDICTOR_H
+
+#include "polar.h"
+
+#define PRED_BLOCKS 2       /* transformer encoder layers over the D positions */
+#define PRED_MAX_TOKENS 512 /* the reference truncates questions to 512 tokens */
+
+typedef struct {
+    const float *in_w, *in_b;   /* [3d, d], [3d]  q, k, v projections stacked */
+    const float *out_w, *out_b; /* [d, d], [d] */
+} pred_mha;
+
+typedef struct {
+    pred_mha attn;
+    const float *lin1_w, *lin1_b; /* [ff, d], [ff] */
+    const float *lin2_w, *lin2_b; /* [d, ff], [d] */
+    const float *norm1_w, *norm1_b, *norm2_w, *norm2_b; /* [d] */
+} pred_block;
+
+struct polar_predictor {
+    int D, d, dq, heads, ff;
+    const float *q_proj_w, *q_proj_b; /* [d, dq], [d] */
+    const float *layer_emb;           /* [D, d] */
+    pred_mha cross;
+    pred_block blocks[PRED_BLOCKS];
+    const float *seg_w, *seg_b;       /* [1, d], [1] */
+    const float *op_w, *op_b;         /* [3, d], [3] */
+    float *storage;                   /* every tensor above, converted to f32 */
+};
+
+#endif
