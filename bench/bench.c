@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/args.h"
+#include "../cli/auto.h"
+
+#define MIN_OF(a, b) ((b) < (a) ? (b) : (a))
 
 typedef struct {
     polar_program prog;
@@ -69,15 +71,76 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
                runs[i].decode_ms / base->decode_ms, runs[i].bytes / base->bytes, (double)runs[i].prog.n / D);
 }
 
+/* The predictor's overhead next to the model's own cost, as the paper's
+ * table has it: encoder, predictor network and beam decoding, in ms and in
+ * equivalent decoder layers (a layer's share of a prompt-length forward,
+ * from the base program against a one-layer program). */
+static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, const char *predictor,
+                           const char *encoder, const int *prompt, int n_prompt, int reps, int json) {
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int D = info.arch.n_layers;
+    polar_error err;
+    polar_program base, one;
+    double base_ms = 1e300, one_ms = 1e300;
+    if (polar_program_base(D, &base, &err) != POLAR_OK || polar_program_parse("0", D, 0, &one, &err) != POLAR_OK)
+        return fail_status(cmd, &err);
+    for (int r = 0; r < reps; r++)
+        for (int k = 0; k < 2; k++) {
+            if (polar_session_set_program(s, k ? &one : &base, &err) != POLAR_OK) return fail_status(cmd, &err);
+            double t0 = polar_time_ms();
+            if (polar_prefill(s, prompt, n_prompt, NULL, &err) != POLAR_OK) return fail_status(cmd, &err);
+            double ms = polar_time_ms() - t0;
+            if (k) one_ms = MIN_OF(one_ms, ms);
+            else base_ms = MIN_OF(base_ms, ms);
+        }
+    polar_program_free(&base);
+    polar_program_free(&one);
+    double layer_ms = D > 1 ? (base_ms - one_ms) / (D - 1) : base_ms;
+    /* A question of n_prompt tokens of the prompt's own text is no text here:
+     * time the pieces on token ids, which is what they cost. */
+    polar_decode_opts o = polar_decode_defaults();
+    double enc_ms = 1e300, pred_ms = 1e300, beam_ms = 1e300;
+    for (int r = 0; r < reps; r++) {
+        polar_candidate cand[8];
+        int n;
+        auto_timing tm;
+        int rc = predict_programs(cmd, D, predictor, encoder, "What is the capital of France? Answer briefly.", &o,
+                                  cand, 5, &n, &tm);
+        if (rc) return rc;
+        for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);
+        enc_ms = MIN_OF(enc_ms, tm.encoder_ms);
+        pred_ms = MIN_OF(pred_ms, tm.predictor_ms);
+        beam_ms = MIN_OF(beam_ms, tm.beam_ms);
+    }
+    if (json) {
+        printf("{\"predictor\":{\"layer_ms\":%.4f,\"base_forward_ms\":%.4f,\"prompt_len\":%d,\"encoder_ms\":%.4f,"
+               "\"predictor_ms\":%.4f,\"beam_ms\":%.4f,\"total_ms\":%.4f,\"total_layers\":%.3f}}\n",
+               layer_ms, base_ms, n_prompt, enc_ms, pred_ms, beam_ms, enc_ms + pred_ms + beam_ms,
+               (enc_ms + pred_ms + beam_ms) / layer_ms);
+        return 0;
+    }
+    printf("\npredictor overhead (question encoded by %s; %d-token forward for the layer cost)\n", encoder, n_prompt);
+    printf("  %-24s %10.1f us\n", "one decoder layer", layer_ms * 1e3);
+    printf("  %-24s %10.1f us  (%d layers)\n", "base forward", base_ms * 1e3, D);
+    const char *names[] = {"encoder", "predictor network", "beam decoding", "total"};
+    double vals[] = {enc_ms, pred_ms, beam_ms, enc_ms + pred_ms + beam_ms};
+    for (int i = 0; i < 4; i++)
+        printf("  %-24s %10.1f us  = %6.2f layers\n", names[i], vals[i] * 1e3, vals[i] / layer_ms);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
+    const char *predictor = NULL, *encoder = NULL;
     int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
         {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
         {"--prompt-len", OPT_INT, &n_prompt, 0}, {"--gen", OPT_INT, &gen, 0},
         {"--reps", OPT_INT, &reps, 0},         {"--threads", OPT_INT, &threads, 0},
-        {"--json", OPT_FLAG, &json, 0},
+        {"--json", OPT_FLAG, &json, 0},        {"--predictor", OPT_STR, &predictor, 0},
+        {"--encoder", OPT_STR, &encoder, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
@@ -132,7 +195,7 @@ int cmd_bench(int argc, char **argv) {
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, json);
-    rc = 0;
+    rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, reps, json) : 0;
 done:
     free(prompt);
     polar_session_free(s);

@@ -10,7 +10,10 @@ static void usage(FILE *f) {
             "\n"
             "  polar run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
             "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--ignore-eos] [--json]\n"
+            "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"
             "  polar tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"
+            "  polar predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
+            "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"
             "  polar mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
             "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
             "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"
@@ -37,6 +40,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "mkmodel") == 0) return cmd_mkmodel(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "predict") == 0) return cmd_predict(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
+#include "auto.h"
 
 /* Streams generated text: token bytes are held back while they end in an
  * incomplete UTF-8 character, so a character split across tokens prints
@@ -121,7 +121,8 @@ static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, c
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
-    int max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set;
+    const char *predictor = NULL, *encoder = NULL;
+    int max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},   {"--tokens", OPT_STR, &tokens, 0},
         {"--prompt", OPT_STR, &prompt, 0},     {"--program", OPT_STR, &program_text, 0},
@@ -129,12 +130,19 @@ int cmd_run(int argc, char **argv) {
         {"--threads", OPT_INT, &threads, 0},   {"--json", OPT_FLAG, &json, 0},
         {"--ignore-eos", OPT_FLAG, &ignore_eos, 0}, {"--raw", OPT_FLAG, &raw, 0},
         {"--chat", OPT_FLAG, &chat_flag, 0},   {"--system", OPT_STR, &system, 0},
+        {"--predictor", OPT_STR, &predictor, 0}, {"--encoder", OPT_STR, &encoder, 0},
+        {"-k", OPT_INT, &top_n, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
     if (!!tokens + !!prompt != 1) return fail_usage(cmd, "give exactly one of --tokens or --prompt");
     if (raw && chat_flag) return fail_usage(cmd, "--raw and --chat exclude each other");
     if (tokens && !max_new_set) max_new = 16;
+    int predicted = strcmp(program_text, "auto") == 0;
+    if (predicted && !prompt) return fail_usage(cmd, "--program auto predicts from the question: give --prompt");
+    if (!predicted && (predictor || encoder || opts[14].seen))
+        return fail_usage(cmd, "--predictor, --encoder and -k go with --program auto");
+    if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
     char *default_model = NULL;
     const char *model_path = model_arg;
     if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
@@ -143,7 +151,8 @@ int cmd_run(int argc, char **argv) {
     polar_model *m = NULL;
     polar_tokenizer *tok = NULL;
     polar_session *s = NULL;
-    polar_program prog = {0};
+    polar_candidate cand[64];
+    int n_cand = 0;
     int *ids = NULL, n_ids = 0, *out = NULL, rc = 1;
     text_stream ts = {0};
     if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
@@ -160,53 +169,74 @@ int cmd_run(int argc, char **argv) {
     rc = 1;
     polar_model_info info;
     polar_model_info_get(m, &info);
-    if (polar_program_parse(program_text, info.arch.n_layers, 0, &prog, &err) != POLAR_OK) {
+    /* The programs to run: the one given, or the predictor's top N. */
+    if (predicted) {
+        polar_decode_opts o = polar_decode_defaults();
+        auto_timing tm;
+        if ((rc = predict_programs(cmd, info.arch.n_layers, predictor, encoder, prompt, &o, cand, top_n, &n_cand, &tm)))
+            goto done;
+        rc = 1;
+    } else if (polar_program_parse(program_text, info.arch.n_layers, 0, &cand[0].program, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
+    } else {
+        n_cand = 1;
     }
+    int cap = 0;
+    for (int i = 0; i < n_cand; i++) cap = cand[i].program.n > cap ? cand[i].program.n : cap;
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
-    polar_session_opts so = {.max_ctx = ctx, .n_threads = threads};
+    polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!out) {
         fprintf(stderr, "polar run: error: out of memory\n");
         goto done;
     }
-    if (polar_session_create(m, &prog, &so, &s, &err) != POLAR_OK) {
+    if (polar_session_create(m, &cand[0].program, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    char text[4096];
-    polar_program_format(&prog, text, sizeof text);
-    if (!json) {
-        printf("program: %s\nexecuted layers: %d of %d\nprompt tokens: %d\n%s", text, prog.n, info.arch.n_layers,
-               n_ids, tok ? "" : "generated:");
-        fflush(stdout);
-    }
-    int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;
-    polar_gen_opts go = {.max_new = max_new, .ignore_eos = ignore_eos, .stop = &stop, .n_stop = stop >= 0};
-    ts.tok = tok;
-    ts.print = !json;
-    ts.stop_id = stop;
-    polar_gen_stats st;
-    polar_token_cb cb = tok ? on_text_token : json ? NULL : on_id_token;
-    if (polar_generate(s, ids, n_ids, &go, out, &st, cb, &ts, &err) != POLAR_OK) {
-        if (!json) printf("\n");
-        rc = fail_status(cmd, &err);
-        goto done;
-    }
-    if (json) {
-        print_json(&prog, &info.arch, n_ids, out, &st, tok ? &ts : NULL);
-    } else {
-        fwrite(ts.pending, 1, ts.n_pending, stdout);
-        int steps = st.n_generated > 1 ? st.n_generated - 1 : 0;
-        printf("%s\nprefill: %.2f ms (%d tokens)\ndecode: %.2f ms/token (%d steps)\n",
-               st.stopped_at_eos ? (tok ? "" : " [eos]") : "", st.prefill_ms, n_ids,
-               steps ? st.decode_ms / steps : 0.0, steps);
+    for (int c = 0; c < n_cand; c++) {
+        const polar_program *prog = &cand[c].program;
+        if (polar_session_set_program(s, prog, &err) != POLAR_OK) {
+            rc = fail_status(cmd, &err);
+            goto done;
+        }
+        char text[4096];
+        polar_program_format(prog, text, sizeof text);
+        if (!json) {
+            if (predicted) printf("%s== predicted program %d of %d (score %.4f)\n", c ? "\n" : "", c + 1, n_cand,
+                                  cand[c].score);
+            printf("program: %s\nexecuted layers: %d of %d\nprompt tokens: %d\n%s", text, prog->n, info.arch.n_layers,
+                   n_ids, tok ? "" : "generated:");
+            fflush(stdout);
+        }
+        int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;
+        polar_gen_opts go = {.max_new = max_new, .ignore_eos = ignore_eos, .stop = &stop, .n_stop = stop >= 0};
+        ts.len = ts.n_pending = 0;
+        ts.tok = tok;
+        ts.print = !json;
+        ts.stop_id = stop;
+        polar_gen_stats st;
+        polar_token_cb cb = tok ? on_text_token : json ? NULL : on_id_token;
+        if (polar_generate(s, ids, n_ids, &go, out, &st, cb, &ts, &err) != POLAR_OK) {
+            if (!json) printf("\n");
+            rc = fail_status(cmd, &err);
+            goto done;
+        }
+        if (json) {
+            print_json(prog, &info.arch, n_ids, out, &st, tok ? &ts : NULL);
+        } else {
+            fwrite(ts.pending, 1, ts.n_pending, stdout);
+            int steps = st.n_generated > 1 ? st.n_generated - 1 : 0;
+            printf("%s\nprefill: %.2f ms (%d tokens)\ndecode: %.2f ms/token (%d steps)\n",
+                   st.stopped_at_eos ? (tok ? "" : " [eos]") : "", st.prefill_ms, n_ids,
+                   steps ? st.decode_ms / steps : 0.0, steps);
+        }
     }
     rc = 0;
 done:
     polar_session_free(s);
-    polar_program_free(&prog);
+    for (int c = 0; c < n_cand; c++) polar_program_free(&cand[c].program);
     polar_tokenizer_free(tok);
     polar_model_free(m);
     polar_free(default_model);

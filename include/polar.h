@@ -226,9 +226,10 @@ int polar_tokenizer_vocab(const polar_tokenizer *t);
 
 /* Text (any bytes; invalid UTF-8 is kept byte for byte) -> token ids.
  * parse_special: the texts of special tokens ("<|im_end|>") become their ids.
- * add_bos: prepend BOS when the tokenizer's metadata asks for it. *ids is
- * allocated: release it with polar_free. */
-polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t len, int parse_special, int add_bos,
+ * add_special: add the special tokens the tokenizer's own template puts
+ * around a text (Llama-3's BOS, Qwen3-Embedding's trailing <|endoftext|>).
+ * *ids is allocated: release it with polar_free. */
+polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
                             int **ids, int *n, polar_error *err);
 
 /* The bytes a token stands for (not NUL-terminated, may be part of a UTF-8

@@ -96,3 +96,19 @@ printf 'GGUX' > "$D/bad.gguf"
 expect gguf_magic 1 "not a GGUF file (bad magic)" $P run --model "$D/bad.gguf" --tokens 1
 head -c 100000 "$POLAR_DEFAULT_MODEL" > "$D/cut.gguf"
 expect gguf_truncated 1 "truncated or corrupt" $P run --model "$D/cut.gguf" --tokens 1
+
+# The predictor: ranked programs for a question, the top ones run, the bench section.
+M=$POLAR_DEFAULT_MODEL
+"$BUILD/tests/mkpredictor" 30 576 "$D/p30.safetensors" || echo "FAIL cli_mkpredictor"
+"$BUILD/tests/mkpredictor" 12 576 "$D/p12.safetensors"
+"$BUILD/tests/mkpredictor" 30 100 "$D/pdim.safetensors"
+expect_out predict '"programs":[{"program":[' $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?" --json
+expect_out predict_table "rank      score  layers  program" $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?"
+expect_out run_auto "== predicted program 2 of 2" $P run --program auto --predictor "$D/p30.safetensors" --encoder "$M@0-3" --prompt "Hi" -k 2 --max-new 2
+expect_out bench_predictor '"total_layers":' $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1 --json
+expect predict_layers 1 "predicts programs for 12 layers but the model has 30" $P predict --predictor "$D/p12.safetensors" --encoder "$M" --question hi
+expect predict_dim 1 "has hidden size 576 but the predictor takes 100" $P predict --predictor "$D/pdim.safetensors" --encoder "$M" --question hi
+expect predict_missing 1 "cannot open" $P predict --predictor "$D/none.safetensors" --encoder "$M" --question hi
+expect predict_no_encoder 2 "no encoder" env -u POLAR_ENCODER $P predict --predictor "$D/p30.safetensors" --question hi
+expect auto_needs_prompt 2 "give --prompt" $P run --tokens 1 --program auto --predictor "$D/p30.safetensors"
+expect k_needs_auto 2 "go with --program auto" $P run --prompt hi -k 3

@@ -26,7 +26,6 @@ static uint64_t mix64(uint64_t z) {
 
 polar_status tok_init(polar_tokenizer *t, int n_vocab, polar_error *err) {
     memset(t, 0, sizeof *t);
-    t->bos_id = -1;
     if (n_vocab < 256 || n_vocab > (1 << 24))
         return polar_fail(err, POLAR_ERR_FORMAT, "tokenizer: vocabulary of %d tokens (256 to 16M expected)", n_vocab);
     t->n_vocab = n_vocab;
@@ -318,7 +317,7 @@ static polar_status encode_segment(const polar_tokenizer *t, const char *s, size
     return ok ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "tokenize: out of memory");
 }
 
-polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t n, int parse_special, int add_bos,
+polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t n, int parse_special, int add_special,
                             int **ids, int *n_ids, polar_error *err) {
     *ids = NULL;
     *n_ids = 0;
@@ -327,8 +326,9 @@ polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t n
     symbol *sym = malloc((n + 1) * sizeof *sym);
     candidate *heap = malloc(3 * (n + 1) * sizeof *heap); /* n-1 pairs, then at most 2 per merge */
     polar_status st = POLAR_OK;
-    if (!sym || !heap || (add_bos && t->add_bos && t->bos_id >= 0 && !push_id(&out, t->bos_id)))
-        st = polar_fail(err, POLAR_ERR_NOMEM, "tokenize: out of memory");
+    if (!sym || !heap) st = polar_fail(err, POLAR_ERR_NOMEM, "tokenize: out of memory");
+    for (int k = 0; add_special && st == POLAR_OK && k < t->n_prefix; k++)
+        if (!push_id(&out, t->prefix[k])) st = polar_fail(err, POLAR_ERR_NOMEM, "tokenize: out of memory");
     size_t seg = 0;
     for (size_t i = 0; st == POLAR_OK && i < n;) {
         const special_token *sp = parse_special ? special_at(t, text + i, n - i) : NULL;
@@ -342,6 +342,8 @@ polar_status polar_tokenize(const polar_tokenizer *t, const char *text, size_t n
         seg = i;
     }
     if (st == POLAR_OK) st = encode_segment(t, text + seg, n - seg, sym, heap, &out, err);
+    for (int k = 0; add_special && st == POLAR_OK && k < t->n_suffix; k++)
+        if (!push_id(&out, t->suffix[k])) st = polar_fail(err, POLAR_ERR_NOMEM, "tokenize: out of memory");
     free(sym);
     free(heap);
     if (st != POLAR_OK) {

@@ -141,24 +141,29 @@ static polar_status json_pretokenizer(polar_tokenizer *t, const json_value *root
     return POLAR_OK;
 }
 
-/* A TemplateProcessing post-processor (alone or in a Sequence) whose single
- * template starts with a special token adds that token as BOS. */
-static void json_bos(polar_tokenizer *t, const json_value *pp) {
+/* A TemplateProcessing post-processor (alone or in a Sequence): the special
+ * tokens its single-text template puts before and after the text. */
+static void json_template(polar_tokenizer *t, const json_value *pp) {
     const char *type = str_field(pp, "type");
     if (!type) return;
     if (strcmp(type, "Sequence") == 0) {
         const json_value *list = json_get(pp, "processors");
-        for (size_t i = 0; list && list->type == JSON_ARRAY && i < list->len; i++) json_bos(t, list->items[i]);
+        for (size_t i = 0; list && list->type == JSON_ARRAY && i < list->len; i++) json_template(t, list->items[i]);
         return;
     }
     const json_value *single = json_get(pp, "single");
-    if (strcmp(type, "TemplateProcessing") != 0 || !single || single->type != JSON_ARRAY || !single->len) return;
-    const char *name = str_field(json_get(single->items[0], "SpecialToken"), "id");
-    if (!name) return;
-    int id = tok_find(t, name, strlen(name));
-    if (id >= 0) {
-        t->bos_id = id;
-        t->add_bos = 1;
+    if (strcmp(type, "TemplateProcessing") != 0 || !single || single->type != JSON_ARRAY) return;
+    int after = 0;
+    for (size_t i = 0; i < single->len; i++) {
+        if (json_get(single->items[i], "Sequence")) {
+            after = 1;
+            continue;
+        }
+        const char *name = str_field(json_get(single->items[i], "SpecialToken"), "id");
+        int id = name ? tok_find(t, name, strlen(name)) : -1;
+        if (id < 0) continue;
+        if (!after && t->n_prefix < 4) t->prefix[t->n_prefix++] = id;
+        if (after && t->n_suffix < 4) t->suffix[t->n_suffix++] = id;
     }
 }
 
@@ -243,7 +248,7 @@ polar_status tok_load_json_text(polar_tokenizer *t, const char *text, size_t len
     if (st == POLAR_OK) {
         t->ignore_merges = bool_field(model, "ignore_merges");
         st = json_pretokenizer(t, root, path, err);
-        json_bos(t, json_get(root, "post_processor"));
+        json_template(t, json_get(root, "post_processor"));
     }
     if (st == POLAR_OK) st = tok_finish(t, path, err);
 done:
@@ -367,8 +372,7 @@ polar_status tok_load_tiktoken(polar_tokenizer *t, const char *path, polar_error
     } else {
         t->style = PRETOK_LLAMA3;
         t->chat = CHAT_LLAMA3;
-        t->bos_id = base;
-        t->add_bos = 1;
+        t->prefix[t->n_prefix++] = base; /* <|begin_of_text|> */
         int named = (int)(sizeof llama3_specials / sizeof llama3_specials[0]);
         for (int k = 0; k < LLAMA3_N_SPECIAL && st == POLAR_OK; k++) {
             char name[48];
@@ -433,8 +437,7 @@ polar_status tok_load_gguf(polar_tokenizer *t, const void *file, polar_error *er
         if (gguf_str_eq(pre->str, "llama-bpe") || gguf_str_eq(pre->str, "llama3")) {
             t->style = PRETOK_LLAMA3;
             const gguf_kv *bos = gguf_find_kv(g, "tokenizer.ggml.bos_token_id"), *add = gguf_find_kv(g, "tokenizer.ggml.add_bos_token");
-            if (bos && bos->u < (uint64_t)t->n_vocab) t->bos_id = (int)bos->u;
-            t->add_bos = !add || add->u != 0;
+            if (bos && bos->u < (uint64_t)t->n_vocab && (!add || add->u != 0)) t->prefix[t->n_prefix++] = (int)bos->u;
         } else if (gguf_str_eq(pre->str, "qwen2")) {
             t->style = PRETOK_QWEN2;
             t->nfc = 1;

@@ -39,7 +39,8 @@ struct polar_tokenizer {
     int nfc;               /* NFC-normalise text before splitting */
     special_token *specials; /* matched in text, longest first */
     int n_specials;
-    int bos_id, add_bos;   /* -1 when none */
+    int prefix[4], n_prefix; /* special tokens the tokenizer adds around a text (BOS, */
+    int suffix[4], n_suffix; /* a trailing <|endoftext|>) when asked to */
     chat_style chat;
 };
 

@@ -1,0 +1,61 @@
+/* polar predict: the ranked programs the PoLar predictor picks for a question. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auto.h"
+
+int cmd_predict(int argc, char **argv) {
+    const char *cmd = "predict", *model_arg = NULL, *predictor = NULL, *encoder = NULL, *question = NULL;
+    int k = 5, json = 0, min_layers = 0, max_layers = 0;
+    cli_opt opts[] = {
+        {"--model", OPT_STR, &model_arg, 0},     {"--predictor", OPT_STR, &predictor, 0},
+        {"--encoder", OPT_STR, &encoder, 0},     {"--question", OPT_STR, &question, 0},
+        {"-k", OPT_INT, &k, 0},                  {"--json", OPT_FLAG, &json, 0},
+        {"--min-layers", OPT_INT, &min_layers, 0}, {"--max-layers", OPT_INT, &max_layers, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    if (!question) return fail_usage(cmd, "--question TEXT is required");
+    if (k < 1 || k > 64) return fail_usage(cmd, "-k must be 1 to 64");
+    char *default_model = NULL;
+    const char *model_path = model_arg;
+    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
+    polar_error err;
+    polar_model *m = NULL;
+    if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
+        polar_free(default_model);
+        return fail_status(cmd, &err);
+    }
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    polar_model_free(m);
+    polar_decode_opts o = polar_decode_defaults();
+    o.min_layers = min_layers;
+    o.max_layers = max_layers;
+    polar_candidate cand[64];
+    int n = 0;
+    auto_timing tm;
+    int rc = predict_programs(cmd, info.arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        char text[1024];
+        polar_program_format(&cand[i].program, text, sizeof text);
+        if (json) {
+            printf("%s{\"program\":[", i ? "," : "{\"programs\":[");
+            for (int j = 0; j < cand[i].program.n; j++) printf("%s%d", j ? "," : "", cand[i].program.layers[j]);
+            printf("],\"program_text\":\"%s\",\"executed_layers\":%d,\"score\":%.6f}", text, cand[i].program.n,
+                   cand[i].score);
+        } else {
+            if (i == 0) printf("question tokens: %d\n%4s %10s %7s  %s\n", tm.question_tokens, "rank", "score", "layers",
+                               "program");
+            printf("%4d %10.4f %7d  %s\n", i + 1, cand[i].score, cand[i].program.n, text);
+        }
+    }
+    if (rc == 0 && json)
+        printf("],\"n_layers\":%d,\"question_tokens\":%d,\"encoder_ms\":%.4f,\"predictor_ms\":%.4f,\"beam_ms\":%.4f}\n",
+               info.arch.n_layers, tm.question_tokens, tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
+    else if (rc == 0)
+        printf("encoder %.2f ms, predictor %.2f ms, beam %.3f ms\n", tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
+    for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);
+    polar_free(default_model);
+    return rc;
+}
