@@ -42,6 +42,24 @@ static int h_failed_cases;
 
 #define TEST_EXIT() return h_failed_cases ? 1 : 0
 
+/* Last-position logits (vocab floats) of a fixed prompt under a program:
+ * the behaviour two copies of a model are compared by. */
+static inline void prompt_logits(const polar_model *m, const char *program, float *out) {
+    polar_error err;
+    polar_model_info info;
+    polar_program p;
+    polar_session *s = NULL;
+    polar_model_info_get(m, &info);
+    CHECK_OK(polar_program_parse(program, info.arch.n_layers, 0, &p, &err));
+    polar_session_opts so = {.max_ctx = 8, .n_threads = 2};
+    CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
+    int toks[6] = {3, 1, 4, 1, 5, 9};
+    if (s) CHECK_OK(polar_prefill(s, toks, 6, NULL, &err));
+    if (s) memcpy(out, polar_logits(s), (size_t)info.arch.vocab * sizeof(float));
+    polar_session_free(s);
+    polar_program_free(&p);
+}
+
 /* Directory of the committed fixtures; tests run from the repo root. */
 #define GOLDEN_DIR "tests/golden"
 

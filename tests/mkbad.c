@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mkbad: %s\n", err.msg);
         return 1;
     }
-    const ckpt_opts good = {ST_BF16, NULL, NULL, 1};
+    const ckpt_opts good = {ST_BF16, NULL, NULL, 1, 0};
     static const char *copies[] = {"good", "truncated", "tiny", "hdrlen", "offsets", "overlap", "cfg_missing",
                                    "cfg_type", "cfg_unknown", "cfg_syntax", "sharded_missing"};
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++)
@@ -79,8 +79,8 @@ int main(int argc, char **argv) {
     unlink(path);
     put(root, "sharded_missing", "model.safetensors.index.json",
         "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");
-    ckpt_opts dtype = {ST_I32, NULL, NULL, 1}, shape = {ST_BF16, NULL, "model.layers.1.self_attn.o_proj.weight", 1},
-              missing = {ST_BF16, "model.layers.3.mlp.down_proj.weight", NULL, 1};
+    ckpt_opts dtype = {ST_I32, NULL, NULL, 1, 0}, shape = {ST_BF16, NULL, "model.layers.1.self_attn.o_proj.weight", 1, 0},
+              missing = {ST_BF16, "model.layers.3.mlp.down_proj.weight", NULL, 1, 0};
     if (variant(m, root, "dtype", dtype, &err) || variant(m, root, "shape", shape, &err) ||
         variant(m, root, "missing", missing, &err)) {
         fprintf(stderr, "mkbad: %s\n", err.msg);

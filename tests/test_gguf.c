@@ -8,20 +8,6 @@
 
 static char dir[] = "/tmp/polar-gguf-XXXXXX";
 
-static void logits_of(const polar_model *m, float *out) {
-    polar_error err;
-    polar_program p;
-    polar_session *s = NULL;
-    CHECK_OK(polar_program_parse("0,1-2x2,3", m->arch.n_layers, 0, &p, &err));
-    polar_session_opts so = {.max_ctx = 8, .n_threads = 2};
-    CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
-    int toks[6] = {3, 1, 4, 1, 5, 9};
-    if (s) CHECK_OK(polar_prefill(s, toks, 6, NULL, &err));
-    if (s) memcpy(out, polar_logits(s), (size_t)m->arch.vocab * sizeof(float));
-    polar_session_free(s);
-    polar_program_free(&p);
-}
-
 static void gguf_matches_safetensors(void) {
     static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"};
     for (int i = 0; i < 5; i++) {
@@ -43,8 +29,8 @@ static void gguf_matches_safetensors(void) {
         CHECK(memcmp(g->layers[2].wq, m->layers[2].wq, (size_t)a.n_heads * a.head_dim * a.hidden * 2) == 0,
               "%s: q rows un-permuted", archs[i]);
         float want[256], got[256], d = 0;
-        logits_of(m, want);
-        logits_of(g, got);
+        prompt_logits(m, "0,1-2x2,3", want);
+        prompt_logits(g, "0,1-2x2,3", got);
         for (int v = 0; v < 256; v++) d = fmaxf(d, fabsf(want[v] - got[v]));
         /* rope_freqs round-trips llama3's inv_freq through a division in f32. */
         CHECK(d < 1e-4f, "%s: GGUF logits differ from safetensors by %g", archs[i], d);

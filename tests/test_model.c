@@ -8,21 +8,6 @@
 
 static char tmp_root[] = "/tmp/polar-model-XXXXXX";
 
-/* Logits of a fixed prompt under a program: the behaviour to compare. */
-static void logits_of(const polar_model *m, const char *program, float *out) {
-    polar_error err;
-    polar_program p;
-    polar_session *s = NULL;
-    CHECK_OK(polar_program_parse(program, m->arch.n_layers, 0, &p, &err));
-    polar_session_opts so = {.max_ctx = 8, .n_threads = 2};
-    CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
-    int toks[5] = {3, 1, 4, 1, 5};
-    if (s) CHECK_OK(polar_prefill(s, toks, 5, NULL, &err));
-    if (s) memcpy(out, polar_logits(s), (size_t)m->arch.vocab * sizeof(float));
-    polar_session_free(s);
-    polar_program_free(&p);
-}
-
 static int same_weights(const polar_model *a, const polar_model *b) {
     polar_model_info ia;
     polar_model_info_get(a, &ia);
@@ -70,13 +55,13 @@ static void model_round_trips(void) {
         CHECK_OK(polar_model_random(&a, 3, &m, &err));
         if (!m) continue;
         float *want = malloc(256 * sizeof(float)), *got = malloc(256 * sizeof(float));
-        logits_of(m, "0,1-2x2,3", want);
+        prompt_logits(m, "0,1-2x2,3", want);
         struct {
             const char *name;
             ckpt_opts o;
-        } variants[] = {{"saved", {ST_BF16, NULL, NULL, 1}},
-                        {"f32", {ST_F32, NULL, NULL, 1}},
-                        {"f16", {ST_F16, NULL, NULL, 1}},
+        } variants[] = {{"saved", {ST_BF16, NULL, NULL, 1, 0}},
+                        {"f32", {ST_F32, NULL, NULL, 1, 0}},
+                        {"f16", {ST_F16, NULL, NULL, 1, 0}},
                         {"sharded", {ST_BF16, NULL, NULL, 2, 0}},
                         {"stacked", {ST_BF16, NULL, NULL, 1, 1}}};
         for (int v = 0; v < 5; v++) {
@@ -87,7 +72,7 @@ static void model_round_trips(void) {
             polar_model *l = NULL;
             CHECK_OK(polar_model_load(dir, &l, &err));
             if (!l) continue;
-            logits_of(l, "0,1-2x2,3", got);
+            prompt_logits(l, "0,1-2x2,3", got);
             if (variants[v].o.dtype != ST_F16) {
                 CHECK(same_weights(m, l), "%s %s: weights differ after loading", archs[ai], variants[v].name);
                 CHECK(memcmp(want, got, 256 * sizeof(float)) == 0, "%s %s: logits differ", archs[ai],
@@ -125,15 +110,15 @@ static void model_bad_checkpoints(void) {
     CHECK_OK(polar_arch_default("qwen2", &a, &err));
     CHECK_OK(polar_model_random(&a, 3, &m, &err));
     if (!m) return;
-    ckpt_opts missing = {ST_BF16, "model.layers.2.self_attn.k_proj.bias", NULL, 1};
+    ckpt_opts missing = {ST_BF16, "model.layers.2.self_attn.k_proj.bias", NULL, 1, 0};
     expect_load_error(m, "missing", &missing, POLAR_ERR_FORMAT, "no tensor 'model.layers.2.self_attn.k_proj.bias'");
-    ckpt_opts head = {ST_BF16, "lm_head.weight", NULL, 2};
+    ckpt_opts head = {ST_BF16, "lm_head.weight", NULL, 2, 0};
     expect_load_error(m, "nohead", &head, POLAR_ERR_FORMAT, "'lm_head.weight'");
-    ckpt_opts shape = {ST_BF16, NULL, "model.layers.0.mlp.up_proj.weight", 1};
+    ckpt_opts shape = {ST_BF16, NULL, "model.layers.0.mlp.up_proj.weight", 1, 0};
     expect_load_error(m, "shape", &shape, POLAR_ERR_FORMAT, "has shape [161, 64], expected [160, 64]");
-    ckpt_opts vshape = {ST_BF16, NULL, "model.norm.weight", 1};
+    ckpt_opts vshape = {ST_BF16, NULL, "model.norm.weight", 1, 0};
     expect_load_error(m, "vshape", &vshape, POLAR_ERR_FORMAT, "expected [64]");
-    ckpt_opts dtype = {ST_I32, NULL, NULL, 1};
+    ckpt_opts dtype = {ST_I32, NULL, NULL, 1, 0};
     expect_load_error(m, "dtype", &dtype, POLAR_ERR_FORMAT, "dtype I32");
     polar_model *l = NULL;
     CHECK(polar_model_load("/nonexistent", &l, &err) == POLAR_ERR_IO && strstr(err.msg, "not a model"),
@@ -192,7 +177,7 @@ static void model_bad_index(void) {
     if (!m) return;
     char dir[256], path[300];
     snprintf(dir, sizeof dir, "%s/index", tmp_root);
-    ckpt_opts o = {ST_BF16, NULL, NULL, 2};
+    ckpt_opts o = {ST_BF16, NULL, NULL, 2, 0};
     CHECK_OK(ckpt_write(m, dir, &o, &err));
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *f = fopen(path, "w");
