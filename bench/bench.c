@@ -35,12 +35,12 @@ static polar_status time_run(polar_session *s, const polar_model *m, bench_run *
 }
 
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, double copy_gbps,
-                   const char *name, int json) {
+                   const char *name, const char *device, int json) {
     const bench_run *base = &runs[0];
     if (json) {
-        printf("{\"model\":\"%s\",\"device\":\"cpu\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,"
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,"
                "\"copy_gbps\":%.3f,\"runs\":[",
-               name, threads, n_prompt, gen, D, copy_gbps);
+               name, device, threads, n_prompt, gen, D, copy_gbps);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
             double gbps = r->bytes / (r->decode_ms * 1e6);
@@ -54,9 +54,10 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
         printf("]}\n");
         return;
     }
-    printf("model %s, %d layers, cpu with %d threads, prompt %d tokens, %d decode steps (best of reps)\n", name, D,
-           threads, n_prompt, gen);
-    printf("memory copy: %.2f GB/s (bytes read + written)\n\n", copy_gbps);
+    printf("model %s, %d layers, %s (%d CPU threads), prompt %d tokens, %d decode steps (best of reps)\n", name, D,
+           device, threads, n_prompt, gen);
+    printf("%s copy: %.2f GB/s (bytes read + written)\n\n", strcmp(device, "cuda") ? "memory" : "device-to-device",
+           copy_gbps);
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
            "decode ms", "decode/s", "GB/s", "copy%", "vs base");
     for (int i = 0; i < n_runs; i++) {
@@ -132,7 +133,7 @@ static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, co
 
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
-    const char *predictor = NULL, *encoder = NULL;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL;
     int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
@@ -140,10 +141,12 @@ int cmd_bench(int argc, char **argv) {
         {"--prompt-len", OPT_INT, &n_prompt, 0}, {"--gen", OPT_INT, &gen, 0},
         {"--reps", OPT_INT, &reps, 0},         {"--threads", OPT_INT, &threads, 0},
         {"--json", OPT_FLAG, &json, 0},        {"--predictor", OPT_STR, &predictor, 0},
-        {"--encoder", OPT_STR, &encoder, 0},
+        {"--encoder", OPT_STR, &encoder, 0},   {"--device", OPT_STR, &device_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
+    polar_device device;
+    if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
     polar_model *m;
     int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
@@ -168,7 +171,6 @@ int cmd_bench(int argc, char **argv) {
         bench_run *r = &runs[i];
         polar_program_format(&r->prog, r->text, sizeof r->text);
         r->prefill_ms = r->decode_ms = 1e300;
-        r->bytes = polar_decode_bytes(m, &r->prog, n_prompt + gen / 2);
         if (r->prog.n > cap) cap = r->prog.n;
     }
     prompt = malloc((size_t)n_prompt * sizeof *prompt);
@@ -177,16 +179,20 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
-    polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads};
+    polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads,
+                             .device = device};
     if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
     double copy_gbps;
-    if (polar_copy_bandwidth((size_t)256 << 20, threads, &copy_gbps, &err) != POLAR_OK) {
+    polar_device used = strcmp(polar_session_device(s), "cuda") ? POLAR_DEVICE_CPU : POLAR_DEVICE_CUDA;
+    if (polar_copy_bandwidth(used, (size_t)(used == POLAR_DEVICE_CUDA ? 1024 : 256) << 20, threads, &copy_gbps, &err) !=
+        POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
+    for (int i = 0; i < n_runs; i++) runs[i].bytes = polar_decode_bytes(m, &runs[i].prog, n_prompt + gen / 2, used);
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n_runs; i++)
             if (time_run(s, m, &runs[i], prompt, n_prompt, gen, &err) != POLAR_OK) {
@@ -194,7 +200,7 @@ int cmd_bench(int argc, char **argv) {
                 goto done;
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
-    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, json);
+    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s), json);
     rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, reps, json) : 0;
 done:
     free(prompt);

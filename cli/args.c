@@ -71,6 +71,17 @@ int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts
     return 1;
 }
 
+int parse_device(const char *cmd, const char *text, polar_device *out) {
+    if (!text || !strcmp(text, "auto")) *out = POLAR_DEVICE_AUTO;
+    else if (!strcmp(text, "cpu")) *out = POLAR_DEVICE_CPU;
+    else if (!strcmp(text, "cuda")) *out = POLAR_DEVICE_CUDA;
+    else {
+        fail_usage(cmd, "--device must be cpu, cuda or auto, got '%s'", text);
+        return 0;
+    }
+    return 1;
+}
+
 int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
     size_t cap = strlen(text) / 2 + 1;
     int *ids = malloc(cap * sizeof *ids);

@@ -23,6 +23,9 @@ int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts
 int fail_status(const char *cmd, const polar_error *err);
 int fail_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* "cpu", "cuda" or "auto" (NULL: auto); on error print and return 0. */
+int parse_device(const char *cmd, const char *text, polar_device *out);
+
 /* "1,2,3" -> ints; on error print and return 0. *out is malloc'd. */
 int parse_token_list(const char *cmd, const char *text, int **out, int *n);
 

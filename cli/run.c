@@ -121,7 +121,7 @@ static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, c
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
-    const char *predictor = NULL, *encoder = NULL;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL;
     int max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},   {"--tokens", OPT_STR, &tokens, 0},
@@ -131,7 +131,7 @@ int cmd_run(int argc, char **argv) {
         {"--ignore-eos", OPT_FLAG, &ignore_eos, 0}, {"--raw", OPT_FLAG, &raw, 0},
         {"--chat", OPT_FLAG, &chat_flag, 0},   {"--system", OPT_STR, &system, 0},
         {"--predictor", OPT_STR, &predictor, 0}, {"--encoder", OPT_STR, &encoder, 0},
-        {"-k", OPT_INT, &top_n, 0},
+        {"-k", OPT_INT, &top_n, 0},            {"--device", OPT_STR, &device_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -143,6 +143,8 @@ int cmd_run(int argc, char **argv) {
     if (!predicted && (predictor || encoder || opts[14].seen))
         return fail_usage(cmd, "--predictor, --encoder and -k go with --program auto");
     if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
+    polar_device device;
+    if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
     char *default_model = NULL;
     const char *model_path = model_arg;
     if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
@@ -185,7 +187,7 @@ int cmd_run(int argc, char **argv) {
     int cap = 0;
     for (int i = 0; i < n_cand; i++) cap = cand[i].program.n > cap ? cand[i].program.n : cap;
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
-    polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads};
+    polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads, .device = device};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!out) {
         fprintf(stderr, "polar run: error: out of memory\n");
@@ -206,8 +208,8 @@ int cmd_run(int argc, char **argv) {
         if (!json) {
             if (predicted) printf("%s== predicted program %d of %d (score %.4f)\n", c ? "\n" : "", c + 1, n_cand,
                                   cand[c].score);
-            printf("program: %s\nexecuted layers: %d of %d\nprompt tokens: %d\n%s", text, prog->n, info.arch.n_layers,
-                   n_ids, tok ? "" : "generated:");
+            printf("program: %s\nexecuted layers: %d of %d\ndevice: %s\nprompt tokens: %d\n%s", text, prog->n,
+                   info.arch.n_layers, polar_session_device(s), n_ids, tok ? "" : "generated:");
             fflush(stdout);
         }
         int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;

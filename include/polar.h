@@ -145,11 +145,25 @@ void polar_program_free(polar_program *p);
 
 typedef struct polar_session polar_session;
 
+typedef enum {
+    POLAR_DEVICE_AUTO = 0, /* CUDA when this build has it and a GPU is present, else the CPU */
+    POLAR_DEVICE_CPU,
+    POLAR_DEVICE_CUDA,
+} polar_device;
+
 typedef struct {
     int max_ctx;         /* tokens the KV cache holds; 0: min(max_pos, 4096) */
     int max_program_len; /* execution positions the cache holds; 0: the program's length */
     int n_threads;       /* CPU threads; 0: all available */
+    polar_device device;
 } polar_session_opts;
+
+/* The device a session computes on ("cpu" or "cuda"). */
+const char *polar_session_device(const polar_session *s);
+
+/* 1 when this build has the CUDA backend and a GPU is usable; *why says
+ * why not (may be NULL). */
+int polar_cuda_available(char *why, size_t why_size);
 
 /* Create a session running `program` on `m`. The KV cache (one slot per
  * execution position per token) and every workspace are allocated here;
@@ -321,13 +335,16 @@ polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hid
 
 /* --------------------------------------------------------------- measuring */
 
-/* Bandwidth of a plain memory copy of `bytes` bytes with n_threads threads
- * (0: all), in GB/s counting bytes read plus bytes written. */
-polar_status polar_copy_bandwidth(size_t bytes, int n_threads, double *gbps, polar_error *err);
+/* Bandwidth of a plain memory copy of `bytes` bytes, in GB/s counting bytes
+ * read plus bytes written: host memcpy with n_threads threads (0: all) for
+ * POLAR_DEVICE_CPU, a device-to-device cudaMemcpy for POLAR_DEVICE_CUDA. */
+polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threads, double *gbps, polar_error *err);
 
-/* Bytes one decode step at context length ctx reads: the executed layers'
- * weights, their KV cache rows, one embedding row, the final norm and head. */
-double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx);
+/* Bytes one decode step at context length ctx reads on a device: the
+ * executed layers' weights (MoE: router, top-k and shared experts), their KV
+ * cache rows (f32 on the CPU, bf16 on CUDA), one embedding row, the final
+ * norm and the head. */
+double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device);
 
 /* Monotonic clock in milliseconds. */
 double polar_time_ms(void);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "error.h"
 #include "model.h"
 
@@ -14,8 +15,9 @@ double polar_time_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-polar_status polar_copy_bandwidth(size_t bytes, int n_threads, double *gbps, polar_error *err) {
+polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threads, double *gbps, polar_error *err) {
     if (!gbps || bytes < 4096) return polar_fail(err, POLAR_ERR_ARG, "copy bandwidth: at least 4096 bytes");
+    if (device == POLAR_DEVICE_CUDA) return cuda_copy_bandwidth(bytes, gbps, err);
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     char *src = malloc(bytes), *dst = malloc(bytes);
     if (!src || !dst) {
@@ -54,7 +56,7 @@ polar_status polar_copy_bandwidth(size_t bytes, int n_threads, double *gbps, pol
     return POLAR_OK;
 }
 
-double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx) {
+double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device) {
     if (!p) return 0;
     const polar_arch *a = &m->arch;
     /* Bytes of each layer's weights, from the model's own tensor table; an
@@ -71,7 +73,7 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx)
         if (refs[i].layer >= 0) layer[refs[i].layer] += (double)ref_elems(&refs[i]) * sizeof(bf16);
     free(refs);
     double idle_experts = (double)(a->n_experts - a->top_k) * 3.0 * a->moe_ffn * a->hidden * sizeof(bf16);
-    double kv_row = 2.0 * a->n_kv_heads * a->head_dim * sizeof(float); /* K and V, f32 on the CPU */
+    double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (device == POLAR_DEVICE_CUDA ? sizeof(bf16) : sizeof(float));
     double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * a->hidden * sizeof(bf16);
     double total = (double)a->hidden * sizeof(bf16) + head; /* one embedding row, final norm, lm_head */
     for (int k = 0; k < p->n; k++)

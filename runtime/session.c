@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/ops.h"
+#include "backend.h"
 #include "error.h"
 #include "model.h"
 
@@ -38,6 +39,7 @@ struct polar_session {
     float *scores;      /* [n_threads, max_ctx] softmax scratch */
     float *logits;      /* [vocab] of the last token */
     int has_logits;
+    cuda_state *cuda;   /* the device backend, or NULL on the CPU */
 };
 
 static polar_status check_program(const polar_model *m, const polar_program *p, polar_error *err) {
@@ -70,6 +72,15 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->n_threads = o.n_threads;
     size_t q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim, C = PREFILL_CHUNK;
     size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
+    char why[256];
+    /* auto: the GPU when there is one and the model runs there (dense so far) */
+    int use_cuda = o.device == POLAR_DEVICE_CUDA ||
+                   (o.device == POLAR_DEVICE_AUTO && !a->n_experts && polar_cuda_available(why, sizeof why));
+    if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, PREFILL_CHUNK, &s->cuda, err)) != POLAR_OK) {
+        free(s);
+        return st;
+    }
+    if (s->cuda) cache = 1; /* the KV cache lives on the device */
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
     s->k_cache = malloc(cache * sizeof(float));
     s->v_cache = malloc(cache * sizeof(float));
@@ -127,10 +138,13 @@ int polar_session_pos(const polar_session *s) { return s->pos; }
 
 int polar_session_threads(const polar_session *s) { return s->n_threads; }
 
+const char *polar_session_device(const polar_session *s) { return s && s->cuda ? "cuda" : "cpu"; }
+
 const float *polar_logits(const polar_session *s) { return s->has_logits ? s->logits : NULL; }
 
 void polar_session_free(polar_session *s) {
     if (!s) return;
+    cuda_state_free(s->cuda);
     free(s->program);
     free(s->k_cache);
     free(s->v_cache);
@@ -289,8 +303,17 @@ static polar_status append(polar_session *s, const int *tokens, int n, float *al
         int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
         /* When all logits are wanted, the last-token copy is redundant but cheap
          * next to the chunk's own head matmul. */
-        forward_chunk(s, tokens + i, T, all_logits ? all_logits + (size_t)i * vocab : NULL,
-                      hidden ? hidden + (size_t)i * s->m->arch.hidden : NULL);
+        float *al = all_logits ? all_logits + (size_t)i * vocab : NULL;
+        float *hid = hidden ? hidden + (size_t)i * s->m->arch.hidden : NULL;
+        if (s->cuda) {
+            polar_status st = cuda_forward(s->cuda, s->program, s->n_program, tokens + i, T, s->pos, s->logits, al,
+                                           hid, err);
+            if (st != POLAR_OK) return st;
+            s->pos += T;
+            s->has_logits = 1;
+        } else {
+            forward_chunk(s, tokens + i, T, al, hid);
+        }
     }
     return POLAR_OK;
 }

@@ -112,3 +112,17 @@ expect predict_missing 1 "cannot open" $P predict --predictor "$D/none.safetenso
 expect predict_no_encoder 2 "no encoder" env -u POLAR_ENCODER $P predict --predictor "$D/p30.safetensors" --question hi
 expect auto_needs_prompt 2 "give --prompt" $P run --tokens 1 --program auto --predictor "$D/p30.safetensors"
 expect k_needs_auto 2 "go with --program auto" $P run --prompt hi -k 3
+
+# The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
+# can; --device cuda runs on a GPU or says in one line why it cannot.
+expect usage_device 2 "--device must be cpu, cuda or auto" $P run --model "$G" --tokens 1 --device gpu
+if [ -n "$POLAR_CUDA_CLI" ]; then
+    C=$POLAR_CUDA_CLI
+    expect_out cuda_build_auto "executed layers: 4 of 4" $C run --model "$G" --tokens 1,2 --max-new 2
+    if $C run --model "$G" --tokens 1,2 --max-new 2 --device cuda >"$D/out" 2>"$D/err"; then
+        grep -q "device: cuda" "$D/out" && echo "PASS cli_cuda_device" || echo "FAIL cli_cuda_device (no device line)"
+    else
+        [ "$(wc -l <"$D/err")" -eq 1 ] && grep -q "device cuda: " "$D/err" && echo "PASS cli_cuda_device" ||
+            echo "FAIL cli_cuda_device: $(head -c 300 "$D/err")"
+    fi
+fi

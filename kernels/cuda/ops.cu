@@ -1,0 +1,272 @@
+// CUDA kernels mirroring kernels/cpu/ops.c. Correct first: each kernel is the
+// CPU reference's math on the GPU (f32 accumulation and statistics over bf16
+// weights); tests/test_cuda.c checks them against it.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+#define WARP 32
+#define MAX_TOKENS_PER_PASS 8
+
+static __device__ __forceinline__ float bf(bf16_bits b) { return __uint_as_float((unsigned)b << 16); }
+
+static __device__ __forceinline__ bf16_bits to_bf(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of up to 1024 threads; every thread gets the result.
+static __device__ float block_sum(float v) {
+    __shared__ float part[WARP];
+    __shared__ float total;
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < (int)(blockDim.x + WARP - 1) / WARP ? part[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+static __device__ float block_max(float v) {
+    __shared__ float part[WARP];
+    __shared__ float total;
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    v = warp_max(v);
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < (int)(blockDim.x + WARP - 1) / WARP ? part[lane] : -INFINITY;
+        s = warp_max(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+static cudaStream_t st(void *s) { return (cudaStream_t)s; }
+
+// ------------------------------------------------------------------ embedding
+
+__global__ void embed_kernel(float *x, const bf16_bits *table, const int *tokens, int hidden) {
+    const bf16_bits *row = table + (size_t)tokens[blockIdx.x] * hidden;
+    float *out = x + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf(row[i]);
+}
+
+extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream) {
+    embed_kernel<<<T, 256, 0, st(stream)>>>(x, table, tokens, hidden);
+}
+
+// -------------------------------------------------------------------- rmsnorm
+
+__global__ void rmsnorm_kernel(float *out, const float *x, const bf16_bits *w, int n, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = bf(w[i]) * (xr[i] * inv);
+}
+
+extern "C" void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps, void *stream) {
+    rmsnorm_kernel<<<T, 256, 0, st(stream)>>>(out, x, w, n, eps);
+}
+
+// --------------------------------------------------------------------- matmul
+
+// One warp per output row. With cols % 8 == 0 each lane loads 8 bf16 (16
+// bytes) of the row per step; the row is read once for up to 8 tokens.
+__global__ void matmul_kernel(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
+                              int cols, int accumulate) {
+    int warps = blockDim.x / WARP;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (r >= rows) return;
+    const bf16_bits *wr = w + (size_t)r * cols;
+    float acc[MAX_TOKENS_PER_PASS];
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) acc[t] = 0.0f;
+    if ((cols & 7) == 0) {
+        for (int j = lane * 8; j < cols; j += WARP * 8) {
+            uint4 packed = *(const uint4 *)(wr + j);
+            float wf[8];
+            wf[0] = __uint_as_float(packed.x << 16), wf[1] = __uint_as_float(packed.x & 0xffff0000u);
+            wf[2] = __uint_as_float(packed.y << 16), wf[3] = __uint_as_float(packed.y & 0xffff0000u);
+            wf[4] = __uint_as_float(packed.z << 16), wf[5] = __uint_as_float(packed.z & 0xffff0000u);
+            wf[6] = __uint_as_float(packed.w << 16), wf[7] = __uint_as_float(packed.w & 0xffff0000u);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (size_t)t * cols + j;
+                float4 a = *(const float4 *)xt, b = *(const float4 *)(xt + 4);
+                acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                          wf[6] * b.z + wf[7] * b.w;
+            }
+        }
+    } else {
+        for (int j = lane; j < cols; j += WARP) {
+            float wj = bf(wr[j]);
+            for (int t = 0; t < T; t++) acc[t] += wj * x[(size_t)t * cols + j];
+        }
+    }
+    float b = bias ? bf(bias[r]) : 0.0f;
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) {
+            float *dst = &y[(size_t)t * rows + r];
+            *dst = accumulate ? *dst + (s + b) : s + b;
+        }
+    }
+}
+
+extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
+                            int cols, int accumulate, void *stream) {
+    const int threads = 256, warps = threads / WARP;
+    for (int t0 = 0; t0 < T; t0 += MAX_TOKENS_PER_PASS) {
+        int nt = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+        matmul_kernel<<<(rows + warps - 1) / warps, threads, 0, st(stream)>>>(
+            y + (size_t)t0 * rows, x + (size_t)t0 * cols, w, bias, nt, rows, cols, accumulate);
+    }
+}
+
+// ------------------------------------------------- q/k norm, RoPE, KV store
+
+// One block per (token, head) over n_heads query heads then n_kv key heads;
+// a thread per pair (i, i + head_dim/2).
+__global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
+                                     const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
+                                     bf16_bits *v_cache, int pos0, int n_heads, int n_kv, int hd, float eps) {
+    int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x;
+    int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
+    const float *src = is_q ? q + ((size_t)t * n_heads + h) * hd : k + (size_t)t * kvd + (size_t)kvh * hd;
+    const bf16_bits *norm = is_q ? q_norm : k_norm;
+    float a = i < half ? src[i] : 0.0f, b = i < half ? src[i + half] : 0.0f;
+    if (norm) {
+        float inv = 1.0f / sqrtf(block_sum(a * a + b * b) / (float)hd + eps);
+        if (i < half) {
+            a = bf(norm[i]) * (a * inv);
+            b = bf(norm[i + half]) * (b * inv);
+        }
+    }
+    if (i >= half) return;
+    float angle = (float)(pos0 + t) * inv_freq[i], c, s;
+    sincosf(angle, &s, &c);
+    float ra = a * c - b * s, rb = b * c + a * s;
+    if (is_q) {
+        float *dst = q + ((size_t)t * n_heads + h) * hd;
+        dst[i] = ra;
+        dst[i + half] = rb;
+    } else {
+        size_t row = (size_t)(pos0 + t) * kvd + (size_t)kvh * hd;
+        k_cache[row + i] = to_bf(ra);
+        k_cache[row + i + half] = to_bf(rb);
+        const float *vs = v + (size_t)t * kvd + (size_t)kvh * hd;
+        v_cache[row + i] = to_bf(vs[i]);
+        v_cache[row + i + half] = to_bf(vs[i + half]);
+    }
+}
+
+extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
+                                   const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
+                                   bf16_bits *v_cache, int pos0, int T, int n_heads, int n_kv, int head_dim, float eps,
+                                   void *stream) {
+    int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
+    dim3 grid(T, n_heads + n_kv);
+    qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_cache, v_cache, pos0,
+                                                          n_heads, n_kv, head_dim, eps);
+}
+
+// ------------------------------------------------------------------ attention
+
+// One block per (token, query head): scores over positions 0..pos into
+// scratch, softmax with f32 statistics, then the weighted sum of values.
+__global__ void attention_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, float *scratch,
+                                 int pos0, int n_heads, int n_kv, int hd, int stride) {
+    int t = blockIdx.x, h = blockIdx.y, pos = pos0 + t, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
+    extern __shared__ float qs[];
+    const float *qh = q + ((size_t)t * n_heads + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
+    __syncthreads();
+    float *p = scratch + ((size_t)t * n_heads + h) * stride;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    for (int j = threadIdx.x; j <= pos; j += blockDim.x) {
+        const bf16_bits *kj = kc + (size_t)j * kvd + (size_t)kvh * hd;
+        float s = 0.0f;
+        for (int i = 0; i < hd; i++) s += qs[i] * bf(kj[i]);
+        p[j] = s * scale;
+        mx = fmaxf(mx, p[j]);
+    }
+    mx = block_max(mx);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j <= pos; j += blockDim.x) sum += (p[j] = expf(p[j] - mx));
+    sum = block_sum(sum); // also orders the writes to p before the reads below
+    float *oh = out + ((size_t)t * n_heads + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j <= pos; j++) o += p[j] / sum * bf(vc[(size_t)j * kvd + (size_t)kvh * hd + i]);
+        oh[i] = o;
+    }
+}
+
+extern "C" void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                               float *scratch, int pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
+    dim3 grid(T, n_heads);
+    attention_kernel<<<grid, 128, (size_t)head_dim * sizeof(float), st(stream)>>>(
+        out, q, k_cache, v_cache, scratch, pos0, n_heads, n_kv, head_dim, pos0 + T);
+}
+
+// ----------------------------------------------------------- swiglu, argmax
+
+__global__ void swiglu_kernel(float *g, const float *u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+extern "C" void cuda_swiglu(float *g, const float *u, int count, void *stream) {
+    swiglu_kernel<<<(count + 255) / 256, 256, 0, st(stream)>>>(g, u, count);
+}
+
+__global__ void argmax_kernel(int *out, const float *logits, int n) {
+    __shared__ float best_v[1024];
+    __shared__ int best_i[1024];
+    float bv = -INFINITY;
+    int bi = n; // beyond any index: loses every tie
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (logits[i] > bv) bv = logits[i], bi = i; // strided ascending: keeps the first maximum
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = best_v[threadIdx.x + s];
+            int oi = best_i[threadIdx.x + s];
+            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = best_i[0] < n ? best_i[0] : 0;
+}
+
+extern "C" void cuda_argmax(int *out, const float *logits, int n, void *stream) {
+    argmax_kernel<<<1, 1024, 0, st(stream)>>>(out, logits, n);
+}

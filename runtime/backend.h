@@ -1,0 +1,27 @@
+/* A session's compute backend beyond the CPU reference. The CPU path lives
+ * in session.c; a backend runs the same forward on a device and hands the
+ * requested outputs back in host memory. */
+#ifndef POLAR_BACKEND_H
+#define POLAR_BACKEND_H
+
+#include "model.h"
+#include "polar.h"
+
+typedef struct cuda_state cuda_state;
+
+/* Device state for a session: weights uploaded, KV slots for cap_program
+ * execution positions x max_ctx tokens, workspaces for chunk tokens. */
+polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+                               polar_error *err);
+void cuda_state_free(cuda_state *c);
+
+/* T tokens at positions pos.. through the program. Outputs (host, each
+ * optional): logits of the last token (vocab), of every token (T x vocab),
+ * final-normed hidden states (T x hidden). */
+polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
+                          float *last_logits, float *all_logits, float *hidden, polar_error *err);
+
+/* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
+polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);
+
+#endif

@@ -1,0 +1,244 @@
+/* The CUDA backend of a session: the CPU forward of session.c, op for op, on
+ * the GPU (kernels/cuda). Weights are uploaded once per session; the KV
+ * cache holds one bf16 slot per execution position. Built by `make cuda`
+ * (POLAR_CUDA); without it every entry point says so. */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#ifndef POLAR_CUDA
+
+int polar_cuda_available(char *why, size_t why_size) {
+    if (why && why_size) snprintf(why, why_size, "this build has no CUDA backend (build it with make cuda)");
+    return 0;
+}
+
+polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+                               polar_error *err) {
+    (void)m, (void)cap_program, (void)max_ctx, (void)chunk;
+    *out = NULL;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend (build it with make cuda)");
+}
+
+void cuda_state_free(cuda_state *c) { (void)c; }
+
+polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
+                          float *last_logits, float *all_logits, float *hidden, polar_error *err) {
+    (void)c, (void)program, (void)n_program, (void)tokens, (void)T, (void)pos, (void)last_logits, (void)all_logits,
+        (void)hidden;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+
+polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
+    (void)bytes, (void)gbps;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "../kernels/cuda/ops.h"
+
+struct cuda_state {
+    const polar_model *m;
+    layer_weights *layers;       /* device copies of the model's layer weights */
+    const bf16 *embed, *final_norm, *lm_head;
+    float *inv_freq;             /* [head_dim/2] */
+    void **allocs;
+    int n_allocs, cap_allocs;
+    int cap_program, max_ctx, chunk;
+    bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
+    float *x, *xn, *q, *k, *v, *att, *gate, *up; /* [chunk, *] as on the CPU */
+    float *scores;               /* [chunk, n_heads, max_ctx] */
+    float *logits;               /* [chunk, vocab] */
+    int *tokens;                 /* [chunk] */
+    cudaStream_t stream;
+};
+
+static polar_status cuda_error(polar_error *err, cudaError_t e, const char *what) {
+    return polar_fail(err, POLAR_ERR_IO, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+int polar_cuda_available(char *why, size_t why_size) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (why && why_size)
+            snprintf(why, why_size, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return 0;
+    }
+    return 1;
+}
+
+static void *dev_alloc(cuda_state *c, size_t bytes) {
+    void *p = NULL;
+    if (c->n_allocs == c->cap_allocs) {
+        int cap = c->cap_allocs ? c->cap_allocs * 2 : 256;
+        void **a = realloc(c->allocs, (size_t)cap * sizeof *a);
+        if (!a) return NULL;
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) return NULL;
+    c->allocs[c->n_allocs++] = p;
+    return p;
+}
+
+/* Upload n elements of a host tensor (NULL stays NULL). */
+static int upload(cuda_state *c, const bf16 **dst, const bf16 *src, size_t n) {
+    if (!src) {
+        *dst = NULL;
+        return 1;
+    }
+    void *d = dev_alloc(c, n * sizeof(bf16));
+    if (!d || cudaMemcpy(d, src, n * sizeof(bf16), cudaMemcpyHostToDevice) != cudaSuccess) return 0;
+    *dst = d;
+    return 1;
+}
+
+void cuda_state_free(cuda_state *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c->allocs);
+    free(c->layers);
+    free(c);
+}
+
+polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+                               polar_error *err) {
+    *out = NULL;
+    char why[256];
+    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
+    const polar_arch *a = &m->arch;
+    if (a->n_experts)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED,
+                          "device cuda: mixture-of-experts models run on the CPU only so far (--device cpu)");
+    cuda_state *c = calloc(1, sizeof *c);
+    if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->cap_program = cap_program;
+    c->max_ctx = max_ctx;
+    c->chunk = chunk;
+    c->layers = calloc((size_t)a->n_layers, sizeof *c->layers);
+    cudaError_t e = cudaStreamCreate(&c->stream);
+    if (!c->layers || e != cudaSuccess) {
+        cuda_state_free(c);
+        return e != cudaSuccess ? cuda_error(err, e, "stream") : polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    }
+    size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
+    size_t F = (size_t)a->ffn, V = (size_t)a->vocab, hd = (size_t)a->head_dim;
+    int ok = upload(c, &c->embed, m->embed, V * H) && upload(c, &c->final_norm, m->final_norm, H);
+    c->lm_head = c->embed;
+    if (ok && !a->tied_embeddings) ok = upload(c, &c->lm_head, m->lm_head, V * H);
+    for (int l = 0; ok && l < a->n_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        layer_weights *d = &c->layers[l];
+        ok = upload(c, &d->attn_norm, w->attn_norm, H) && upload(c, &d->wq, w->wq, q * H) &&
+             upload(c, &d->wk, w->wk, kv * H) && upload(c, &d->wv, w->wv, kv * H) && upload(c, &d->bq, w->bq, q) &&
+             upload(c, &d->bk, w->bk, kv) && upload(c, &d->bv, w->bv, kv) && upload(c, &d->q_norm, w->q_norm, hd) &&
+             upload(c, &d->k_norm, w->k_norm, hd) && upload(c, &d->wo, w->wo, H * q) &&
+             upload(c, &d->mlp_norm, w->mlp_norm, H) && upload(c, &d->w_gate, w->w_gate, F * H) &&
+             upload(c, &d->w_up, w->w_up, F * H) && upload(c, &d->w_down, w->w_down, H * F);
+    }
+    size_t C = (size_t)chunk, cache = (size_t)cap_program * (size_t)max_ctx * kv;
+    ok = ok && (c->inv_freq = dev_alloc(c, hd / 2 * sizeof(float))) &&
+         cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
+         (c->k_cache = dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = dev_alloc(c, cache * sizeof(bf16))) &&
+         (c->x = dev_alloc(c, C * H * 4)) && (c->xn = dev_alloc(c, C * H * 4)) && (c->q = dev_alloc(c, C * q * 4)) &&
+         (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
+         (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
+         (c->scores = dev_alloc(c, C * (size_t)a->n_heads * (size_t)max_ctx * 4)) &&
+         (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int)));
+    if (!ok) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the weights, KV cache and workspaces");
+    }
+    *out = c;
+    return POLAR_OK;
+}
+
+polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
+    char why[256];
+    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&t0);
+    if (e == cudaSuccess) e = cudaEventCreate(&t1);
+    double best = 0;
+    for (int rep = 0; rep < 6 && e == cudaSuccess; rep++) { /* the first is a warm-up */
+        float ms = 0;
+        e = cudaEventRecord(t0, 0);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+        if (e == cudaSuccess) e = cudaEventRecord(t1, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(t1);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, t0, t1);
+        if (e == cudaSuccess && rep > 0 && ms > 0 && 2.0 * (double)bytes / (ms * 1e6) > best)
+            best = 2.0 * (double)bytes / (ms * 1e6);
+    }
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cudaFree(a);
+    cudaFree(b);
+    if (e != cudaSuccess) return cuda_error(err, e, "copy bandwidth");
+    *gbps = best;
+    return POLAR_OK;
+}
+
+/* One decoder layer at execution position slot for T tokens at pos.. */
+static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, int pos) {
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, hd = a->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd, F = a->ffn;
+    float eps = (float)a->rms_eps;
+    void *s = c->stream;
+    bf16 *kc = c->k_cache + (size_t)slot * c->max_ctx * kvd, *vc = c->v_cache + (size_t)slot * c->max_ctx * kvd;
+    cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
+    cuda_matmul(c->q, c->xn, w->wq, w->bq, T, qd, H, 0, s);
+    cuda_matmul(c->k, c->xn, w->wk, w->bk, T, kvd, H, 0, s);
+    cuda_matmul(c->v, c->xn, w->wv, w->bv, T, kvd, H, 0, s);
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, pos, T, a->n_heads, a->n_kv_heads,
+                       hd, eps, s);
+    cuda_attention(c->att, c->q, kc, vc, c->scores, pos, T, a->n_heads, a->n_kv_heads, hd, s);
+    cuda_matmul(c->x, c->att, w->wo, NULL, T, H, qd, 1, s);
+    cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
+    cuda_matmul(c->gate, c->xn, w->w_gate, NULL, T, F, H, 0, s);
+    cuda_matmul(c->up, c->xn, w->w_up, NULL, T, F, H, 0, s);
+    cuda_swiglu(c->gate, c->up, T * F, s);
+    cuda_matmul(c->x, c->gate, w->w_down, NULL, T, H, F, 1, s);
+}
+
+polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
+                          float *last_logits, float *all_logits, float *hidden, polar_error *err) {
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, V = a->vocab;
+    if (T > c->chunk) return polar_fail(err, POLAR_ERR_ARG, "cuda: %d tokens exceed the chunk of %d", T, c->chunk);
+    cudaError_t e = cudaMemcpyAsync(c->tokens, tokens, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) return cuda_error(err, e, "copying tokens");
+    cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
+    for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T, pos);
+    int first = all_logits || hidden ? 0 : T - 1;
+    cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
+                 c->stream);
+    cuda_matmul(c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0,
+                c->stream);
+    if (hidden)
+        e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess && all_logits)
+        e = cudaMemcpyAsync(all_logits, c->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess && last_logits)
+        e = cudaMemcpyAsync(last_logits, c->logits + (size_t)(T - 1) * V, (size_t)V * sizeof(float),
+                            cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "forward");
+}
+
+#endif
