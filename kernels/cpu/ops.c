@@ -48,8 +48,46 @@ static void dot_rows(float *acc, const float *x, const bf16 *wr, int nt, int col
     }
 }
 
+#if defined(__AVX512F__)
+/* Decode (one token): four rows at a time, four independent streams from
+ * memory with their own accumulators; one core keeps more loads in flight. */
+static void gemv4(float *y, const float *x, const bf16 *w, const bf16 *bias, int r, int cols, int accumulate) {
+    const bf16 *w0 = w + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= cols; j += 16) {
+        __m512 xv = _mm512_loadu_ps(x + j);
+        a0 = _mm512_fmadd_ps(load16_bf16(w0 + j), xv, a0);
+        a1 = _mm512_fmadd_ps(load16_bf16(w1 + j), xv, a1);
+        a2 = _mm512_fmadd_ps(load16_bf16(w2 + j), xv, a2);
+        a3 = _mm512_fmadd_ps(load16_bf16(w3 + j), xv, a3);
+    }
+    float acc[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
+                    _mm512_reduce_add_ps(a3)};
+    const bf16 *rows4[4] = {w0, w1, w2, w3};
+    for (int k = 0; k < 4; k++) {
+        for (int jj = j; jj < cols; jj++) acc[k] += bf16_to_f32(rows4[k][jj]) * x[jj];
+        float b = bias ? bf16_to_f32(bias[r + k]) : 0.0f;
+        y[r + k] = accumulate ? y[r + k] + (acc[k] + b) : acc[k] + b;
+    }
+}
+#endif
+
 void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
                 int accumulate, int n_threads) {
+#if defined(__AVX512F__)
+    if (T == 1) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int g = 0; g < rows / 4; g++) gemv4(y, x, w, bias, 4 * g, cols, accumulate);
+        for (int r = rows / 4 * 4; r < rows; r++) { /* the last rows < 4 */
+            float acc;
+            dot_rows(&acc, x, w + (size_t)r * cols, 1, cols);
+            float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
+            y[r] = accumulate ? y[r] + (acc + b) : acc + b;
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (int r = 0; r < rows; r++) {
         const bf16 *wr = w + (size_t)r * cols;
