@@ -1,5 +1,5 @@
 /* The CUDA backend of a session: the CPU forward of session.c, op for op, on
- * the GPU (kernels/cuda). Weights are uploaded once per session; the KV
+ * the GPU (kernels/cuda), dense and mixture-of-experts layers. Weights are uploaded once per session; the KV
  * cache holds one bf16 slot per execution position. Built by `make cuda`
  * (POLAR_CUDA); without it every entry point says so. */
 #include "backend.h"
@@ -56,6 +56,14 @@ struct cuda_state {
     float *x, *xn, *q, *k, *v, *att, *gate, *up; /* [chunk, *] as on the CPU */
     float *scores;               /* [chunk, n_heads, max_ctx] */
     float *logits;               /* [chunk, vocab] */
+    float *router;               /* [chunk, n_experts]              MoE models only */
+    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
+    float *expert_w;             /* [chunk, top_k] their weights */
+    float *expert_gu;            /* [chunk * top_k, 2 * moe_ffn] */
+    float *expert_act;           /* [chunk * top_k, moe_ffn] */
+    float *expert_out;           /* [chunk * top_k, hidden] */
+    float *shared_out;           /* [chunk, hidden] */
+    float *shared_gate;          /* [chunk] */
     int *tokens;                 /* [chunk] */
     cudaStream_t stream;
 };
@@ -116,9 +124,6 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
     const polar_arch *a = &m->arch;
-    if (a->n_experts)
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED,
-                          "device cuda: mixture-of-experts models run on the CPU only so far (--device cpu)");
     cuda_state *c = calloc(1, sizeof *c);
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     c->m = m;
@@ -145,7 +150,15 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
              upload(c, &d->k_norm, w->k_norm, hd) && upload(c, &d->wo, w->wo, H * q) &&
              upload(c, &d->mlp_norm, w->mlp_norm, H) && upload(c, &d->w_gate, w->w_gate, F * H) &&
              upload(c, &d->w_up, w->w_up, F * H) && upload(c, &d->w_down, w->w_down, H * F);
+        if (ok && w->router) {
+            size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
+            ok = upload(c, &d->router, w->router, E * H) && upload(c, &d->exp_gate_up, w->exp_gate_up, E * 2 * MF * H) &&
+                 upload(c, &d->exp_down, w->exp_down, E * H * MF) && upload(c, &d->sh_gate, w->sh_gate, S * H) &&
+                 upload(c, &d->sh_up, w->sh_up, S * H) && upload(c, &d->sh_down, w->sh_down, H * S) &&
+                 upload(c, &d->sh_router, w->sh_router, H);
+        }
     }
+    if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, cache = (size_t)cap_program * (size_t)max_ctx * kv;
     ok = ok && (c->inv_freq = dev_alloc(c, hd / 2 * sizeof(float))) &&
          cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
@@ -155,6 +168,14 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
          (c->scores = dev_alloc(c, C * (size_t)a->n_heads * (size_t)max_ctx * 4)) &&
          (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int)));
+    if (ok && a->n_experts) {
+        size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
+        ok = (c->router = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
+             (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
+             (c->expert_gu = dev_alloc(c, slots * 2 * MF * 4)) && (c->expert_act = dev_alloc(c, slots * MF * 4)) &&
+             (c->expert_out = dev_alloc(c, slots * H * 4)) && (c->shared_out = dev_alloc(c, C * H * 4)) &&
+             (c->shared_gate = dev_alloc(c, C * 4));
+    }
     if (!ok) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the weights, KV cache and workspaces");
@@ -193,6 +214,28 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     return POLAR_OK;
 }
 
+/* The MoE sublayer on c->xn, added to c->x: routing, the chosen experts
+ * (read by expert id on the device), the shared expert, a deterministic
+ * combine in expert order. */
+static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = a->shared_ffn;
+    void *s = c->stream;
+    cuda_matmul(c->router, c->xn, w->router, NULL, T, a->n_experts, H, 0, s);
+    cuda_route(c->expert_idx, c->expert_w, c->router, T, a->n_experts, k, a->norm_topk, s);
+    cuda_expert_matmul(c->expert_gu, c->xn, w->exp_gate_up, c->expert_idx, T, k, 2 * F, H, 0, s);
+    cuda_expert_swiglu(c->expert_act, c->expert_gu, T * k, F, s);
+    cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->expert_idx, T, k, H, F, 1, s);
+    if (w->sh_gate) {
+        cuda_matmul(c->gate, c->xn, w->sh_gate, NULL, T, S, H, 0, s);
+        cuda_matmul(c->up, c->xn, w->sh_up, NULL, T, S, H, 0, s);
+        cuda_swiglu(c->gate, c->up, T * S, s);
+        cuda_matmul(c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0, s);
+        cuda_matmul(c->shared_gate, c->xn, w->sh_router, NULL, T, 1, H, 0, s);
+    }
+    cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->shared_gate, T, k, H, s);
+}
+
 /* One decoder layer at execution position slot for T tokens at pos.. */
 static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, int pos) {
     const polar_arch *a = &c->m->arch;
@@ -209,6 +252,10 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
     cuda_attention(c->att, c->q, kc, vc, c->scores, pos, T, a->n_heads, a->n_kv_heads, hd, s);
     cuda_matmul(c->x, c->att, w->wo, NULL, T, H, qd, 1, s);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
+    if (w->router) {
+        moe_forward(c, w, T);
+        return;
+    }
     cuda_matmul(c->gate, c->xn, w->w_gate, NULL, T, F, H, 0, s);
     cuda_matmul(c->up, c->xn, w->w_up, NULL, T, F, H, 0, s);
     cuda_swiglu(c->gate, c->up, T * F, s);

@@ -73,9 +73,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     size_t q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim, C = PREFILL_CHUNK;
     size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
     char why[256];
-    /* auto: the GPU when there is one and the model runs there (dense so far) */
-    int use_cuda = o.device == POLAR_DEVICE_CUDA ||
-                   (o.device == POLAR_DEVICE_AUTO && !a->n_experts && polar_cuda_available(why, sizeof why));
+    int use_cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(why, sizeof why));
     if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, PREFILL_CHUNK, &s->cuda, err)) != POLAR_OK) {
         free(s);
         return st;

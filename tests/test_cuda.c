@@ -1,8 +1,9 @@
 /* make test-cuda (needs a GPU): every CUDA kernel against its CPU reference on
  * random inputs at the presets' real shapes, then whole models: the golden
- * fixtures (logits and 16 greedy tokens against the CPU), a preset's logits
- * (cosine >= 0.999), skip/repeat/reorder programs, and cached decode against
- * recompute on the GPU. --quick runs a smaller set (for compute-sanitizer).
+ * fixtures, dense and MoE (logits and 16 greedy tokens against the CPU, two
+ * MoE runs bitwise equal), a preset's logits (cosine >= 0.999),
+ * skip/repeat/reorder programs, and cached decode against recompute on the
+ * GPU. --quick runs a smaller set (for compute-sanitizer).
  * Tolerances: kernels 1e-4 relative to the row's scale (f32 math, other
  * summation order); models 2e-2 absolute (the KV cache is bf16 on the GPU). */
 #include <cuda_runtime_api.h>
@@ -139,9 +140,9 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
 }
 
 static void model_golden(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3"};
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe"};
     static const char *programs[] = {"base", "0,3", "0,1-2x2,3", "0,2-3x2", "0,2,1,3"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         char dir[128];
         snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
         polar_error err;
@@ -161,6 +162,33 @@ static void model_preset(void) {
     if (!m) return;
     compare_model(m, "base", 24, 4, 0, 1);
     if (!quick) compare_model(m, "0-9,12-27", 24, 4, 0, 1), compare_model(m, "0-13,10-13,14-27", 24, 4, 0, 1);
+    polar_model_free(m);
+}
+
+/* Qwen2-MoE (6 layers: shared expert, dense layers between MoE ones) on the
+ * GPU against the CPU, and two identical GPU runs bitwise equal. */
+static void model_moe(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/qwen2_moe", &m, &err));
+    if (!m) return;
+    compare_model(m, "base", 7, 16, 2e-2f, 0);
+    compare_model(m, "0,1-2x2,3-5", 7, 16, 2e-2f, 0);
+    polar_program p;
+    CHECK_OK(polar_program_parse("0-1,5,1x2,4-5", 6, 0, &p, &err));
+    float *runs[2];
+    for (int r = 0; r < 2; r++) {
+        polar_session *s = NULL;
+        polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+        int prompt[7] = {17, 3, 200, 45, 91, 128, 7};
+        runs[r] = malloc(7 * 256 * sizeof(float));
+        CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
+        if (s) CHECK_OK(polar_prefill(s, prompt, 7, runs[r], &err));
+        polar_session_free(s);
+    }
+    CHECK(memcmp(runs[0], runs[1], 7 * 256 * sizeof(float)) == 0, "two GPU runs give bitwise identical logits");
+    free(runs[0]), free(runs[1]);
+    polar_program_free(&p);
     polar_model_free(m);
 }
 
@@ -205,6 +233,7 @@ int main(int argc, char **argv) {
     RUN(kernel_rmsnorm_swiglu_argmax);
     RUN(model_golden);
     RUN(model_preset);
+    RUN(model_moe);
     RUN(gpu_cache_consistency);
     TEST_EXIT();
 }

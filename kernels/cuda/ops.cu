@@ -270,3 +270,97 @@ __global__ void argmax_kernel(int *out, const float *logits, int n) {
 extern "C" void cuda_argmax(int *out, const float *logits, int n, void *stream) {
     argmax_kernel<<<1, 1024, 0, st(stream)>>>(out, logits, n);
 }
+
+// ------------------------------------------------------------------------ MoE
+
+// One block per token; thread 0 routes sequentially, as the CPU does, so the
+// choice and its weights are the reference's (E and k are small).
+__global__ void route_kernel(int *idx, float *weight, const float *logits, int E, int k, int norm) {
+    if (threadIdx.x != 0) return;
+    const float *l = logits + (size_t)blockIdx.x * E;
+    int *id = idx + (size_t)blockIdx.x * k;
+    float *w = weight + (size_t)blockIdx.x * k;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+    for (int e = 0; e < E; e++) sum += expf(l[e] - mx);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= id[i] == e;
+            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        }
+        id[j] = best;
+        w[j] = expf(l[best] - mx) / sum;
+    }
+    if (norm) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+    for (int j = 1; j < k; j++)
+        for (int i = j; i > 0 && id[i] < id[i - 1]; i--) {
+            int ti = id[i];
+            id[i] = id[i - 1], id[i - 1] = ti;
+            float tw = w[i];
+            w[i] = w[i - 1], w[i - 1] = tw;
+        }
+}
+
+extern "C" void cuda_route(int *idx, float *weight, const float *logits, int T, int E, int k, int norm, void *stream) {
+    route_kernel<<<T, WARP, 0, st(stream)>>>(idx, weight, logits, E, k, norm);
+}
+
+// A warp per (slot, row); the expert comes from idx on the device, so no
+// host round trip decides which weights are read.
+__global__ void expert_matmul_kernel(float *y, const float *x, const bf16_bits *w, const int *idx, int n_slots, int k,
+                                     int rows, int cols, int x_per_slot) {
+    int warps = blockDim.x / WARP;
+    long g = (long)blockIdx.x * warps + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (g >= (long)n_slots * rows) return;
+    int slot = (int)(g / rows), r = (int)(g % rows);
+    const bf16_bits *wr = w + ((size_t)idx[slot] * rows + r) * cols;
+    const float *xr = x + (size_t)(x_per_slot ? slot : slot / k) * cols;
+    float acc = 0.0f;
+    for (int j = lane; j < cols; j += WARP) acc += bf(wr[j]) * xr[j];
+    acc = warp_sum(acc);
+    if (lane == 0) y[(size_t)slot * rows + r] = acc;
+}
+
+extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *idx, int T, int k,
+                                   int rows, int cols, int x_per_slot, void *stream) {
+    const int threads = 256, warps = threads / WARP;
+    long total = (long)T * k * rows;
+    expert_matmul_kernel<<<(unsigned)((total + warps - 1) / warps), threads, 0, st(stream)>>>(y, x, w, idx, T * k, k,
+                                                                                             rows, cols, x_per_slot);
+}
+
+__global__ void expert_swiglu_kernel(float *act, const float *gu, int n_slots, int F) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)n_slots * F) return;
+    long s = i / F, c = i % F;
+    float g = gu[s * 2 * F + c], u = gu[s * 2 * F + F + c];
+    act[i] = g / (1.0f + expf(-g)) * u;
+}
+
+extern "C" void cuda_expert_swiglu(float *act, const float *gu, int n_slots, int F, void *stream) {
+    long n = (long)n_slots * F;
+    expert_swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st(stream)>>>(act, gu, n_slots, F);
+}
+
+__global__ void moe_combine_kernel(float *x, const float *y, const float *weight, const float *shared,
+                                   const float *gate, int k, int H) {
+    int t = blockIdx.x;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float out = 0.0f;
+        for (int j = 0; j < k; j++) out += y[((size_t)t * k + j) * H + i] * weight[(size_t)t * k + j];
+        if (shared) out += 1.0f / (1.0f + expf(-gate[t])) * shared[(size_t)t * H + i];
+        x[(size_t)t * H + i] += out;
+    }
+}
+
+extern "C" void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *gate,
+                                 int T, int k, int H, void *stream) {
+    moe_combine_kernel<<<T, 256, 0, st(stream)>>>(x, y, weight, shared, gate, k, H);
+}

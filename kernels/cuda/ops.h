@@ -42,6 +42,25 @@ void cuda_swiglu(float *g, const float *u, int count, void *stream);
 /* out[0] = argmax(logits[n]), the lowest index on ties */
 void cuda_argmax(int *out, const float *logits, int n, void *stream);
 
+/* MoE routing of T tokens, as cpu_route: softmax over logits[T, E] in f32,
+ * the top k (lower index on ties), renormalised when norm, written in
+ * ascending expert order: idx[T, k], weight[T, k]. */
+void cuda_route(int *idx, float *weight, const float *logits, int T, int E, int k, int norm, void *stream);
+
+/* Expert GEMV reading only the selected experts' rows: for slot s = t*k + j,
+ * y[s, rows] = x[row of s] . W[idx[s]]^T where W is [E, rows, cols] and the
+ * input row is x[t] (x_per_slot = 0) or x[s] (x_per_slot = 1). */
+void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *idx, int T, int k, int rows,
+                        int cols, int x_per_slot, void *stream);
+
+/* act[s, F] = silu(gu[s, 0:F]) * gu[s, F:2F] for the n_slots slots. */
+void cuda_expert_swiglu(float *act, const float *gu, int n_slots, int F, void *stream);
+
+/* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order), plus, when shared is
+ * not NULL, sigmoid(gate[t]) * shared[t]: the MoE residual, deterministic. */
+void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *gate, int T,
+                      int k, int H, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
