@@ -14,7 +14,7 @@ LDLIBS  := -fopenmp -lm -lpthread
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CU_SRC    := kernels/cuda/ops.cu
+CU_SRC    := kernels/cuda/ops.cu kernels/cuda/predictor.cu
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
@@ -37,7 +37,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            runtime/measure.c runtime/cuda_backend.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
-           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c
+           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
            test_default_model test_tokenizer test_gguf test_predictor test_threads
@@ -58,7 +58,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h
+$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
 

@@ -290,6 +290,12 @@ void polar_predictor_free(polar_predictor *p);
 int polar_predictor_layers(const polar_predictor *p);    /* D */
 int polar_predictor_input_dim(const polar_predictor *p); /* d_q */
 
+/* Run the predictor on a device from now on: POLAR_DEVICE_CUDA uploads the
+ * weights and workspaces for up to 512 tokens and runs the network as one
+ * fused kernel; POLAR_DEVICE_CPU (the default) the reference. A predictor on
+ * the GPU serves one thread at a time. */
+polar_status polar_predictor_use_device(polar_predictor *p, polar_device device, polar_error *err);
+
 /* Run the network on token states h[T, d_q] (T <= 512): seg[D], op[D * 3]. */
 polar_status polar_predict_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op,
                                   polar_error *err);

@@ -78,6 +78,7 @@ polar_status polar_predict_logits(const polar_predictor *p, const float *h, int 
     if (T < 1 || T > PRED_MAX_TOKENS)
         return polar_fail(err, POLAR_ERR_ARG, "predict: %d token states (1 to %d)", T, PRED_MAX_TOKENS);
     if (p->d / p->heads > 1024) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predict: head width above 1024");
+    if (p->cuda) return pred_cuda_logits(p, h, T, seg, op, err);
     int D = p->D, d = p->d, ff = p->ff;
     int n = T > D ? T : D;
     size_t need = (size_t)T * d + 2 * (size_t)D * d + (size_t)D * ff + (size_t)(D + 2 * n) * d +

@@ -28,6 +28,12 @@ struct polar_predictor {
     const float *seg_w, *seg_b;       /* [1, d], [1] */
     const float *op_w, *op_b;         /* [3, d], [3] */
     float *storage;                   /* every tensor above, converted to f32 */
+    size_t storage_floats;
+    void *cuda;                       /* device copy and workspaces, or NULL */
 };
+
+/* Run on the device copy (predictor/cuda.c). */
+polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err);
+void pred_cuda_free(void *state);
 
 #endif

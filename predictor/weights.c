@@ -102,6 +102,7 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
     int n = st == POLAR_OK ? pred_refs(p, refs) : 0;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
+    if (p) p->storage_floats = total;
     if (st == POLAR_OK && !(p->storage = malloc(total * sizeof(float))))
         st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     float *next = p ? p->storage : NULL;
@@ -140,6 +141,7 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
 
 void polar_predictor_free(polar_predictor *p) {
     if (!p) return;
+    pred_cuda_free(p->cuda);
     free(p->storage);
     free(p);
 }

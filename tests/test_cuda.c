@@ -11,6 +11,7 @@
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cuda/ops.h"
 #include "harness.h"
+#include "pred_util.h"
 
 static int quick;
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -192,6 +193,32 @@ static void model_moe(void) {
     polar_model_free(m);
 }
 
+/* The fused predictor kernel against the CPU reference (f32 both). */
+static void predictor_fused(void) {
+    static const int cases[][2] = {{28, 7}, {36, 300}};
+    for (int c = 0; c < 2; c++) {
+        int D = cases[c][0], T = cases[c][1], dq = 1024;
+        char path[] = "/tmp/polar-cuda-pred.safetensors";
+        polar_error err;
+        polar_predictor *p = NULL;
+        CHECK(write_predictor(path, D, dq, NULL, NULL) == POLAR_OK, "write predictor");
+        CHECK_OK(polar_predictor_load(path, &p, &err));
+        if (!p) continue;
+        float *h = malloc((size_t)T * dq * sizeof *h), seg[2][64], op[2][192];
+        weight_value("H", (size_t)T * dq, 1.0, 0.0, h);
+        CHECK_OK(polar_predict_logits(p, h, T, seg[0], op[0], &err));
+        CHECK_OK(polar_predictor_use_device(p, POLAR_DEVICE_CUDA, &err));
+        CHECK_OK(polar_predict_logits(p, h, T, seg[1], op[1], &err));
+        float d = 0;
+        for (int i = 0; i < D; i++) d = fmaxf(d, fabsf(seg[0][i] - seg[1][i]));
+        for (int i = 0; i < 3 * D; i++) d = fmaxf(d, fabsf(op[0][i] - op[1][i]));
+        CHECK(d < 1e-4f, "D %d T %d: fused kernel vs CPU: %g", D, T, d);
+        printf("  predictor D %d T %d: max |logit diff| %.2e\n", D, T, d);
+        free(h);
+        polar_predictor_free(p);
+    }
+}
+
 /* Cached decode on the GPU equals a fresh prefill on the GPU. */
 static void gpu_cache_consistency(void) {
     polar_error err;
@@ -234,6 +261,7 @@ int main(int argc, char **argv) {
     RUN(model_golden);
     RUN(model_preset);
     RUN(model_moe);
+    RUN(predictor_fused);
     RUN(gpu_cache_consistency);
     TEST_EXIT();
 }

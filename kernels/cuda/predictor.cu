@@ -1,0 +1,151 @@
+// The PoLar predictor as one fused CUDA kernel: projection, cross-attention,
+// both encoder layers and both heads in a single cooperative launch. Each
+// stage is a grid-stride loop of warps (a warp per output value, per
+// attention row, per LayerNorm row); stages are separated by grid syncs.
+// f32 throughout, the math of predictor/forward.c.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "predictor_cuda.h"
+
+namespace cg = cooperative_groups;
+
+#define WARP 32
+#define LN_EPS 1e-5f
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+struct warp_id {
+    long id, count;
+    int lane;
+};
+
+static __device__ warp_id my_warp() {
+    warp_id w;
+    w.id = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    w.count = (long)gridDim.x * blockDim.x / WARP;
+    w.lane = threadIdx.x % WARP;
+    return w;
+}
+
+// y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .))
+static __device__ void linear(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
+                              int relu) {
+    warp_id me = my_warp();
+    for (long o = me.id; o < (long)n * rows; o += me.count) {
+        int t = (int)(o / rows), r = (int)(o % rows);
+        const float *wr = w + (size_t)r * cols, *xt = x + (size_t)t * cols;
+        float acc = 0.0f;
+        for (int c = me.lane; c < cols; c += WARP) acc += wr[c] * xt[c];
+        acc = warp_sum(acc) + (b ? b[r] : 0.0f);
+        if (me.lane == 0) y[o] = relu ? fmaxf(acc, 0.0f) : acc;
+    }
+}
+
+// ctx[nq, d]: per (query, head), softmax(q k^T / sqrt(dh)) v over nk keys;
+// q, k, v rows are d wide with head h at h * dh; probs holds nq*heads*nk.
+static __device__ void attention(float *ctx, const float *q, const float *k, const float *v, float *probs, int nq,
+                                 int nk, int d, int heads) {
+    warp_id me = my_warp();
+    int dh = d / heads;
+    float scale = 1.0f / sqrtf((float)dh);
+    for (long task = me.id; task < (long)nq * heads; task += me.count) {
+        int i = (int)(task / heads), h = (int)(task % heads);
+        const float *qh = q + (size_t)i * d + (size_t)h * dh;
+        float *p = probs + (size_t)task * nk;
+        float mx = -INFINITY;
+        for (int j = me.lane; j < nk; j += WARP) {
+            const float *kj = k + (size_t)j * d + (size_t)h * dh;
+            float s = 0.0f;
+            for (int c = 0; c < dh; c++) s += qh[c] * kj[c];
+            p[j] = s * scale;
+            mx = fmaxf(mx, p[j]);
+        }
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int j = me.lane; j < nk; j += WARP) sum += (p[j] = expf(p[j] - mx));
+        sum = warp_sum(sum);
+        __syncwarp();
+        for (int c = me.lane; c < dh; c += WARP) {
+            float o = 0.0f;
+            for (int j = 0; j < nk; j++) o += p[j] / sum * v[(size_t)j * d + (size_t)h * dh + c];
+            ctx[(size_t)i * d + (size_t)h * dh + c] = o;
+        }
+    }
+}
+
+// x[rows, d] = LayerNorm(x + y), a warp per row.
+static __device__ void add_layer_norm(float *x, const float *y, const float *w, const float *b, int rows, int d) {
+    warp_id me = my_warp();
+    for (long r = me.id; r < rows; r += me.count) {
+        float *xr = x + (size_t)r * d;
+        const float *yr = y + (size_t)r * d;
+        float mean = 0.0f;
+        for (int c = me.lane; c < d; c += WARP) mean += xr[c] + yr[c];
+        mean = warp_sum(mean) / (float)d;
+        float var = 0.0f;
+        for (int c = me.lane; c < d; c += WARP) var += (xr[c] + yr[c] - mean) * (xr[c] + yr[c] - mean);
+        float inv = 1.0f / sqrtf(warp_sum(var) / (float)d + LN_EPS);
+        __syncwarp();
+        for (int c = me.lane; c < d; c += WARP) xr[c] = (xr[c] + yr[c] - mean) * inv * w[c] + b[c];
+    }
+}
+
+__global__ void predictor_kernel(pred_cuda_args a) {
+    cg::grid_group grid = cg::this_grid();
+    int D = a.D, d = a.d, T = a.T;
+    // token projection; the layer queries' and the tokens' q/k/v projections
+    linear(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0);
+    linear(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0);
+    grid.sync();
+    linear(a.k, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, d, d, 0);
+    linear(a.v, a.tok, a.cross.in_w + (size_t)2 * d * d, a.cross.in_b + 2 * d, T, d, d, 0);
+    grid.sync();
+    attention(a.att, a.q, a.k, a.v, a.probs, D, T, d, a.heads);
+    grid.sync();
+    linear(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0);
+    grid.sync();
+    for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
+        const pred_cuda_block *b = &a.blocks[blk];
+        linear(a.q, a.x, b->attn.in_w, b->attn.in_b, D, d, d, 0);
+        linear(a.k, a.x, b->attn.in_w + (size_t)d * d, b->attn.in_b + d, D, d, d, 0);
+        linear(a.v, a.x, b->attn.in_w + (size_t)2 * d * d, b->attn.in_b + 2 * d, D, d, d, 0);
+        grid.sync();
+        attention(a.att, a.q, a.k, a.v, a.probs, D, D, d, a.heads);
+        grid.sync();
+        linear(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0);
+        grid.sync();
+        add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
+        grid.sync();
+        linear(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1);
+        grid.sync();
+        linear(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0);
+        grid.sync();
+        add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
+        grid.sync();
+    }
+    linear(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0);
+    linear(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0);
+}
+
+extern "C" int cuda_predictor_launch(const pred_cuda_args *args, void *stream) {
+    int device, sms, per_sm = 0;
+    const int threads = 256;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel, threads, 0) != cudaSuccess ||
+        per_sm < 1)
+        return 0;
+    pred_cuda_args copy = *args;
+    void *params[] = {&copy};
+    return cudaLaunchCooperativeKernel((void *)predictor_kernel, dim3(sms * per_sm), dim3(threads), params, 0,
+                                       (cudaStream_t)stream) == cudaSuccess;
+}

@@ -1,0 +1,43 @@
+/* The fused predictor kernel's arguments: device pointers to the f32
+ * weights (PyTorch layout [out, in]) and workspaces. Shared by the kernel
+ * (C++) and the host side (C). */
+#ifndef POLAR_PREDICTOR_CUDA_H
+#define POLAR_PREDICTOR_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PRED_CUDA_BLOCKS 2
+
+typedef struct {
+    const float *in_w, *in_b, *out_w, *out_b;
+} pred_cuda_mha;
+
+typedef struct {
+    pred_cuda_mha attn;
+    const float *lin1_w, *lin1_b, *lin2_w, *lin2_b, *norm1_w, *norm1_b, *norm2_w, *norm2_b;
+} pred_cuda_block;
+
+typedef struct {
+    int D, d, dq, heads, ff, T;
+    const float *q_proj_w, *q_proj_b, *layer_emb;
+    pred_cuda_mha cross;
+    pred_cuda_block blocks[PRED_CUDA_BLOCKS];
+    const float *seg_w, *seg_b, *op_w, *op_b;
+    const float *h;          /* [T, dq] token states */
+    float *tok;              /* [T, d] */
+    float *q, *k, *v;        /* [max(T, D), d] */
+    float *att, *x, *y;      /* [D, d] */
+    float *hid;              /* [D, ff] */
+    float *probs;            /* [D * heads * max(T, D)] */
+    float *seg, *op;         /* [D], [D, 3] outputs */
+} pred_cuda_args;
+
+/* One cooperative launch of the whole network; 0 when it cannot launch. */
+int cuda_predictor_launch(const pred_cuda_args *args, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,123 @@
+/* The predictor on the GPU: the weights (one contiguous f32 block) uploaded
+ * once, workspaces for up to 512 tokens, and one fused kernel per call
+ * (kernels/cuda/predictor.cu). Without POLAR_CUDA it says so. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/error.h"
+#include "predictor.h"
+
+#ifndef POLAR_CUDA
+
+polar_status polar_predictor_use_device(polar_predictor *p, polar_device device, polar_error *err) {
+    if (!p) return polar_fail(err, POLAR_ERR_ARG, "no predictor");
+    if (device == POLAR_DEVICE_CUDA)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: this build has no CUDA backend (build it with make cuda)");
+    return POLAR_OK;
+}
+
+polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err) {
+    (void)p, (void)h, (void)T, (void)seg, (void)op;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: this build has no CUDA backend");
+}
+
+void pred_cuda_free(void *state) { (void)state; }
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "../kernels/cuda/predictor_cuda.h"
+
+typedef struct {
+    pred_cuda_args args;
+    float *weights, *work;
+    cudaStream_t stream;
+} pred_cuda;
+
+void pred_cuda_free(void *state) {
+    pred_cuda *c = state;
+    if (!c) return;
+    cudaFree(c->weights);
+    cudaFree(c->work);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+/* The device twin of a host weight pointer inside p->storage. */
+static const float *dev(const polar_predictor *p, const pred_cuda *c, const float *host) {
+    return c->weights + (host - p->storage);
+}
+
+polar_status polar_predictor_use_device(polar_predictor *p, polar_device device, polar_error *err) {
+    if (!p) return polar_fail(err, POLAR_ERR_ARG, "no predictor");
+    if (device != POLAR_DEVICE_CUDA) {
+        pred_cuda_free(p->cuda);
+        p->cuda = NULL;
+        return POLAR_OK;
+    }
+    if (p->cuda) return POLAR_OK;
+    char why[256];
+    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: %s", why);
+    pred_cuda *c = calloc(1, sizeof *c);
+    if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    size_t D = (size_t)p->D, d = (size_t)p->d, n = (size_t)PRED_MAX_TOKENS > D ? (size_t)PRED_MAX_TOKENS : D;
+    size_t work = (size_t)PRED_MAX_TOKENS * p->dq + PRED_MAX_TOKENS * d + 3 * n * d + 3 * D * d + D * p->ff +
+                  D * p->heads * n + 4 * D;
+    cudaError_t e = cudaStreamCreate(&c->stream);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->weights, p->storage_floats * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->work, work * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(c->weights, p->storage, p->storage_floats * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        pred_cuda_free(c);
+        return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
+    }
+    pred_cuda_args *a = &c->args;
+    a->D = p->D, a->d = p->d, a->dq = p->dq, a->heads = p->heads, a->ff = p->ff;
+    a->q_proj_w = dev(p, c, p->q_proj_w), a->q_proj_b = dev(p, c, p->q_proj_b), a->layer_emb = dev(p, c, p->layer_emb);
+    a->cross = (pred_cuda_mha){dev(p, c, p->cross.in_w), dev(p, c, p->cross.in_b), dev(p, c, p->cross.out_w),
+                               dev(p, c, p->cross.out_b)};
+    for (int b = 0; b < PRED_CUDA_BLOCKS; b++) {
+        const pred_block *k = &p->blocks[b];
+        a->blocks[b] = (pred_cuda_block){
+            {dev(p, c, k->attn.in_w), dev(p, c, k->attn.in_b), dev(p, c, k->attn.out_w), dev(p, c, k->attn.out_b)},
+            dev(p, c, k->lin1_w), dev(p, c, k->lin1_b), dev(p, c, k->lin2_w), dev(p, c, k->lin2_b),
+            dev(p, c, k->norm1_w), dev(p, c, k->norm1_b), dev(p, c, k->norm2_w), dev(p, c, k->norm2_b)};
+    }
+    a->seg_w = dev(p, c, p->seg_w), a->seg_b = dev(p, c, p->seg_b), a->op_w = dev(p, c, p->op_w);
+    a->op_b = dev(p, c, p->op_b);
+    float *w = c->work;
+    a->h = w, w += (size_t)PRED_MAX_TOKENS * p->dq;
+    a->tok = w, w += (size_t)PRED_MAX_TOKENS * d;
+    a->q = w, w += n * d;
+    a->k = w, w += n * d;
+    a->v = w, w += n * d;
+    a->att = w, w += D * d;
+    a->x = w, w += D * d;
+    a->y = w, w += D * d;
+    a->hid = w, w += D * p->ff;
+    a->probs = w, w += D * p->heads * n;
+    a->seg = w, w += D;
+    a->op = w;
+    p->cuda = c;
+    return POLAR_OK;
+}
+
+polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err) {
+    pred_cuda *c = p->cuda;
+    c->args.T = T;
+    cudaError_t e = cudaMemcpyAsync((float *)c->args.h, h, (size_t)T * p->dq * sizeof(float), cudaMemcpyHostToDevice,
+                                    c->stream);
+    if (e == cudaSuccess && !cuda_predictor_launch(&c->args, c->stream))
+        return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: the cooperative launch failed (%s)",
+                          cudaGetErrorString(cudaGetLastError()));
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(seg, c->args.seg, (size_t)p->D * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(op, c->args.op, (size_t)p->D * 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    return e == cudaSuccess ? POLAR_OK : polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
+}
+
+#endif
