@@ -65,7 +65,13 @@ struct cuda_state {
     float *shared_out;           /* [chunk, hidden] */
     float *shared_gate;          /* [chunk] */
     int *tokens;                 /* [chunk] */
+    int *pos;                    /* [1] position of the chunk's first token, read by the kernels */
+    int *staging;                /* pinned host [2]: the step's token and position */
     cudaStream_t stream;
+    /* The decode step (one token) as a captured graph, for one program. */
+    cudaGraphExec_t decode_graph;
+    int *graph_program;          /* [cap_program] the program it was captured for */
+    int graph_n;
 };
 
 static polar_status cuda_error(polar_error *err, cudaError_t e, const char *what) {
@@ -111,6 +117,9 @@ static int upload(cuda_state *c, const bf16 **dst, const bf16 *src, size_t n) {
 
 void cuda_state_free(cuda_state *c) {
     if (!c) return;
+    if (c->decode_graph) cudaGraphExecDestroy(c->decode_graph);
+    if (c->staging) cudaFreeHost(c->staging);
+    free(c->graph_program);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->allocs);
@@ -167,7 +176,9 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
          (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
          (c->scores = dev_alloc(c, C * (size_t)a->n_heads * (size_t)max_ctx * 4)) &&
-         (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int)));
+         (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
+         (c->pos = dev_alloc(c, sizeof(int))) && cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
+         (c->graph_program = malloc((size_t)cap_program * sizeof(int)));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         ok = (c->router = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
@@ -237,7 +248,7 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
 }
 
 /* One decoder layer at execution position slot for T tokens at pos.. */
-static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, int pos) {
+static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, hd = a->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd, F = a->ffn;
     float eps = (float)a->rms_eps;
@@ -247,9 +258,9 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
     cuda_matmul(c->q, c->xn, w->wq, w->bq, T, qd, H, 0, s);
     cuda_matmul(c->k, c->xn, w->wk, w->bk, T, kvd, H, 0, s);
     cuda_matmul(c->v, c->xn, w->wv, w->bv, T, kvd, H, 0, s);
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, pos, T, a->n_heads, a->n_kv_heads,
-                       hd, eps, s);
-    cuda_attention(c->att, c->q, kc, vc, c->scores, pos, T, a->n_heads, a->n_kv_heads, hd, s);
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
+                       a->n_kv_heads, hd, eps, s);
+    cuda_attention(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, c->max_ctx, s);
     cuda_matmul(c->x, c->att, w->wo, NULL, T, H, qd, 1, s);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
@@ -262,20 +273,67 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
     cuda_matmul(c->x, c->gate, w->w_down, NULL, T, H, F, 1, s);
 }
 
+/* Everything of a forward after the token and position are on the device:
+ * embedding, the program's layers, final norm and head from row `first`. */
+static void forward_kernels(cuda_state *c, const int *program, int n_program, int T, int first) {
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, V = a->vocab;
+    cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
+    for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T);
+    cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
+                 c->stream);
+    cuda_matmul(c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0,
+                c->stream);
+}
+
+/* The one-token step as a graph for this program: captured on first use and
+ * again when the program changes (the old one destroyed, so nothing leaks).
+ * Kernels read the token and position from device memory, so one graph
+ * serves every step. */
+static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program) {
+    if (c->decode_graph && c->graph_n == n_program &&
+        !memcmp(c->graph_program, program, (size_t)n_program * sizeof(int)))
+        return cudaSuccess;
+    if (c->decode_graph) cudaGraphExecDestroy(c->decode_graph);
+    c->decode_graph = NULL;
+    cudaGraph_t graph;
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return e;
+    forward_kernels(c, program, n_program, 1, 0);
+    e = cudaStreamEndCapture(c->stream, &graph);
+    if (e != cudaSuccess) return e;
+    e = cudaGraphInstantiate(&c->decode_graph, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        c->decode_graph = NULL;
+        return e;
+    }
+    memcpy(c->graph_program, program, (size_t)n_program * sizeof(int));
+    c->graph_n = n_program;
+    return cudaSuccess;
+}
+
 polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
                           float *last_logits, float *all_logits, float *hidden, polar_error *err) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, V = a->vocab;
     if (T > c->chunk) return polar_fail(err, POLAR_ERR_ARG, "cuda: %d tokens exceed the chunk of %d", T, c->chunk);
-    cudaError_t e = cudaMemcpyAsync(c->tokens, tokens, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    /* token (the first; the rest below) and position through pinned memory */
+    c->staging[0] = tokens[0];
+    c->staging[1] = pos;
+    cudaError_t e = cudaMemcpyAsync(c->tokens, &c->staging[0], sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->pos, &c->staging[1], sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess && T > 1)
+        e = cudaMemcpyAsync(c->tokens + 1, tokens + 1, (size_t)(T - 1) * sizeof(int), cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) return cuda_error(err, e, "copying tokens");
-    cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
-    for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T, pos);
     int first = all_logits || hidden ? 0 : T - 1;
-    cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
-                 c->stream);
-    cuda_matmul(c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0,
-                c->stream);
+    if (T == 1 && first == 0 && !all_logits && !hidden) {
+        e = decode_graph(c, program, n_program);
+        if (e == cudaSuccess) e = cudaGraphLaunch(c->decode_graph, c->stream);
+        if (e != cudaSuccess) return cuda_error(err, e, "decode graph");
+    } else {
+        forward_kernels(c, program, n_program, T, first);
+    }
     if (hidden)
         e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess && all_logits)

@@ -152,8 +152,8 @@ extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const 
 // a thread per pair (i, i + head_dim/2).
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                      const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
-                                     bf16_bits *v_cache, int pos0, int n_heads, int n_kv, int hd, float eps) {
-    int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x;
+                                     bf16_bits *v_cache, const int *pos_dev, int n_heads, int n_kv, int hd, float eps) {
+    int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos0 = *pos_dev;
     int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
     const float *src = is_q ? q + ((size_t)t * n_heads + h) * hd : k + (size_t)t * kvd + (size_t)kvh * hd;
     const bf16_bits *norm = is_q ? q_norm : k_norm;
@@ -185,8 +185,8 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
 
 extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                    const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
-                                   bf16_bits *v_cache, int pos0, int T, int n_heads, int n_kv, int head_dim, float eps,
-                                   void *stream) {
+                                   bf16_bits *v_cache, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
+                                   float eps, void *stream) {
     int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
     dim3 grid(T, n_heads + n_kv);
     qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_cache, v_cache, pos0,
@@ -198,8 +198,8 @@ extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, con
 // One block per (token, query head): scores over positions 0..pos into
 // scratch, softmax with f32 statistics, then the weighted sum of values.
 __global__ void attention_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, float *scratch,
-                                 int pos0, int n_heads, int n_kv, int hd, int stride) {
-    int t = blockIdx.x, h = blockIdx.y, pos = pos0 + t, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
+                                 const int *pos_dev, int n_heads, int n_kv, int hd, int stride) {
+    int t = blockIdx.x, h = blockIdx.y, pos = *pos_dev + t, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
     extern __shared__ float qs[];
     const float *qh = q + ((size_t)t * n_heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
@@ -226,10 +226,11 @@ __global__ void attention_kernel(float *out, const float *q, const bf16_bits *kc
 }
 
 extern "C" void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                               float *scratch, int pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
+                               float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx,
+                               void *stream) {
     dim3 grid(T, n_heads);
     attention_kernel<<<grid, 128, (size_t)head_dim * sizeof(float), st(stream)>>>(
-        out, q, k_cache, v_cache, scratch, pos0, n_heads, n_kv, head_dim, pos0 + T);
+        out, q, k_cache, v_cache, scratch, pos0, n_heads, n_kv, head_dim, max_ctx);
 }
 
 // ----------------------------------------------------------- swiglu, argmax

@@ -24,17 +24,18 @@ void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, 
 void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows, int cols,
                  int accumulate, void *stream);
 
-/* Per token t at position pos0 + t: optional per-head RMSNorm of q and k
- * (Qwen3), rotate-half RoPE, then k and v written as bf16 into the cache
- * rows pos0 .. pos0+T-1 of this execution position's slot. */
+/* Per token t at position *pos0 + t (pos0 lives on the device, so a
+ * captured graph serves every step): optional per-head RMSNorm of q and k
+ * (Qwen3), rotate-half RoPE, then k and v written as bf16 into the cache rows
+ * of this execution position's slot. */
 void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm, const bf16_bits *k_norm,
-                        const float *inv_freq, bf16_bits *k_cache, bf16_bits *v_cache, int pos0, int T, int n_heads,
-                        int n_kv, int head_dim, float eps, void *stream);
+                        const float *inv_freq, bf16_bits *k_cache, bf16_bits *v_cache, const int *pos0, int T,
+                        int n_heads, int n_kv, int head_dim, float eps, void *stream);
 
-/* Causal GQA attention of T tokens (positions pos0..) over the slot's cache;
- * scratch holds T * n_heads * (pos0 + T) floats. */
+/* Causal GQA attention of T tokens (positions *pos0..) over the slot's
+ * cache; scratch holds T * n_heads * max_ctx floats. */
 void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache, float *scratch,
-                    int pos0, int T, int n_heads, int n_kv, int head_dim, void *stream);
+                    const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx, void *stream);
 
 /* g[T, n] = silu(g) * u */
 void cuda_swiglu(float *g, const float *u, int count, void *stream);
