@@ -20,7 +20,7 @@ CU_SRC    := kernels/cuda/ops.cu kernels/cuda/predictor.cu
 ifeq ($(CUDA),1)
 BUILD   ?= build-cuda
 CFLAGS  += -DPOLAR_CUDA -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
@@ -34,7 +34,7 @@ endif
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
-           runtime/measure.c runtime/cuda_backend.c \
+           runtime/measure.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c

@@ -43,6 +43,7 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #include <cuda_runtime_api.h>
 
 #include "../kernels/cuda/ops.h"
+#include "cuda_gemm.h"
 
 struct cuda_state {
     const polar_model *m;
@@ -68,6 +69,9 @@ struct cuda_state {
     int *pos;                    /* [1] position of the chunk's first token, read by the kernels */
     int *staging;                /* pinned host [2]: the step's token and position */
     cudaStream_t stream;
+    cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
+    bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
+    float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
     /* The decode step (one token) as a captured graph, for one program. */
     cudaGraphExec_t decode_graph;
     int *graph_program;          /* [cap_program] the program it was captured for */
@@ -119,6 +123,7 @@ void cuda_state_free(cuda_state *c) {
     if (!c) return;
     if (c->decode_graph) cudaGraphExecDestroy(c->decode_graph);
     if (c->staging) cudaFreeHost(c->staging);
+    cuda_gemm_free(c->gemm);
     free(c->graph_program);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -179,6 +184,11 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
          (c->pos = dev_alloc(c, sizeof(int))) && cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
          (c->graph_program = malloc((size_t)cap_program * sizeof(int)));
+    size_t widest_in = H > q ? H : q, widest_out = V;
+    if (F > widest_in) widest_in = F;
+    if (F > widest_out) widest_out = F;
+    ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = dev_alloc(c, C * widest_in * sizeof(bf16))) &&
+         (c->acc = dev_alloc(c, C * widest_out * 4));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         ok = (c->router = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
@@ -225,6 +235,21 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     return POLAR_OK;
 }
 
+/* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for a
+ * prefill chunk, the hand-written GEMV for decode (and if cuBLASLt declines
+ * a shape). */
+static void mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+               int accumulate) {
+    if (T > 8) {
+        cuda_to_bf16(c->xb, x, (long)T * cols, c->stream);
+        if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->stream)) {
+            cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, c->stream);
+            return;
+        }
+    }
+    cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, c->stream);
+}
+
 /* The MoE sublayer on c->xn, added to c->x: routing, the chosen experts
  * (read by expert id on the device), the shared expert, a deterministic
  * combine in expert order. */
@@ -232,17 +257,17 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = a->shared_ffn;
     void *s = c->stream;
-    cuda_matmul(c->router, c->xn, w->router, NULL, T, a->n_experts, H, 0, s);
+    mm(c, c->router, c->xn, w->router, NULL, T, a->n_experts, H, 0);
     cuda_route(c->expert_idx, c->expert_w, c->router, T, a->n_experts, k, a->norm_topk, s);
     cuda_expert_matmul(c->expert_gu, c->xn, w->exp_gate_up, c->expert_idx, T, k, 2 * F, H, 0, s);
     cuda_expert_swiglu(c->expert_act, c->expert_gu, T * k, F, s);
     cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->expert_idx, T, k, H, F, 1, s);
     if (w->sh_gate) {
-        cuda_matmul(c->gate, c->xn, w->sh_gate, NULL, T, S, H, 0, s);
-        cuda_matmul(c->up, c->xn, w->sh_up, NULL, T, S, H, 0, s);
+        mm(c, c->gate, c->xn, w->sh_gate, NULL, T, S, H, 0);
+        mm(c, c->up, c->xn, w->sh_up, NULL, T, S, H, 0);
         cuda_swiglu(c->gate, c->up, T * S, s);
-        cuda_matmul(c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0, s);
-        cuda_matmul(c->shared_gate, c->xn, w->sh_router, NULL, T, 1, H, 0, s);
+        mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
+        mm(c, c->shared_gate, c->xn, w->sh_router, NULL, T, 1, H, 0);
     }
     cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->shared_gate, T, k, H, s);
 }
@@ -255,22 +280,22 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
     void *s = c->stream;
     bf16 *kc = c->k_cache + (size_t)slot * c->max_ctx * kvd, *vc = c->v_cache + (size_t)slot * c->max_ctx * kvd;
     cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
-    cuda_matmul(c->q, c->xn, w->wq, w->bq, T, qd, H, 0, s);
-    cuda_matmul(c->k, c->xn, w->wk, w->bk, T, kvd, H, 0, s);
-    cuda_matmul(c->v, c->xn, w->wv, w->bv, T, kvd, H, 0, s);
+    mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
+    mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
+    mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
                        a->n_kv_heads, hd, eps, s);
     cuda_attention(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, c->max_ctx, s);
-    cuda_matmul(c->x, c->att, w->wo, NULL, T, H, qd, 1, s);
+    mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
         moe_forward(c, w, T);
         return;
     }
-    cuda_matmul(c->gate, c->xn, w->w_gate, NULL, T, F, H, 0, s);
-    cuda_matmul(c->up, c->xn, w->w_up, NULL, T, F, H, 0, s);
+    mm(c, c->gate, c->xn, w->w_gate, NULL, T, F, H, 0);
+    mm(c, c->up, c->xn, w->w_up, NULL, T, F, H, 0);
     cuda_swiglu(c->gate, c->up, T * F, s);
-    cuda_matmul(c->x, c->gate, w->w_down, NULL, T, H, F, 1, s);
+    mm(c, c->x, c->gate, w->w_down, NULL, T, H, F, 1);
 }
 
 /* Everything of a forward after the token and position are on the device:
@@ -282,8 +307,7 @@ static void forward_kernels(cuda_state *c, const int *program, int n_program, in
     for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T);
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
                  c->stream);
-    cuda_matmul(c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0,
-                c->stream);
+    mm(c, c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0);
 }
 
 /* The one-token step as a graph for this program: captured on first use and

@@ -233,6 +233,31 @@ extern "C" void cuda_attention(float *out, const float *q, const bf16_bits *k_ca
         out, q, k_cache, v_cache, scratch, pos0, n_heads, n_kv, head_dim, max_ctx);
 }
 
+// ------------------------------------------------------- GEMM helpers
+
+__global__ void to_bf16_kernel(bf16_bits *xb, const float *x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) xb[i] = to_bf(x[i]);
+}
+
+extern "C" void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream) {
+    to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st(stream)>>>(xb, x, n);
+}
+
+__global__ void bias_residual_kernel(float *y, const float *acc, const bf16_bits *bias, int rows, long n,
+                                     int accumulate) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = acc[i] + (bias ? bf(bias[i % rows]) : 0.0f);
+    y[i] = accumulate ? y[i] + v : v;
+}
+
+extern "C" void cuda_bias_residual(float *y, const float *acc, const bf16_bits *bias, int T, int rows, int accumulate,
+                                   void *stream) {
+    long n = (long)T * rows;
+    bias_residual_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st(stream)>>>(y, acc, bias, rows, n, accumulate);
+}
+
 // ----------------------------------------------------------- swiglu, argmax
 
 __global__ void swiglu_kernel(float *g, const float *u, int n) {

@@ -37,6 +37,14 @@ void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bit
 void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache, float *scratch,
                     const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx, void *stream);
 
+/* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
+void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream);
+
+/* y[T, rows] = acc[T, rows] + bias (+ y when accumulate): the epilogue of a
+ * GEMM that wrote acc. */
+void cuda_bias_residual(float *y, const float *acc, const bf16_bits *bias, int T, int rows, int accumulate,
+                        void *stream);
+
 /* g[T, n] = silu(g) * u */
 void cuda_swiglu(float *g, const float *u, int count, void *stream);
 

@@ -1,0 +1,16 @@
+/* cuBLASLt GEMM for prefill (see cuda_gemm.c). */
+#ifndef POLAR_CUDA_GEMM_H
+#define POLAR_CUDA_GEMM_H
+
+#include "../kernels/cuda/ops.h"
+
+typedef struct cuda_gemm cuda_gemm;
+
+cuda_gemm *cuda_gemm_create(void);
+void cuda_gemm_free(cuda_gemm *g);
+
+/* acc[T, rows] = xb[T, cols] . w[rows, cols]^T (bf16 in, f32 out); 0 on failure. */
+int cuda_gemm_run(cuda_gemm *g, float *acc, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
+                  void *stream);
+
+#endif
