@@ -55,7 +55,7 @@ struct cuda_state {
     int cap_program, max_ctx, chunk;
     bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
     float *x, *xn, *q, *k, *v, *att, *gate, *up; /* [chunk, *] as on the CPU */
-    float *scores;               /* [chunk, n_heads, max_ctx] */
+    float *scores;               /* attention partials, cuda_attention_scratch floats */
     float *logits;               /* [chunk, vocab] */
     float *router;               /* [chunk, n_experts]              MoE models only */
     int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
@@ -145,6 +145,10 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     c->max_ctx = max_ctx;
     c->chunk = chunk;
     c->layers = calloc((size_t)a->n_layers, sizeof *c->layers);
+    if (a->head_dim > 256) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
+    }
     cudaError_t e = cudaStreamCreate(&c->stream);
     if (!c->layers || e != cudaSuccess) {
         cuda_state_free(c);
@@ -180,7 +184,7 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->x = dev_alloc(c, C * H * 4)) && (c->xn = dev_alloc(c, C * H * 4)) && (c->q = dev_alloc(c, C * q * 4)) &&
          (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
          (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
-         (c->scores = dev_alloc(c, C * (size_t)a->n_heads * (size_t)max_ctx * 4)) &&
+         (c->scores = dev_alloc(c, cuda_attention_scratch(chunk, a->n_heads, a->head_dim, max_ctx) * 4)) &&
          (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
          (c->pos = dev_alloc(c, sizeof(int))) && cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
          (c->graph_program = malloc((size_t)cap_program * sizeof(int)));

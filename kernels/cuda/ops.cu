@@ -46,24 +46,6 @@ static __device__ float block_sum(float v) {
     return r;
 }
 
-static __device__ float block_max(float v) {
-    __shared__ float part[WARP];
-    __shared__ float total;
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    v = warp_max(v);
-    if (lane == 0) part[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        float s = lane < (int)(blockDim.x + WARP - 1) / WARP ? part[lane] : -INFINITY;
-        s = warp_max(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    float r = total;
-    __syncthreads();
-    return r;
-}
-
 static cudaStream_t st(void *s) { return (cudaStream_t)s; }
 
 // ------------------------------------------------------------------ embedding
@@ -194,43 +176,107 @@ extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, con
 }
 
 // ------------------------------------------------------------------ attention
+//
+// Split-K flash decoding: a block per (token, KV head, chunk of ATT_CHUNK
+// positions) loads the chunk's K and V tiles once into shared memory for
+// all query heads of the GQA group, and writes each head's partial result
+// (max, sum of exponentials, unnormalised output) for the chunk. A second
+// kernel merges the chunks with their log-sum-exp weights. The grid covers
+// the whole context, chunks past a token's position exit at once, so the
+// launch does not depend on the position (a captured graph serves every step).
 
-// One block per (token, query head): scores over positions 0..pos into
-// scratch, softmax with f32 statistics, then the weighted sum of values.
-__global__ void attention_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, float *scratch,
-                                 const int *pos_dev, int n_heads, int n_kv, int hd, int stride) {
-    int t = blockIdx.x, h = blockIdx.y, pos = *pos_dev + t, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
-    extern __shared__ float qs[];
-    const float *qh = q + ((size_t)t * n_heads + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
+#define ATT_CHUNK 32     // 2 tiles of 32 x 256 bf16 + scores: 33 KiB of shared memory
+#define ATT_MAX_GROUP 8   // query heads per KV head held in shared memory at once
+#define ATT_MAX_HD 256
+
+__global__ void attention_partial_kernel(float *part, const float *q, const bf16_bits *kc, const bf16_bits *vc,
+                                         const int *pos_dev, int n_heads, int n_kv, int hd, int n_chunks) {
+    int t = blockIdx.x, kvh = blockIdx.y, chunk = blockIdx.z, pos = *pos_dev + t;
+    int group = n_heads / n_kv, kvd = n_kv * hd, j0 = chunk * ATT_CHUNK;
+    int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
+    size_t stride = (size_t)hd + 2; // per (head, chunk): max, sum, output[hd]
+    if (n <= 0) {                   // beyond this token's position: an empty partial
+        for (int h = threadIdx.x; h < group; h += blockDim.x) {
+            float *p = part + (((size_t)t * n_heads + kvh * group + h) * n_chunks + chunk) * stride;
+            p[0] = -INFINITY;
+            p[1] = 0.0f;
+        }
+        return;
+    }
+    __shared__ bf16_bits ks[ATT_CHUNK * ATT_MAX_HD], vs[ATT_CHUNK * ATT_MAX_HD];
+    __shared__ float sc[ATT_MAX_GROUP * ATT_CHUNK];
+    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+        int j = i / hd, c = i % hd;
+        size_t row = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
+        ks[i] = kc[row];
+        vs[i] = vc[row];
+    }
     __syncthreads();
-    float *p = scratch + ((size_t)t * n_heads + h) * stride;
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    for (int j = threadIdx.x; j <= pos; j += blockDim.x) {
-        const bf16_bits *kj = kc + (size_t)j * kvd + (size_t)kvh * hd;
-        float s = 0.0f;
-        for (int i = 0; i < hd; i++) s += qs[i] * bf(kj[i]);
-        p[j] = s * scale;
-        mx = fmaxf(mx, p[j]);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int g0 = 0; g0 < group; g0 += ATT_MAX_GROUP) {
+        int ng = group - g0 < ATT_MAX_GROUP ? group - g0 : ATT_MAX_GROUP;
+        for (int i = threadIdx.x; i < ng * n; i += blockDim.x) {
+            int h = i / n, j = i % n;
+            const float *qh = q + ((size_t)t * n_heads + kvh * group + g0 + h) * hd;
+            float s = 0.0f;
+            for (int c = 0; c < hd; c++) s += qh[c] * bf(ks[j * hd + c]);
+            sc[h * ATT_CHUNK + j] = s * scale;
+        }
+        __syncthreads();
+        // a warp per head: the chunk's max and sum of exponentials
+        int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+        for (int h = warp; h < ng; h += warps) {
+            float m = -INFINITY, l = 0.0f;
+            for (int j = lane; j < n; j += WARP) m = fmaxf(m, sc[h * ATT_CHUNK + j]);
+            m = warp_max(m);
+            for (int j = lane; j < n; j += WARP) l += (sc[h * ATT_CHUNK + j] = expf(sc[h * ATT_CHUNK + j] - m));
+            l = warp_sum(l);
+            if (lane == 0) {
+                float *p = part + (((size_t)t * n_heads + kvh * group + g0 + h) * n_chunks + chunk) * stride;
+                p[0] = m;
+                p[1] = l;
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) {
+            int h = i / hd, c = i % hd;
+            float o = 0.0f;
+            for (int j = 0; j < n; j++) o += sc[h * ATT_CHUNK + j] * bf(vs[j * hd + c]);
+            part[(((size_t)t * n_heads + kvh * group + g0 + h) * n_chunks + chunk) * stride + 2 + c] = o;
+        }
+        __syncthreads();
     }
-    mx = block_max(mx);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j <= pos; j += blockDim.x) sum += (p[j] = expf(p[j] - mx));
-    sum = block_sum(sum); // also orders the writes to p before the reads below
-    float *oh = out + ((size_t)t * n_heads + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+}
+
+__global__ void attention_merge_kernel(float *out, const float *part, int n_heads, int hd, int n_chunks) {
+    int t = blockIdx.x, h = blockIdx.y;
+    size_t stride = (size_t)hd + 2;
+    const float *p = part + ((size_t)t * n_heads + h) * n_chunks * stride;
+    float m = -INFINITY;
+    for (int k = 0; k < n_chunks; k++) m = fmaxf(m, p[k * stride]);
+    float l = 0.0f;
+    for (int k = 0; k < n_chunks; k++)
+        if (p[k * stride + 1] > 0.0f) l += p[k * stride + 1] * expf(p[k * stride] - m);
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
         float o = 0.0f;
-        for (int j = 0; j <= pos; j++) o += p[j] / sum * bf(vc[(size_t)j * kvd + (size_t)kvh * hd + i]);
-        oh[i] = o;
+        for (int k = 0; k < n_chunks; k++)
+            if (p[k * stride + 1] > 0.0f) o += p[k * stride + 2 + c] * expf(p[k * stride] - m);
+        out[((size_t)t * n_heads + h) * hd + c] = o / l;
     }
+}
+
+extern "C" size_t cuda_attention_scratch(int T, int n_heads, int head_dim, int max_ctx) {
+    size_t chunks = (size_t)(max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    return (size_t)T * n_heads * chunks * ((size_t)head_dim + 2);
 }
 
 extern "C" void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                                float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx,
                                void *stream) {
-    dim3 grid(T, n_heads);
-    attention_kernel<<<grid, 128, (size_t)head_dim * sizeof(float), st(stream)>>>(
-        out, q, k_cache, v_cache, scratch, pos0, n_heads, n_kv, head_dim, max_ctx);
+    int chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    attention_partial_kernel<<<dim3(T, n_kv, chunks), 128, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0,
+                                                                             n_heads, n_kv, head_dim, chunks);
+    attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, chunks);
 }
 
 // ------------------------------------------------------- GEMM helpers

@@ -5,6 +5,7 @@
 #ifndef POLAR_CUDA_OPS_H
 #define POLAR_CUDA_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -33,7 +34,9 @@ void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bit
                         int n_heads, int n_kv, int head_dim, float eps, void *stream);
 
 /* Causal GQA attention of T tokens (positions *pos0..) over the slot's
- * cache; scratch holds T * n_heads * max_ctx floats. */
+ * cache, split-K over chunks of positions with a log-sum-exp merge;
+ * scratch holds cuda_attention_scratch(...) floats. head_dim <= 256. */
+size_t cuda_attention_scratch(int T, int n_heads, int head_dim, int max_ctx);
 void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache, float *scratch,
                     const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx, void *stream);
 
