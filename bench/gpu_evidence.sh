@@ -1,0 +1,88 @@
+#!/bin/sh
+# Everything a GPU session should measure, in one command (one device call):
+# build, check every CUDA kernel and model against the CPU, then the
+# benchmarks issues 3, 4 and 6 ask for, each as one JSON line with the device,
+# driver, date, commit and exact command. Copy OUT/*.jsonl to bench/results/.
+#
+#   sh bench/gpu_evidence.sh OUT [COMMIT]
+# Overrides (for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
+# ("llama-3.2-3b qwen2.5-3b qwen3-8b"), CTXS ("128 2048"), PREFILLS ("128 512"),
+# MOE (qwen1.5-moe-a2.7b; empty to skip), GEN (64), REPS (3), TEST (1: run make test-cuda).
+set -u
+OUT=${1:?usage: sh bench/gpu_evidence.sh OUT [COMMIT]}
+COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+DEVICE=${DEVICE:-cuda}
+PRESETS=${PRESETS:-llama-3.2-3b qwen2.5-3b qwen3-8b}
+CTXS=${CTXS:-128 2048}
+PREFILLS=${PREFILLS:-128 512}
+MOE=${MOE-qwen1.5-moe-a2.7b}
+GEN=${GEN:-64}
+REPS=${REPS:-3}
+TEST=${TEST:-1}
+mkdir -p "$OUT"
+BIN=build/polar
+if [ "$DEVICE" = cuda ]; then
+    BIN=build-cuda/polar
+    make -j"$(nproc)" cuda >"$OUT/build.log" 2>&1 || { echo "make cuda failed: see $OUT/build.log"; exit 1; }
+    if [ "$TEST" = 1 ]; then
+        make test-cuda >"$OUT/test-cuda.log" 2>&1
+        echo "make test-cuda: exit $? (log in $OUT/test-cuda.log)"
+        grep -E "^(PASS|FAIL)" "$OUT/test-cuda.log"
+    fi
+    GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+else
+    make -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "make failed: see $OUT/build.log"; exit 1; }
+    GPU="cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+    DRIVER=none
+fi
+DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# bench NAME ARGS...: one JSON line {device, driver, date, commit, command, result}
+bench() {
+    name=$1
+    shift
+    if res=$("$BIN" bench --device "$DEVICE" --json "$@" 2>"$OUT/err.txt"); then
+        printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s}\n' \
+            "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$*" "$(printf '%s' "$res" | head -n 1)" >>"$OUT/$name.jsonl"
+        printf '%s' "$res" | head -n 1 | sed 's/},{/}\n{/g' | grep -o '"program":"[^"]*".*"fraction_of_copy":[0-9.]*' |
+            sed -e "s/^/  $name: /" -e 's/"executed_layers".*"prefill_ms"/"prefill_ms"/' -e 's/"prefill_tok_s":[0-9.]*,//' \
+                -e 's/"decode_tok_s".*"fraction_of_copy"/"fraction_of_copy"/'
+    else
+        echo "$name $*: FAILED: $(cat "$OUT/err.txt")"
+    fi
+}
+
+# A skip program (two middle layers dropped) and a repeat one (two run twice).
+programs() {
+    D=$1
+    h=$((D / 2))
+    echo "0-$((h - 2)),$((h + 1))-$((D - 1))" "0-$((h - 1)),$((h - 2))-$((D - 1))"
+}
+
+# Depth of each preset (runtime/presets.c).
+layers() {
+    case $1 in
+    llama-3.2-1b) echo 16 ;; llama-3.2-3b) echo 28 ;; qwen2.5-3b | qwen3-8b) echo 36 ;; qwen1.5-moe-a2.7b) echo 24 ;;
+    *) echo 28 ;;
+    esac
+}
+
+for p in $PRESETS; do
+    D=$(layers "$p")
+    set -- $(programs "${D:-28}")
+    for ctx in $CTXS; do
+        bench decode --preset "$p" --prompt-len "$ctx" --gen "$GEN" --reps "$REPS" --program "$1"
+        bench decode --preset "$p" --prompt-len "$ctx" --gen "$GEN" --reps "$REPS" --program "$2"
+    done
+    for n in $PREFILLS; do bench prefill --preset "$p" --prompt-len "$n" --gen 1 --reps "$REPS"; done
+done
+if [ -n "$MOE" ]; then
+    D=$(layers "$MOE")
+    set -- $(programs "${D:-24}")
+    bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$1"
+    bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$2"
+    bench moe --preset "$MOE" --prompt-len 150 --gen 1 --reps "$REPS"
+fi
+rm -f "$OUT/err.txt"
+echo "results in $OUT: $(ls "$OUT")"
