@@ -77,7 +77,7 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
  * equivalent decoder layers (a layer's share of a prompt-length forward,
  * from the base program against a one-layer program). */
 static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, const char *predictor,
-                           const char *encoder, const int *prompt, int n_prompt, int reps, int json) {
+                           const char *encoder, const int *prompt, int n_prompt, int question_len, int reps, int json) {
     polar_model_info info;
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers;
@@ -98,30 +98,39 @@ static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, co
     polar_program_free(&base);
     polar_program_free(&one);
     double layer_ms = D > 1 ? (base_ms - one_ms) / (D - 1) : base_ms;
-    /* A question of n_prompt tokens of the prompt's own text is no text here:
-     * time the pieces on token ids, which is what they cost. */
+    /* A question of about question_len tokens (" the" is one token in these
+     * vocabularies). */
+    char *question = malloc((size_t)question_len * 4 + 1);
+    if (!question) return fail_usage(cmd, "out of memory");
+    for (int i = 0; i < question_len; i++) memcpy(question + 4 * i, " the", 4);
+    question[(size_t)question_len * 4] = 0;
     polar_decode_opts o = polar_decode_defaults();
     double enc_ms = 1e300, pred_ms = 1e300, beam_ms = 1e300;
     for (int r = 0; r < reps; r++) {
         polar_candidate cand[8];
         int n;
         auto_timing tm;
-        int rc = predict_programs(cmd, D, predictor, encoder, "What is the capital of France? Answer briefly.", &o,
-                                  cand, 5, &n, &tm);
-        if (rc) return rc;
+        int rc = predict_programs(cmd, D, predictor, encoder, question, &o, cand, 5, &n, &tm);
+        if (rc) {
+            free(question);
+            return rc;
+        }
         for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);
         enc_ms = MIN_OF(enc_ms, tm.encoder_ms);
         pred_ms = MIN_OF(pred_ms, tm.predictor_ms);
         beam_ms = MIN_OF(beam_ms, tm.beam_ms);
+        question_len = tm.question_tokens;
     }
+    free(question);
     if (json) {
-        printf("{\"predictor\":{\"layer_ms\":%.4f,\"base_forward_ms\":%.4f,\"prompt_len\":%d,\"encoder_ms\":%.4f,"
-               "\"predictor_ms\":%.4f,\"beam_ms\":%.4f,\"total_ms\":%.4f,\"total_layers\":%.3f}}\n",
-               layer_ms, base_ms, n_prompt, enc_ms, pred_ms, beam_ms, enc_ms + pred_ms + beam_ms,
+        printf("{\"predictor\":{\"layer_ms\":%.4f,\"base_forward_ms\":%.4f,\"prompt_len\":%d,\"question_tokens\":%d,"
+               "\"encoder_ms\":%.4f,\"predictor_ms\":%.4f,\"beam_ms\":%.4f,\"total_ms\":%.4f,\"total_layers\":%.3f}}\n",
+               layer_ms, base_ms, n_prompt, question_len, enc_ms, pred_ms, beam_ms, enc_ms + pred_ms + beam_ms,
                (enc_ms + pred_ms + beam_ms) / layer_ms);
         return 0;
     }
-    printf("\npredictor overhead (question encoded by %s; %d-token forward for the layer cost)\n", encoder, n_prompt);
+    printf("\npredictor overhead (a %d-token question encoded by %s; %d-token forward for the layer cost)\n",
+           question_len, encoder, n_prompt);
     printf("  %-24s %10.1f us\n", "one decoder layer", layer_ms * 1e3);
     printf("  %-24s %10.1f us  (%d layers)\n", "base forward", base_ms * 1e3, D);
     const char *names[] = {"encoder", "predictor network", "beam decoding", "total"};
@@ -134,7 +143,7 @@ static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, co
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL;
-    int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0;
+    int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
         {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
@@ -142,6 +151,7 @@ int cmd_bench(int argc, char **argv) {
         {"--reps", OPT_INT, &reps, 0},         {"--threads", OPT_INT, &threads, 0},
         {"--json", OPT_FLAG, &json, 0},        {"--predictor", OPT_STR, &predictor, 0},
         {"--encoder", OPT_STR, &encoder, 0},   {"--device", OPT_STR, &device_text, 0},
+        {"--question-len", OPT_INT, &question_len, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
@@ -201,7 +211,11 @@ int cmd_bench(int argc, char **argv) {
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s), json);
-    rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, reps, json) : 0;
+    if (question_len < 1 || question_len > 512) {
+        rc = fail_usage(cmd, "--question-len must be 1 to 512");
+        goto done;
+    }
+    rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, question_len, reps, json) : 0;
 done:
     free(prompt);
     polar_session_free(s);

@@ -5,20 +5,23 @@
 # driver, date, commit and exact command. Copy OUT/*.jsonl to bench/results/.
 #
 #   sh bench/gpu_evidence.sh OUT [COMMIT]
-# Overrides (for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
+# Overrides (empty skips; for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
 # ("llama-3.2-3b qwen2.5-3b qwen3-8b"), CTXS ("128 2048"), PREFILLS ("128 512"),
-# MOE (qwen1.5-moe-a2.7b; empty to skip), GEN (64), REPS (3), TEST (1: run make test-cuda).
+# MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), GEN (64), REPS (3),
+# TEST (1: run make test-cuda), WORK (/tmp/polar-evidence: the encoder checkpoint and predictor).
 set -u
 OUT=${1:?usage: sh bench/gpu_evidence.sh OUT [COMMIT]}
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 DEVICE=${DEVICE:-cuda}
-PRESETS=${PRESETS:-llama-3.2-3b qwen2.5-3b qwen3-8b}
-CTXS=${CTXS:-128 2048}
-PREFILLS=${PREFILLS:-128 512}
+PRESETS=${PRESETS-llama-3.2-3b qwen2.5-3b qwen3-8b}
+CTXS=${CTXS-128 2048}
+PREFILLS=${PREFILLS-128 512}
 MOE=${MOE-qwen1.5-moe-a2.7b}
 GEN=${GEN:-64}
 REPS=${REPS:-3}
 TEST=${TEST:-1}
+PREDICTOR=${PREDICTOR:-1}
+WORK=${WORK:-/tmp/polar-evidence}
 mkdir -p "$OUT"
 BIN=build/polar
 if [ "$DEVICE" = cuda ]; then
@@ -43,8 +46,11 @@ bench() {
     name=$1
     shift
     if res=$("$BIN" bench --device "$DEVICE" --json "$@" 2>"$OUT/err.txt"); then
-        printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s}\n' \
-            "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$*" "$(printf '%s' "$res" | head -n 1)" >>"$OUT/$name.jsonl"
+        extra=$(printf '%s\n' "$res" | sed -n 2p) # the predictor's line, when there is one
+        printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s%s}\n' \
+            "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$*" "$(printf '%s' "$res" | head -n 1)" \
+            "${extra:+,\"overhead\":$extra}" >>"$OUT/$name.jsonl"
+        [ -n "$extra" ] && echo "  $name: $extra"
         printf '%s' "$res" | head -n 1 | sed 's/},{/}\n{/g' | grep -o '"program":"[^"]*".*"fraction_of_copy":[0-9.]*' |
             sed -e "s/^/  $name: /" -e 's/"executed_layers".*"prefill_ms"/"prefill_ms"/' -e 's/"prefill_tok_s":[0-9.]*,//' \
                 -e 's/"decode_tok_s".*"fraction_of_copy"/"fraction_of_copy"/'
@@ -83,6 +89,18 @@ if [ -n "$MOE" ]; then
     bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$1"
     bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$2"
     bench moe --preset "$MOE" --prompt-len 150 --gen 1 --reps "$REPS"
+fi
+# The predictor (issue 6): a D = 36 predictor with hash weights over token
+# states from the Qwen3-Embedding-0.6B shape, at 128 and 256 question tokens.
+if [ "$PREDICTOR" = 1 ]; then
+    mkdir -p "$WORK"
+    make -s build/tests/mkpredictor >/dev/null 2>&1 && ./build/tests/mkpredictor 36 1024 "$WORK/pred36.safetensors" &&
+        "$BIN" mkmodel --preset qwen3-embedding-0.6b --out "$WORK/encoder" >/dev/null &&
+        gzip -dc tests/golden/tokenizer/qwen.tokenizer.json.gz >"$WORK/encoder/tokenizer.json" || echo "predictor setup failed"
+    for q in 128 256; do
+        bench predictor --preset qwen2.5-3b --prompt-len 150 --gen 1 --reps "$REPS" --predictor "$WORK/pred36.safetensors" \
+            --encoder "$WORK/encoder" --question-len "$q"
+    done
 fi
 rm -f "$OUT/err.txt"
 echo "results in $OUT: $(ls "$OUT")"

@@ -18,14 +18,15 @@ static void usage(FILE *f) {
             "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
             "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"
             "  polar bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
-            "            [--gen N] [--reps N] [--threads N] [--json]\n"
+            "            [--gen N] [--reps N] [--threads N] [--device D] [--predictor FILE --encoder PATH\n"
+            "            [--question-len N]] [--json]\n"
             "\n"
             "PATH: a model folder (config.json + safetensors) or a .gguf file; without --model, the\n"
             "default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
             "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
             "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n"
-            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b (real shapes,\n"
-            "random weights).\n"
+            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b,\n"
+            "qwen3-embedding-0.6b (real shapes, random weights).\n"
             "Exit status: 0 success, 2 usage error, 1 any other failure.\n",
             POLAR_VERSION);
 }

@@ -84,7 +84,7 @@ polar_status polar_arch_default(const char *arch, polar_arch *a, polar_error *er
 }
 
 static const char *const preset_names[] = {"llama-3.2-1b", "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b",
-                                           "qwen1.5-moe-a2.7b", NULL};
+                                           "qwen1.5-moe-a2.7b", "qwen3-embedding-0.6b", NULL};
 
 const char *const *polar_preset_names(void) { return preset_names; }
 
@@ -98,12 +98,15 @@ polar_status polar_arch_preset(const char *name, polar_arch *a, polar_error *err
         shape(a, "qwen2", 36, 2048, 16, 2, 128, 11008, 151936);
     } else if (strcmp(name, "qwen3-8b") == 0) {
         shape(a, "qwen3", 36, 4096, 32, 8, 128, 12288, 151936);
+    } else if (strcmp(name, "qwen3-embedding-0.6b") == 0) { /* the predictor's default encoder */
+        shape(a, "qwen3", 28, 1024, 16, 8, 128, 3072, 151669);
     } else if (strcmp(name, "qwen1.5-moe-a2.7b") == 0) {
         shape(a, "qwen2_moe", 24, 2048, 16, 16, 128, 5632, 151936);
         experts(a, 60, 4, 1408, 5632, 0, 1);
     } else {
         return polar_fail(err, POLAR_ERR_ARG,
-                          "unknown preset '%s' (llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b)", name);
+                          "unknown preset '%s' (llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b, "
+                          "qwen3-embedding-0.6b)", name);
     }
     if (strcmp(a->arch, "llama") == 0) {
         set_llama3_rope(a, 500000.0, 32.0, 8192);
@@ -118,7 +121,7 @@ polar_status polar_arch_preset(const char *name, polar_arch *a, polar_error *err
         a->rope_theta = 1000000.0;
         a->rms_eps = 1e-6;
         a->max_pos = strcmp(a->arch, "qwen2") == 0 ? 32768 : strcmp(a->arch, "qwen2_moe") == 0 ? 8192 : 40960;
-        a->tied_embeddings = strcmp(a->arch, "qwen2") == 0;
+        a->tied_embeddings = strcmp(a->arch, "qwen2") == 0 || a->hidden == 1024;
         a->n_eos = 2;
         a->eos[0] = 151645;
         a->eos[1] = 151643;
