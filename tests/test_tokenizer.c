@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../loader/json.h"
+#include "../tokenizer/unicode.h"
 #include "harness.h"
 
 static char path_buf[1024];
@@ -138,6 +139,35 @@ static void tokenizer_bytes_round_trip(void) {
         free(text);
         polar_tokenizer_free(t);
     }
+}
+
+/* NFC against Python's unicodedata on every canonically decomposable code
+ * point (NFD and NFC forms), reordered combining marks, Hangul and random
+ * mixes (tests/golden/make_nfc_golden.py). */
+static void tokenizer_nfc(void) {
+    polar_error err;
+    json_doc *doc = NULL;
+    CHECK_OK(json_parse_file(GOLDEN_DIR "/nfc.json", &doc, &err));
+    if (!doc) return;
+    const json_value *cases = json_get(json_root(doc), "cases");
+    int bad = 0;
+    for (size_t i = 0; cases && i < cases->len; i++) {
+        const json_value *in = cases->items[i]->items[0], *want = cases->items[i]->items[1];
+        char *out = NULL;
+        size_t n = 0;
+        CHECK(uc_nfc(in->str, in->len, &out, &n), "out of memory");
+        if (!out || n != want->len || memcmp(out, want->str, n) != 0) {
+            if (++bad <= 3) {
+                printf("  NFC differs for");
+                for (size_t k = 0; k < in->len; k++) printf(" %02x", (unsigned char)in->str[k]);
+                printf("\n");
+            }
+        }
+        free(out);
+    }
+    CHECK(cases && cases->len > 5000 && bad == 0, "NFC wrong for %d of %zu cases", bad, cases ? cases->len : 0);
+    printf("  NFC: %zu cases agree with Python's unicodedata\n", cases ? cases->len : 0);
+    json_free(doc);
 }
 
 /* Each built-in template, checked against the model family's own format
@@ -278,6 +308,7 @@ int main(void) {
     RUN(tokenizer_qwen_tiktoken);
     RUN(tokenizer_qwen_json);
     RUN(tokenizer_bytes_round_trip);
+    RUN(tokenizer_nfc);
     RUN(tokenizer_chat_templates);
     RUN(tokenizer_bad_json);
     TEST_EXIT();
