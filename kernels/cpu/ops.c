@@ -48,6 +48,22 @@ static void dot_rows(float *acc, const float *x, const bf16 *wr, int nt, int col
     }
 }
 
+/* Row r of y for tokens t_begin..t_end-1, TB tokens per pass over the row. */
+static void matmul_row_tokens(float *y, const float *x, const bf16 *w, const bf16 *bias, int t_begin, int t_end,
+                              int rows, int cols, int r, int accumulate) {
+    const bf16 *wr = w + (size_t)r * cols;
+    float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
+    for (int t0 = t_begin; t0 < t_end; t0 += TB) {
+        int nt = t_end - t0 < TB ? t_end - t0 : TB;
+        float acc[TB];
+        dot_rows(acc, x + (size_t)t0 * cols, wr, nt, cols);
+        for (int t = 0; t < nt; t++) {
+            float *dst = &y[(size_t)(t0 + t) * rows + r];
+            *dst = accumulate ? *dst + (acc[t] + b) : acc[t] + b;
+        }
+    }
+}
+
 #if defined(__AVX512F__)
 /* Decode (one token): four rows at a time, four independent streams from
  * memory with their own accumulators; one core keeps more loads in flight. */
@@ -73,9 +89,49 @@ static void gemv4(float *y, const float *x, const bf16 *w, const bf16 *bias, int
 }
 #endif
 
+#if defined(__AVX512F__)
+/* Prefill: a 4-row x 4-token tile of y in 16 accumulators, so each weight
+ * load serves four tokens and each activation load four rows. */
+static void tile4x4(float *y, const float *x, const bf16 *w, const bf16 *bias, int t0, int r0, int rows, int cols,
+                    int accumulate) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < 4; t++) acc[i][t] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= cols; j += 16) {
+        __m512 wv[4], xv[4];
+        for (int i = 0; i < 4; i++) wv[i] = load16_bf16(w + (size_t)(r0 + i) * cols + j);
+        for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + (size_t)(t0 + t) * cols + j);
+        for (int i = 0; i < 4; i++)
+            for (int t = 0; t < 4; t++) acc[i][t] = _mm512_fmadd_ps(wv[i], xv[t], acc[i][t]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const bf16 *wr = w + (size_t)(r0 + i) * cols;
+        float b = bias ? bf16_to_f32(bias[r0 + i]) : 0.0f;
+        for (int t = 0; t < 4; t++) {
+            float sum = _mm512_reduce_add_ps(acc[i][t]);
+            for (int jj = j; jj < cols; jj++) sum += bf16_to_f32(wr[jj]) * x[(size_t)(t0 + t) * cols + jj];
+            float *dst = &y[(size_t)(t0 + t) * rows + r0 + i];
+            *dst = accumulate ? *dst + (sum + b) : sum + b;
+        }
+    }
+}
+#endif
+
 void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
                 int accumulate, int n_threads) {
 #if defined(__AVX512F__)
+    if (T >= 4) {
+        int T4 = T / 4 * 4, R4 = rows / 4 * 4;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int g = 0; g < R4 / 4; g++) {
+            for (int t0 = 0; t0 < T4; t0 += 4) tile4x4(y, x, w, bias, t0, 4 * g, rows, cols, accumulate);
+            for (int r = 4 * g; r < 4 * g + 4 && T4 < T; r++) /* tokens past the last full tile */
+                matmul_row_tokens(y, x, w, bias, T4, T, rows, cols, r, accumulate);
+        }
+        for (int r = R4; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, T, rows, cols, r, accumulate);
+        return;
+    }
     if (T == 1) {
 #pragma omp parallel for num_threads(n_threads) schedule(static)
         for (int g = 0; g < rows / 4; g++) gemv4(y, x, w, bias, 4 * g, cols, accumulate);
@@ -89,19 +145,7 @@ void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T
     }
 #endif
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int r = 0; r < rows; r++) {
-        const bf16 *wr = w + (size_t)r * cols;
-        float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
-        for (int t0 = 0; t0 < T; t0 += TB) {
-            int nt = T - t0 < TB ? T - t0 : TB;
-            float acc[TB];
-            dot_rows(acc, x + (size_t)t0 * cols, wr, nt, cols);
-            for (int t = 0; t < nt; t++) {
-                float *dst = &y[(size_t)(t0 + t) * rows + r];
-                *dst = accumulate ? *dst + (acc[t] + b) : acc[t] + b;
-            }
-        }
-    }
+    for (int r = 0; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, T, rows, cols, r, accumulate);
 }
 
 void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos) {
