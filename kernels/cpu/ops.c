@@ -135,12 +135,7 @@ void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T
     if (T == 1) {
 #pragma omp parallel for num_threads(n_threads) schedule(static)
         for (int g = 0; g < rows / 4; g++) gemv4(y, x, w, bias, 4 * g, cols, accumulate);
-        for (int r = rows / 4 * 4; r < rows; r++) { /* the last rows < 4 */
-            float acc;
-            dot_rows(&acc, x, w + (size_t)r * cols, 1, cols);
-            float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
-            y[r] = accumulate ? y[r] + (acc + b) : acc + b;
-        }
+        for (int r = rows / 4 * 4; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, 1, rows, cols, r, accumulate);
         return;
     }
 #endif
