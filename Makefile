@@ -58,7 +58,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h
+$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/warp.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
 

@@ -7,24 +7,14 @@
 #include <stdint.h>
 
 #include "ops.h"
+#include "warp.cuh"
 
-#define WARP 32
 #define MAX_TOKENS_PER_PASS 8
 
 static __device__ __forceinline__ float bf(bf16_bits b) { return __uint_as_float((unsigned)b << 16); }
 
 static __device__ __forceinline__ bf16_bits to_bf(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 // Sum over a block of up to 1024 threads; every thread gets the result.

@@ -8,20 +8,11 @@
 #include <math.h>
 
 #include "predictor_cuda.h"
+#include "warp.cuh"
 
 namespace cg = cooperative_groups;
 
-#define WARP 32
 #define LN_EPS 1e-5f
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 struct warp_id {
     long id, count;
