@@ -132,7 +132,7 @@ static polar_status parse_moe(const cfg *c, polar_arch *a) {
     const char *experts_key = json_get(c->root, "num_experts") ? "num_experts" : "num_local_experts";
     polar_status st;
     if ((st = get_int(c, experts_key, 1, 0, 1, 4096, &a->n_experts)) ||
-        (st = get_int(c, "num_experts_per_tok", 1, 0, 1, 64, &a->top_k)) ||
+        (st = get_int(c, "num_experts_per_tok", 1, 0, 1, MAX_TOP_K, &a->top_k)) ||
         (st = get_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &a->moe_ffn)) ||
         (st = get_int(c, "decoder_sparse_step", 0, 1, 1, 4096, &a->sparse_step)) ||
         (st = get_bool(c, "norm_topk_prob", 0, &a->norm_topk)))
@@ -246,8 +246,9 @@ polar_status config_validate(const polar_arch *a, const char *what, polar_error 
         if (a->mlp_only[i] < 0 || a->mlp_only[i] >= a->n_layers)
             return polar_fail(err, POLAR_ERR_CONFIG, "%s: mlp_only_layers names layer %d of %d", what, a->mlp_only[i],
                               a->n_layers);
-    if (a->n_experts && a->top_k > 64)
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: num_experts_per_tok %d (at most 64 supported)", what, a->top_k);
+    if (a->n_experts && a->top_k > MAX_TOP_K)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: num_experts_per_tok %d (at most %d supported)", what, a->top_k,
+                          MAX_TOP_K);
     if (a->top_k > a->n_experts && a->n_experts)
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: num_experts_per_tok %d is larger than num_experts %d", what,
                           a->top_k, a->n_experts);

@@ -4,6 +4,9 @@
 
 #include "polar.h"
 
+/* Experts per token the runtime supports (config_validate enforces it). */
+#define MAX_TOP_K 64
+
 /* Read dir/config.json and, when present, dir/generation_config.json. */
 polar_status config_load(const char *dir, polar_arch *out, polar_error *err);
 

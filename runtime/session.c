@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/ops.h"
+#include "../loader/config.h"
 #include "backend.h"
 #include "error.h"
 #include "model.h"
@@ -34,7 +35,8 @@ struct polar_session {
     float *gate, *up;   /* [CHUNK, max(ffn, shared_ffn, 2*moe_ffn)] */
     float *router;      /* [CHUNK, n_experts] router logits */
     float *mlp_out;     /* [CHUNK, hidden] MoE layer output before the residual */
-    float *expert_out;  /* [hidden] one expert's output for one token */
+    float *expert_in;   /* [CHUNK, hidden] the normed inputs of one expert's tokens */
+    float *expert_out;  /* [CHUNK, hidden] their outputs (or the shared expert's) */
     float *cos, *sin;   /* [CHUNK, head_dim/2] rope tables of the chunk's positions */
     float *scores;      /* [n_threads, max_ctx] softmax scratch */
     float *logits;      /* [vocab] of the last token */
@@ -95,13 +97,14 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->up = malloc(C * ffn * sizeof(float));
     s->router = malloc(C * (size_t)(a->n_experts ? a->n_experts : 1) * sizeof(float));
     s->mlp_out = malloc(C * a->hidden * sizeof(float));
-    s->expert_out = malloc((size_t)a->hidden * sizeof(float));
+    s->expert_in = malloc(C * a->hidden * sizeof(float));
+    s->expert_out = malloc(C * a->hidden * sizeof(float));
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
     s->logits = malloc((size_t)a->vocab * sizeof(float));
     if (!s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
-        !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_out || !s->cos || !s->sin || !s->scores ||
+        !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_in || !s->expert_out || !s->cos || !s->sin || !s->scores ||
         !s->logits) {
         polar_session_free(s);
         return polar_fail(err, POLAR_ERR_NOMEM,
@@ -156,6 +159,7 @@ void polar_session_free(polar_session *s) {
     free(s->up);
     free(s->router);
     free(s->mlp_out);
+    free(s->expert_in);
     free(s->expert_out);
     free(s->cos);
     free(s->sin);
@@ -165,38 +169,55 @@ void polar_session_free(polar_session *s) {
 }
 
 /* The MoE sublayer on the normed input s->xn: each token through its top-k
- * experts (weighted, summed in expert order) plus the sigmoid-gated shared
- * expert, then added to the residual stream. */
+ * experts (weighted, summed in ascending expert order) plus the
+ * sigmoid-gated shared expert, then added to the residual stream. Tokens are
+ * grouped by expert, so each chosen expert's weights are read once per chunk
+ * for all the tokens routed to it. */
 static void moe_forward(polar_session *s, const layer_weights *w, int T) {
     const polar_arch *a = &s->m->arch;
-    int H = a->hidden, F = a->moe_ffn, E = a->n_experts, nt = s->n_threads;
-    int idx[64];
-    float weight[64];
+    int H = a->hidden, F = a->moe_ffn, E = a->n_experts, k = a->top_k, nt = s->n_threads;
+    int idx[PREFILL_CHUNK * MAX_TOP_K];
+    float weight[PREFILL_CHUNK * MAX_TOP_K];
+    int members[PREFILL_CHUNK]; /* the tokens routed to one expert, ascending */
+    float member_w[PREFILL_CHUNK];
     cpu_matmul(s->router, s->xn, w->router, NULL, T, E, H, 0, nt);
-    for (int t = 0; t < T; t++) {
-        const float *xt = s->xn + (size_t)t * H;
-        float *out = s->mlp_out + (size_t)t * H;
-        memset(out, 0, (size_t)H * sizeof *out);
-        cpu_route(s->router + (size_t)t * E, E, a->top_k, a->norm_topk, idx, weight);
-        for (int j = 0; j < a->top_k; j++) {
-            /* gate and up rows of expert idx[j] are one [2F, H] block */
-            cpu_matmul(s->gate, xt, w->exp_gate_up + (size_t)idx[j] * 2 * F * H, NULL, 1, 2 * F, H, 0, nt);
-            cpu_swiglu(s->gate, s->gate + F, F);
-            cpu_matmul(s->expert_out, s->gate, w->exp_down + (size_t)idx[j] * H * F, NULL, 1, H, F, 0, nt);
-            for (int i = 0; i < H; i++) out[i] += s->expert_out[i] * weight[j];
+    for (int t = 0; t < T; t++) cpu_route(s->router + (size_t)t * E, E, k, a->norm_topk, idx + t * k, weight + t * k);
+    memset(s->mlp_out, 0, (size_t)T * H * sizeof *s->mlp_out);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                if (idx[t * k + j] == e) {
+                    members[n] = t;
+                    member_w[n++] = weight[t * k + j];
+                }
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(s->expert_in + (size_t)i * H, s->xn + (size_t)members[i] * H, (size_t)H * sizeof(float));
+        /* gate and up rows of expert e are one [2F, H] block */
+        cpu_matmul(s->gate, s->expert_in, w->exp_gate_up + (size_t)e * 2 * F * H, NULL, n, 2 * F, H, 0, nt);
+        for (int i = 0; i < n; i++) {
+            float *gu = s->gate + (size_t)i * 2 * F;
+            cpu_swiglu(gu, gu + F, F);
+            memcpy(s->up + (size_t)i * F, gu, (size_t)F * sizeof(float));
+        }
+        cpu_matmul(s->expert_out, s->up, w->exp_down + (size_t)e * H * F, NULL, n, H, F, 0, nt);
+        for (int i = 0; i < n; i++) {
+            float *out = s->mlp_out + (size_t)members[i] * H, *y = s->expert_out + (size_t)i * H;
+            for (int c = 0; c < H; c++) out[c] += y[c] * member_w[i];
         }
     }
     if (w->sh_gate) {
         int S = a->shared_ffn;
+        float g[PREFILL_CHUNK];
         cpu_matmul(s->gate, s->xn, w->sh_gate, NULL, T, S, H, 0, nt);
         cpu_matmul(s->up, s->xn, w->sh_up, NULL, T, S, H, 0, nt);
         for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * S, s->up + (size_t)t * S, S);
+        cpu_matmul(g, s->xn, w->sh_router, NULL, T, 1, H, 0, 1);
+        cpu_matmul(s->expert_out, s->gate, w->sh_down, NULL, T, H, S, 0, nt);
         for (int t = 0; t < T; t++) {
-            float g;
-            cpu_matmul(&g, s->xn + (size_t)t * H, w->sh_router, NULL, 1, 1, H, 0, 1);
-            cpu_matmul(s->expert_out, s->gate + (size_t)t * S, w->sh_down, NULL, 1, H, S, 0, nt);
-            float sig = 1.0f / (1.0f + expf(-g));
-            for (int i = 0; i < H; i++) s->mlp_out[(size_t)t * H + i] += sig * s->expert_out[i];
+            float sig = 1.0f / (1.0f + expf(-g[t]));
+            for (int i = 0; i < H; i++) s->mlp_out[(size_t)t * H + i] += sig * s->expert_out[(size_t)t * H + i];
         }
     }
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->mlp_out[i];
