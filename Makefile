@@ -14,7 +14,7 @@ LDLIBS  := -fopenmp -lm -lpthread
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CU_SRC    := kernels/cuda/ops.cu kernels/cuda/predictor.cu
+CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
@@ -58,7 +58,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/warp.cuh
+$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
 

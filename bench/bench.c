@@ -17,20 +17,17 @@ typedef struct {
     double bytes;                 /* read per decode step at the mean context */
 } bench_run;
 
-static polar_status time_run(polar_session *s, const polar_model *m, bench_run *r, const int *prompt, int n_prompt,
-                             int gen, polar_error *err) {
+/* One prefill of the prompt and gen decode steps, greedy (on a GPU the
+ * chosen ids stay on the device between steps), through polar_generate. */
+static polar_status time_run(polar_session *s, bench_run *r, const int *prompt, int n_prompt, int gen, int *out,
+                             polar_error *err) {
     polar_status st = polar_session_set_program(s, &r->prog, err);
     if (st != POLAR_OK) return st;
-    double t0 = polar_time_ms();
-    if ((st = polar_prefill(s, prompt, n_prompt, NULL, err)) != POLAR_OK) return st;
-    double t1 = polar_time_ms();
-    polar_model_info info;
-    polar_model_info_get(m, &info);
-    for (int i = 0; i < gen; i++)
-        if ((st = polar_decode_step(s, polar_argmax(polar_logits(s), info.arch.vocab), err)) != POLAR_OK) return st;
-    double t2 = polar_time_ms();
-    if (t1 - t0 < r->prefill_ms) r->prefill_ms = t1 - t0;
-    if (gen && (t2 - t1) / gen < r->decode_ms) r->decode_ms = (t2 - t1) / gen;
+    polar_gen_opts o = {.max_new = gen + 1, .ignore_eos = 1};
+    polar_gen_stats stats;
+    if ((st = polar_generate(s, prompt, n_prompt, &o, out, &stats, NULL, NULL, err)) != POLAR_OK) return st;
+    if (stats.prefill_ms < r->prefill_ms) r->prefill_ms = stats.prefill_ms;
+    if (gen && stats.decode_ms / gen < r->decode_ms) r->decode_ms = stats.decode_ms / gen;
     return POLAR_OK;
 }
 
@@ -168,7 +165,7 @@ int cmd_bench(int argc, char **argv) {
     memset(runs, 0, sizeof runs);
     int n_runs = 1;
     polar_session *s = NULL;
-    int *prompt = NULL;
+    int *prompt = NULL, *generated = NULL;
     rc = 1;
     if (polar_program_base(D, &runs[0].prog, &err) != POLAR_OK ||
         (program_text && polar_program_parse(program_text, D, 0, &runs[1].prog, &err) != POLAR_OK)) {
@@ -184,7 +181,8 @@ int cmd_bench(int argc, char **argv) {
         if (r->prog.n > cap) cap = r->prog.n;
     }
     prompt = malloc((size_t)n_prompt * sizeof *prompt);
-    if (!prompt) {
+    generated = malloc((size_t)(gen + 1) * sizeof *generated);
+    if (!prompt || !generated) {
         fprintf(stderr, "polar bench: error: out of memory\n");
         goto done;
     }
@@ -205,7 +203,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_runs; i++) runs[i].bytes = polar_decode_bytes(m, &runs[i].prog, n_prompt + gen / 2, used);
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n_runs; i++)
-            if (time_run(s, m, &runs[i], prompt, n_prompt, gen, &err) != POLAR_OK) {
+            if (time_run(s, &runs[i], prompt, n_prompt, gen, generated, &err) != POLAR_OK) {
                 rc = fail_status(cmd, &err);
                 goto done;
             }
@@ -218,6 +216,7 @@ int cmd_bench(int argc, char **argv) {
     rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, question_len, reps, json) : 0;
 done:
     free(prompt);
+    free(generated);
     polar_session_free(s);
     for (int i = 0; i < 2; i++) polar_program_free(&runs[i].prog);
     polar_model_free(m);

@@ -9,6 +9,10 @@
 
 typedef struct cuda_state cuda_state;
 
+/* Tokens a device forward takes at once: a prefill of up to this many
+ * tokens reads the weights once, through tensor-core GEMMs. */
+#define CUDA_PREFILL_CHUNK 512
+
 /* Device state for a session: weights uploaded, KV slots for cap_program
  * execution positions x max_ctx tokens, workspaces for chunk tokens. */
 polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
@@ -20,6 +24,17 @@ void cuda_state_free(cuda_state *c);
  * final-normed hidden states (T x hidden). */
 polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
                           float *last_logits, float *all_logits, float *hidden, polar_error *err);
+
+/* Greedy decoding on the device: appends token at pos, then keeps feeding
+ * each step's argmax to the next step without the host, for at most
+ * max_steps steps. Each step's chosen id goes to accept(id, user), which
+ * returns 0 to stop there; the host reads a step's id while the next step
+ * already runs. *n_steps: the steps whose ids were accepted or stopped on
+ * (each appended one token); last_logits (vocab floats, optional): the
+ * logits of the last of them. */
+polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int token, int pos, int max_steps,
+                         int (*accept)(int id, void *user), void *user, int *n_steps, float *last_logits,
+                         polar_error *err);
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);

@@ -33,6 +33,15 @@ polar_status cuda_forward(cuda_state *c, const int *program, int n_program, cons
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
 }
 
+polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int token, int pos, int max_steps,
+                         int (*accept)(int id, void *user), void *user, int *n_steps, float *last_logits,
+                         polar_error *err) {
+    (void)c, (void)program, (void)n_program, (void)token, (void)pos, (void)max_steps, (void)accept, (void)user,
+        (void)last_logits;
+    *n_steps = 0;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     (void)bytes, (void)gbps;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
@@ -45,6 +54,23 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #include "../kernels/cuda/ops.h"
 #include "cuda_gemm.h"
 
+/* Up to this many tokens go through the hand-written GEMVs (a weight row
+ * read once for all of them) and split-K attention; more through cuBLASLt
+ * and the tiled prefill attention. */
+#define DECODE_TOKENS 8
+/* Rows of logits computed at once (the head of a long prefill runs in slices). */
+#define LOGIT_ROWS 32
+
+/* Decode graphs kept per session. */
+#define GRAPH_CACHE 8
+
+typedef struct {
+    cudaGraphExec_t exec;        /* NULL: unused */
+    int *program;                /* [cap_program] the program it was captured for */
+    int n_program;
+    long last_used;
+} graph_entry;
+
 struct cuda_state {
     const polar_model *m;
     layer_weights *layers;       /* device copies of the model's layer weights */
@@ -54,28 +80,31 @@ struct cuda_state {
     int n_allocs, cap_allocs;
     int cap_program, max_ctx, chunk;
     bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
-    float *x, *xn, *q, *k, *v, *att, *gate, *up; /* [chunk, *] as on the CPU */
-    float *scores;               /* attention partials, cuda_attention_scratch floats */
-    float *logits;               /* [chunk, vocab] */
-    float *router;               /* [chunk, n_experts]              MoE models only */
-    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
+    float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
+    float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
+    float *scores;               /* decode attention partials, cuda_attention_scratch floats */
+    float *logits;               /* [LOGIT_ROWS, vocab] */
+    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending    MoE models only */
     float *expert_w;             /* [chunk, top_k] their weights */
-    float *expert_gu;            /* [chunk * top_k, 2 * moe_ffn] */
+    int *groups;                 /* the chunk's slots grouped by expert (cuda_moe_group) */
     float *expert_act;           /* [chunk * top_k, moe_ffn] */
     float *expert_out;           /* [chunk * top_k, hidden] */
     float *shared_out;           /* [chunk, hidden] */
-    float *shared_gate;          /* [chunk] */
     int *tokens;                 /* [chunk] */
     int *pos;                    /* [1] position of the chunk's first token, read by the kernels */
+    int *step;                   /* [1] greedy steps taken, picks the ring slot */
     int *staging;                /* pinned host [2]: the step's token and position */
+    volatile int *ring;          /* mapped host [2]: the ids greedy steps chose */
+    cudaEvent_t step_done[2];    /* recorded after each greedy step, by parity */
     cudaStream_t stream;
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
-    /* The decode step (one token) as a captured graph, for one program. */
-    cudaGraphExec_t decode_graph;
-    int *graph_program;          /* [cap_program] the program it was captured for */
-    int graph_n;
+    /* The decode step (one token, its argmax fed back) as captured graphs,
+     * one per recently used program, so switching between a few programs
+     * (a benchmark, the top-k programs of a prediction) captures each once. */
+    graph_entry graphs[GRAPH_CACHE];
+    long graph_clock;            /* use counter for least-recently-used eviction */
 };
 
 static polar_status cuda_error(polar_error *err, cudaError_t e, const char *what) {
@@ -121,10 +150,15 @@ static int upload(cuda_state *c, const bf16 **dst, const bf16 *src, size_t n) {
 
 void cuda_state_free(cuda_state *c) {
     if (!c) return;
-    if (c->decode_graph) cudaGraphExecDestroy(c->decode_graph);
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+        free(c->graphs[i].program);
+    }
     if (c->staging) cudaFreeHost(c->staging);
+    if (c->ring) cudaFreeHost((void *)c->ring);
+    for (int i = 0; i < 2; i++)
+        if (c->step_done[i]) cudaEventDestroy(c->step_done[i]);
     cuda_gemm_free(c->gemm);
-    free(c->graph_program);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->allocs);
@@ -184,22 +218,28 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->x = dev_alloc(c, C * H * 4)) && (c->xn = dev_alloc(c, C * H * 4)) && (c->q = dev_alloc(c, C * q * 4)) &&
          (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
          (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
-         (c->scores = dev_alloc(c, cuda_attention_scratch(chunk, a->n_heads, a->head_dim, max_ctx) * 4)) &&
-         (c->logits = dev_alloc(c, C * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
-         (c->pos = dev_alloc(c, sizeof(int))) && cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
-         (c->graph_program = malloc((size_t)cap_program * sizeof(int)));
-    size_t widest_in = H > q ? H : q, widest_out = V;
+         (c->scores = dev_alloc(c, cuda_attention_scratch(DECODE_TOKENS, a->n_heads, a->head_dim) * 4)) &&
+         (c->logits = dev_alloc(c, LOGIT_ROWS * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
+         (c->pos = dev_alloc(c, sizeof(int))) && (c->step = dev_alloc(c, sizeof(int))) &&
+         cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
+         cudaHostAlloc((void **)&c->ring, 2 * sizeof(int), cudaHostAllocMapped) == cudaSuccess &&
+         cudaEventCreateWithFlags(&c->step_done[0], cudaEventDisableTiming) == cudaSuccess &&
+         cudaEventCreateWithFlags(&c->step_done[1], cudaEventDisableTiming) == cudaSuccess;
+    for (int i = 0; ok && i < GRAPH_CACHE; i++)
+        ok = (c->graphs[i].program = malloc((size_t)cap_program * sizeof(int))) != NULL;
+    /* GEMM operands: any projection of a chunk, or a slice of the head */
+    size_t widest_in = H > q ? H : q, widest_out = H > q ? H : q;
     if (F > widest_in) widest_in = F;
     if (F > widest_out) widest_out = F;
+    size_t acc_elems = C * widest_out > LOGIT_ROWS * V ? C * widest_out : LOGIT_ROWS * V;
     ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = dev_alloc(c, C * widest_in * sizeof(bf16))) &&
-         (c->acc = dev_alloc(c, C * widest_out * 4));
+         (c->acc = dev_alloc(c, acc_elems * 4));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
-        ok = (c->router = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
-             (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
-             (c->expert_gu = dev_alloc(c, slots * 2 * MF * 4)) && (c->expert_act = dev_alloc(c, slots * MF * 4)) &&
-             (c->expert_out = dev_alloc(c, slots * H * 4)) && (c->shared_out = dev_alloc(c, C * H * 4)) &&
-             (c->shared_gate = dev_alloc(c, C * 4));
+        size_t groups = cuda_moe_group_ints(chunk, a->top_k, a->n_experts);
+        ok = (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
+             (c->groups = dev_alloc(c, groups * sizeof(int))) && (c->expert_act = dev_alloc(c, slots * MF * 4)) &&
+             (c->expert_out = dev_alloc(c, slots * H * 4)) && (c->shared_out = dev_alloc(c, C * H * 4));
     }
     if (!ok) {
         cuda_state_free(c);
@@ -244,7 +284,7 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
  * a shape). */
 static void mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
                int accumulate) {
-    if (T > 8) {
+    if (T > DECODE_TOKENS) {
         cuda_to_bf16(c->xb, x, (long)T * cols, c->stream);
         if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, c->stream);
@@ -254,91 +294,130 @@ static void mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf1
     cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, c->stream);
 }
 
-/* The MoE sublayer on c->xn, added to c->x: routing, the chosen experts
- * (read by expert id on the device), the shared expert, a deterministic
- * combine in expert order. */
+/* act[T, F] = silu(x . gate^T) * (x . up^T): one fused GEMV for decode, two
+ * GEMMs and the activation for a prefill chunk. */
+static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *w_gate, const bf16 *w_up, int T,
+                   int F, int cols) {
+    if (T <= DECODE_TOKENS) {
+        cuda_matmul_swiglu(act, x, w_gate, w_up, T, F, cols, c->stream);
+        return;
+    }
+    mm(c, act, x, w_gate, NULL, T, F, cols, 0);
+    mm(c, up, x, w_up, NULL, T, F, cols, 0);
+    cuda_swiglu(act, up, T * F, c->stream);
+}
+
+/* The MoE sublayer on c->xn, added to c->x: routing, the slots grouped by
+ * expert on the device, each chosen expert's rows read once for its tokens,
+ * the shared expert, a deterministic combine in expert order. */
 static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = a->shared_ffn;
+    int H = a->hidden, F = a->moe_ffn, k = a->top_k, E = a->n_experts, S = a->shared_ffn;
     void *s = c->stream;
-    mm(c, c->router, c->xn, w->router, NULL, T, a->n_experts, H, 0);
-    cuda_route(c->expert_idx, c->expert_w, c->router, T, a->n_experts, k, a->norm_topk, s);
-    cuda_expert_matmul(c->expert_gu, c->xn, w->exp_gate_up, c->expert_idx, T, k, 2 * F, H, 0, s);
-    cuda_expert_swiglu(c->expert_act, c->expert_gu, T * k, F, s);
-    cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->expert_idx, T, k, H, F, 1, s);
+    cuda_route(c->expert_idx, c->expert_w, c->xn, w->router, T, E, H, k, a->norm_topk, s);
+    cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
+    cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
+    cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
     if (w->sh_gate) {
-        mm(c, c->gate, c->xn, w->sh_gate, NULL, T, S, H, 0);
-        mm(c, c->up, c->xn, w->sh_up, NULL, T, S, H, 0);
-        cuda_swiglu(c->gate, c->up, T * S, s);
+        mlp_in(c, c->gate, c->up, c->xn, w->sh_gate, w->sh_up, T, S, H);
         mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
-        mm(c, c->shared_gate, c->xn, w->sh_router, NULL, T, 1, H, 0);
     }
-    cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->shared_gate, T, k, H, s);
+    cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->xn, w->sh_router, T, k,
+                     H, s);
 }
 
 /* One decoder layer at execution position slot for T tokens at pos.. */
 static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, hd = a->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd, F = a->ffn;
+    int H = a->hidden, hd = a->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
     float eps = (float)a->rms_eps;
     void *s = c->stream;
     bf16 *kc = c->k_cache + (size_t)slot * c->max_ctx * kvd, *vc = c->v_cache + (size_t)slot * c->max_ctx * kvd;
     cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
-    mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
-    mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
-    mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
+    if (T <= DECODE_TOKENS) {
+        cuda_matmul_qkv(c->q, c->k, c->v, c->xn, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, T, qd, kvd, H, s);
+    } else {
+        mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
+        mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
+        mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
+    }
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
                        a->n_kv_heads, hd, eps, s);
-    cuda_attention(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, c->max_ctx, s);
+    if (T <= DECODE_TOKENS)
+        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, s);
+    else
+        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, s);
     mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
         moe_forward(c, w, T);
         return;
     }
-    mm(c, c->gate, c->xn, w->w_gate, NULL, T, F, H, 0);
-    mm(c, c->up, c->xn, w->w_up, NULL, T, F, H, 0);
-    cuda_swiglu(c->gate, c->up, T * F, s);
-    mm(c, c->x, c->gate, w->w_down, NULL, T, H, F, 1);
+    mlp_in(c, c->gate, c->up, c->xn, w->w_gate, w->w_up, T, a->ffn, H);
+    mm(c, c->x, c->gate, w->w_down, NULL, T, H, a->ffn, 1);
 }
 
-/* Everything of a forward after the token and position are on the device:
- * embedding, the program's layers, final norm and head from row `first`. */
-static void forward_kernels(cuda_state *c, const int *program, int n_program, int T, int first) {
+/* Embedding and the program's layers for the T tokens on the device, then
+ * the final norm of rows first.. */
+static void forward_layers(cuda_state *c, const int *program, int n_program, int T, int first) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, V = a->vocab;
+    int H = a->hidden;
     cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
     for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T);
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
                  c->stream);
-    mm(c, c->logits + (size_t)first * V, c->xn + (size_t)first * H, c->lm_head, NULL, T - first, V, H, 0);
 }
 
-/* The one-token step as a graph for this program: captured on first use and
- * again when the program changes (the old one destroyed, so nothing leaks).
- * Kernels read the token and position from device memory, so one graph
- * serves every step. */
-static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program) {
-    if (c->decode_graph && c->graph_n == n_program &&
-        !memcmp(c->graph_program, program, (size_t)n_program * sizeof(int)))
-        return cudaSuccess;
-    if (c->decode_graph) cudaGraphExecDestroy(c->decode_graph);
-    c->decode_graph = NULL;
+/* The one-token step as a graph for this program: the forward, the head,
+ * and the argmax fed back as the next step's token and position. Kernels
+ * read the token and position from device memory, so one graph serves every
+ * step. Captured on a program's first use; the least recently used graph
+ * makes room (destroyed, so nothing leaks). */
+static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program, cudaGraphExec_t *out) {
+    graph_entry *slot = &c->graphs[0];
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        graph_entry *g = &c->graphs[i];
+        if (g->exec && g->n_program == n_program && !memcmp(g->program, program, (size_t)n_program * sizeof(int))) {
+            g->last_used = ++c->graph_clock;
+            *out = g->exec;
+            return cudaSuccess;
+        }
+        if (!g->exec ? slot->exec != NULL : slot->exec && g->last_used < slot->last_used) slot = g;
+    }
+    if (slot->exec) cudaGraphExecDestroy(slot->exec);
+    slot->exec = NULL;
+    const polar_arch *a = &c->m->arch;
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return e;
-    forward_kernels(c, program, n_program, 1, 0);
+    forward_layers(c, program, n_program, 1, 0);
+    cuda_matmul(c->logits, c->xn, c->lm_head, NULL, 1, a->vocab, a->hidden, 0, c->stream);
+    cuda_argmax_feed(c->tokens, (int *)c->ring, c->pos, c->step, c->logits, a->vocab, c->stream);
     e = cudaStreamEndCapture(c->stream, &graph);
     if (e != cudaSuccess) return e;
-    e = cudaGraphInstantiate(&c->decode_graph, graph, 0);
+    e = cudaGraphInstantiate(&slot->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-        c->decode_graph = NULL;
+        slot->exec = NULL;
         return e;
     }
-    memcpy(c->graph_program, program, (size_t)n_program * sizeof(int));
-    c->graph_n = n_program;
+    memcpy(slot->program, program, (size_t)n_program * sizeof(int));
+    slot->n_program = n_program;
+    slot->last_used = ++c->graph_clock;
+    *out = slot->exec;
     return cudaSuccess;
+}
+
+/* The first token and the position through pinned memory, the other
+ * tokens straight from the caller's array. */
+static cudaError_t put_tokens(cuda_state *c, const int *tokens, int T, int pos) {
+    c->staging[0] = tokens[0];
+    c->staging[1] = pos;
+    cudaError_t e = cudaMemcpyAsync(c->tokens, &c->staging[0], sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->pos, &c->staging[1], sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess && T > 1)
+        e = cudaMemcpyAsync(c->tokens + 1, tokens + 1, (size_t)(T - 1) * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    return e;
 }
 
 polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
@@ -346,32 +425,79 @@ polar_status cuda_forward(cuda_state *c, const int *program, int n_program, cons
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, V = a->vocab;
     if (T > c->chunk) return polar_fail(err, POLAR_ERR_ARG, "cuda: %d tokens exceed the chunk of %d", T, c->chunk);
-    /* token (the first; the rest below) and position through pinned memory */
-    c->staging[0] = tokens[0];
-    c->staging[1] = pos;
-    cudaError_t e = cudaMemcpyAsync(c->tokens, &c->staging[0], sizeof(int), cudaMemcpyHostToDevice, c->stream);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(c->pos, &c->staging[1], sizeof(int), cudaMemcpyHostToDevice, c->stream);
-    if (e == cudaSuccess && T > 1)
-        e = cudaMemcpyAsync(c->tokens + 1, tokens + 1, (size_t)(T - 1) * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    cudaError_t e = put_tokens(c, tokens, T, pos);
     if (e != cudaSuccess) return cuda_error(err, e, "copying tokens");
     int first = all_logits || hidden ? 0 : T - 1;
-    if (T == 1 && first == 0 && !all_logits && !hidden) {
-        e = decode_graph(c, program, n_program);
-        if (e == cudaSuccess) e = cudaGraphLaunch(c->decode_graph, c->stream);
+    if (T == 1 && !all_logits && !hidden) {
+        cudaGraphExec_t graph = NULL;
+        e = decode_graph(c, program, n_program, &graph);
+        if (e == cudaSuccess) e = cudaGraphLaunch(graph, c->stream);
         if (e != cudaSuccess) return cuda_error(err, e, "decode graph");
+        if (last_logits)
+            e = cudaMemcpyAsync(last_logits, c->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     } else {
-        forward_kernels(c, program, n_program, T, first);
+        forward_layers(c, program, n_program, T, first);
+        if (hidden)
+            e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+        /* the head in slices of LOGIT_ROWS rows, each copied out before the next */
+        for (int r0 = first; e == cudaSuccess && r0 < T && (all_logits || last_logits); r0 += LOGIT_ROWS) {
+            int n = T - r0 < LOGIT_ROWS ? T - r0 : LOGIT_ROWS;
+            mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, n, V, H, 0);
+            if (all_logits)
+                e = cudaMemcpyAsync(all_logits + (size_t)r0 * V, c->logits, (size_t)n * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, c->stream);
+            if (e == cudaSuccess && last_logits && r0 + n == T)
+                e = cudaMemcpyAsync(last_logits, c->logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, c->stream);
+        }
     }
-    if (hidden)
-        e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess && all_logits)
-        e = cudaMemcpyAsync(all_logits, c->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess && last_logits)
-        e = cudaMemcpyAsync(last_logits, c->logits + (size_t)(T - 1) * V, (size_t)V * sizeof(float),
-                            cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "forward");
+}
+
+/* Launch greedy step i: the graph, then the event the host waits on. */
+static cudaError_t launch_step(cuda_state *c, cudaGraphExec_t graph, int i) {
+    cudaError_t e = cudaGraphLaunch(graph, c->stream);
+    return e == cudaSuccess ? cudaEventRecord(c->step_done[i & 1], c->stream) : e;
+}
+
+polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int token, int pos, int max_steps,
+                         int (*accept)(int id, void *user), void *user, int *n_steps, float *last_logits,
+                         polar_error *err) {
+    *n_steps = 0;
+    if (max_steps < 1) return POLAR_OK;
+    cudaError_t e = put_tokens(c, &token, 1, pos);
+    if (e == cudaSuccess) e = cudaMemsetAsync(c->step, 0, sizeof(int), c->stream);
+    cudaGraphExec_t graph = NULL;
+    if (e == cudaSuccess) e = decode_graph(c, program, n_program, &graph);
+    if (e == cudaSuccess) e = launch_step(c, graph, 0);
+    if (e != cudaSuccess) return cuda_error(err, e, "greedy decode");
+    /* Step i + 1 is queued before the host looks at step i's id, so the GPU
+     * never waits for the host; stopping at step i wastes step i + 1. */
+    int i = 0, fed = token, stopped = 0, queued = 1;
+    for (; i < max_steps; i++) {
+        if (i + 1 < max_steps && (e = launch_step(c, graph, i + 1)) != cudaSuccess) break;
+        queued = i + 2 <= max_steps ? i + 2 : max_steps;
+        if ((e = cudaEventSynchronize(c->step_done[i & 1])) != cudaSuccess) break;
+        int id = c->ring[i & 1];
+        if (!accept(id, user)) {
+            stopped = 1;
+            break;
+        }
+        if (i + 1 < max_steps) fed = id;
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) return cuda_error(err, e, "greedy decode");
+    *n_steps = stopped ? i + 1 : max_steps;
+    if (!last_logits) return POLAR_OK;
+    if (queued == *n_steps) { /* the last step run is the last one counted: its logits are on the device */
+        e = cudaMemcpy(last_logits, c->logits, (size_t)c->m->arch.vocab * sizeof(float), cudaMemcpyDeviceToHost);
+        return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying logits");
+    }
+    /* A wasted step overwrote them: run the last counted step again (the
+     * kernels are deterministic, its cache row is rewritten unchanged). */
+    return cuda_forward(c, program, n_program, &fed, 1, pos + *n_steps - 1, last_logits, NULL, NULL, err);
 }
 
 #endif

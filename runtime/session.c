@@ -25,6 +25,7 @@ struct polar_session {
     int *program;       /* [cap_program] layer index per execution position */
     int n_program, cap_program;
     int max_ctx, pos, n_threads;
+    int chunk;          /* tokens per forward: PREFILL_CHUNK, or the device's */
     float *k_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
     float *v_cache;     /* same */
     float *x;           /* [CHUNK, hidden] residual stream */
@@ -76,7 +77,8 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
     char why[256];
     int use_cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(why, sizeof why));
-    if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, PREFILL_CHUNK, &s->cuda, err)) != POLAR_OK) {
+    s->chunk = use_cuda ? (s->max_ctx < CUDA_PREFILL_CHUNK ? s->max_ctx : CUDA_PREFILL_CHUNK) : PREFILL_CHUNK;
+    if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, s->chunk, &s->cuda, err)) != POLAR_OK) {
         free(s);
         return st;
     }
@@ -318,8 +320,8 @@ static polar_status append(polar_session *s, const int *tokens, int n, float *al
     if (n > s->max_ctx - s->pos)
         return polar_fail(err, POLAR_ERR_RANGE, "%d tokens do not fit: the context holds %d and %d are used", n,
                           s->max_ctx, s->pos);
-    for (int i = 0; i < n; i += PREFILL_CHUNK) {
-        int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+    for (int i = 0; i < n; i += s->chunk) {
+        int T = n - i < s->chunk ? n - i : s->chunk;
         /* When all logits are wanted, the last-token copy is redundant but cheap
          * next to the chunk's own head matmul. */
         float *al = all_logits ? all_logits + (size_t)i * vocab : NULL;
@@ -356,6 +358,28 @@ static int is_stop(const polar_arch *a, const polar_gen_opts *o, int token) {
     return 0;
 }
 
+/* What a generation has produced so far, for the device's accept callback. */
+typedef struct {
+    polar_session *s;
+    const polar_gen_opts *opts;
+    int *out;
+    polar_gen_stats *stats;
+    polar_token_cb cb;
+    void *user;
+} gen_state;
+
+/* Record token i; 0 when generation ends with it. */
+static int gen_accept(int token, void *arg) {
+    gen_state *g = arg;
+    g->out[g->stats->n_generated++] = token;
+    if (g->cb && g->cb(token, g->user)) return 0;
+    if (!g->opts->ignore_eos && is_stop(&g->s->m->arch, g->opts, token)) {
+        g->stats->stopped_at_eos = 1;
+        return 0;
+    }
+    return g->stats->n_generated < g->opts->max_new;
+}
+
 polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, const polar_gen_opts *opts, int *out,
                             polar_gen_stats *stats, polar_token_cb cb, void *user, polar_error *err) {
     polar_gen_stats local;
@@ -376,15 +400,21 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
     if (st != POLAR_OK) return st;
     stats->prefill_ms = polar_time_ms() - t0;
     double td = polar_time_ms();
-    for (int i = 0; i < opts->max_new; i++) {
-        if (i > 0 && (st = polar_decode_step(s, out[i - 1], err)) != POLAR_OK) return st;
-        int tok = polar_argmax(s->logits, s->m->arch.vocab);
-        out[i] = tok;
-        stats->n_generated = i + 1;
-        if (cb && cb(tok, user)) break;
-        if (!opts->ignore_eos && is_stop(&s->m->arch, opts, tok)) {
-            stats->stopped_at_eos = 1;
-            break;
+    gen_state g = {s, opts, out, stats, cb, user};
+    /* The first token comes from the prompt's logits; each later one from a
+     * decode step fed the one before. */
+    if (opts->max_new > 0 && gen_accept(polar_argmax(s->logits, s->m->arch.vocab), &g)) {
+        if (s->cuda) { /* the argmax stays on the device between steps */
+            int steps = 0;
+            st = cuda_greedy(s->cuda, s->program, s->n_program, out[0], s->pos, opts->max_new - 1, gen_accept, &g,
+                             &steps, s->logits, err);
+            s->pos += steps;
+            if (st != POLAR_OK) return st;
+        } else {
+            while ((st = polar_decode_step(s, out[stats->n_generated - 1], err)) == POLAR_OK &&
+                   gen_accept(polar_argmax(s->logits, s->m->arch.vocab), &g)) {
+            }
+            if (st != POLAR_OK) return st;
         }
     }
     stats->decode_ms = polar_time_ms() - td;

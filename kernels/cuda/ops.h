@@ -25,6 +25,17 @@ void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, 
 void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows, int cols,
                  int accumulate, void *stream);
 
+/* q, k, v = x . Wq^T + bq, x . Wk^T + bk, x . Wv^T + bv in one launch
+ * (biases may be NULL). */
+void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, const bf16_bits *wq, const bf16_bits *wk,
+                     const bf16_bits *wv, const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv, int T,
+                     int q_rows, int kv_rows, int cols, void *stream);
+
+/* act[T, F] = silu(x . Wgate^T) * (x . Wup^T): the MLP's first half, the
+ * gate and up rows read by one warp, no intermediate written. */
+void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T, int F,
+                        int cols, void *stream);
+
 /* Per token t at position *pos0 + t (pos0 lives on the device, so a
  * captured graph serves every step): optional per-head RMSNorm of q and k
  * (Qwen3), rotate-half RoPE, then k and v written as bf16 into the cache rows
@@ -34,11 +45,14 @@ void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bit
                         int n_heads, int n_kv, int head_dim, float eps, void *stream);
 
 /* Causal GQA attention of T tokens (positions *pos0..) over the slot's
- * cache, split-K over chunks of positions with a log-sum-exp merge;
- * scratch holds cuda_attention_scratch(...) floats. head_dim <= 256. */
-size_t cuda_attention_scratch(int T, int n_heads, int head_dim, int max_ctx);
-void cuda_attention(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache, float *scratch,
-                    const int *pos0, int T, int n_heads, int n_kv, int head_dim, int max_ctx, void *stream);
+ * cache (head_dim <= 256). Decode (a few tokens): split-K over the keys with
+ * a log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
+ * Prefill: a tiled flash-attention kernel, no scratch. */
+size_t cuda_attention_scratch(int T, int n_heads, int head_dim);
+void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                           float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream);
+void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                            const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream);
 
 /* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
 void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream);
@@ -54,24 +68,36 @@ void cuda_swiglu(float *g, const float *u, int count, void *stream);
 /* out[0] = argmax(logits[n]), the lowest index on ties */
 void cuda_argmax(int *out, const float *logits, int n, void *stream);
 
-/* MoE routing of T tokens, as cpu_route: softmax over logits[T, E] in f32,
- * the top k (lower index on ties), renormalised when norm, written in
- * ascending expert order: idx[T, k], weight[T, k]. */
-void cuda_route(int *idx, float *weight, const float *logits, int T, int E, int k, int norm, void *stream);
+/* The same, fed back for greedy decoding without the host: token[0] = the
+ * argmax, ring[*step % 2] = it too (host-mapped memory), then *pos and *step
+ * advance by one. */
+void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n, void *stream);
 
-/* Expert GEMV reading only the selected experts' rows: for slot s = t*k + j,
- * y[s, rows] = x[row of s] . W[idx[s]]^T where W is [E, rows, cols] and the
- * input row is x[t] (x_per_slot = 0) or x[s] (x_per_slot = 1). */
-void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *idx, int T, int k, int rows,
-                        int cols, int x_per_slot, void *stream);
+/* MoE routing of T tokens from their normed states x[T, H] and the router
+ * W[E, H], as cpu_route: softmax over the logits in f32, the top k (lower
+ * index on ties), renormalised when norm, written in ascending expert order:
+ * idx[T, k], weight[T, k]. */
+void cuda_route(int *idx, float *weight, const float *x, const bf16_bits *w_router, int T, int E, int H, int k,
+                int norm, void *stream);
 
-/* act[s, F] = silu(gu[s, 0:F]) * gu[s, F:2F] for the n_slots slots. */
-void cuda_expert_swiglu(float *act, const float *gu, int n_slots, int F, void *stream);
+/* The T*k routed slots grouped by expert on the device (layout in moe.cu),
+ * into groups of cuda_moe_group_ints(T, k, E) ints. */
+size_t cuda_moe_group_ints(int T, int k, int E);
+void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stream);
+
+/* Expert GEMV over the grouped slots, each chosen expert's rows read once
+ * per 8 of its slots: for slot s = t*k + j routed to expert e,
+ * y[s, rows] = x_s . W[e]^T where W is [E, rows, cols] and x_s is x[t]
+ * (x_per_slot = 0) or x[s] (1). With swiglu, W[e] is the gate-then-up block
+ * and y[s, rows/2] = silu(gate) * up. */
+void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k, int E,
+                        int rows, int cols, int x_per_slot, int swiglu, void *stream);
 
 /* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order), plus, when shared is
- * not NULL, sigmoid(gate[t]) * shared[t]: the MoE residual, deterministic. */
-void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *gate, int T,
-                      int k, int H, void *stream);
+ * not NULL, sigmoid(xn[t] . gate_w) * shared[t]: the MoE residual,
+ * deterministic. */
+void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
+                      const bf16_bits *gate_w, int T, int k, int H, void *stream);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@
 #include <math.h>
 
 #include "predictor_cuda.h"
-#include "warp.cuh"
+#include "common.cuh"
 
 namespace cg = cooperative_groups;
 

@@ -1,0 +1,232 @@
+// Causal GQA attention over one execution position's bf16 KV slot, the
+// CPU's cpu_attention_head math (f32 scores, f32 softmax, scale
+// 1/sqrt(head_dim)). Two kernels for two regimes:
+//  - decode (a few tokens): split-K flash decoding. The grid is fixed by the
+//    launch (not the position), so a captured graph serves every step.
+//  - prefill (many tokens): a tiled flash-attention kernel, online softmax,
+//    no scratch.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "ops.h"
+
+#define ATT_CHUNK 32     // keys per shared-memory tile
+#define ATT_MAX_GROUP 8  // query heads of a GQA group held at once
+#define ATT_GROUP_DIMS 1024 // ... and at most this many of their dimensions
+#define ATT_MAX_HD 256
+#define ATT_MAX_SPLITS 64
+#define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
+
+static cudaStream_t st(void *s) { return (cudaStream_t)s; }
+
+// Load keys j0..j0+n-1 of one KV head into padded shared tiles.
+static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
+                                                    const bf16_bits *vc, int j0, int n, int kvh, int kvd, int hd) {
+    int stride = KV_STRIDE(hd);
+    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+        int j = i / hd, c = i % hd;
+        size_t src = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
+        ks[j * stride + c] = kc[src];
+        vs[j * stride + c] = vc[src];
+    }
+}
+
+// ------------------------------------------------------------------- decode
+//
+// A block per (token, KV head, split) walks the key chunks split, split+S,
+// ... up to the token's position with an online softmax for every query head
+// of the group, loading each K/V tile once for the group, and writes its
+// partial (max, sum of exponentials, unnormalised output). A second kernel
+// merges the S partials with their log-sum-exp weights.
+
+__global__ void attention_split_kernel(float *part, const float *q, const bf16_bits *kc, const bf16_bits *vc,
+                                       const int *pos_dev, int n_heads, int n_kv, int hd, int splits) {
+    int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, pos = *pos_dev + t;
+    int group = n_heads / n_kv, kvd = n_kv * hd, stride = KV_STRIDE(hd);
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    size_t pstride = (size_t)hd + 2; // per (head, split): max, sum, output[hd]
+    __shared__ uint16_t ks[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)], vs[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)];
+    __shared__ float qs[ATT_GROUP_DIMS], os[ATT_GROUP_DIMS];
+    __shared__ float sc[ATT_MAX_GROUP * ATT_CHUNK], run_max[ATT_MAX_GROUP], run_sum[ATT_MAX_GROUP],
+        rescale[ATT_MAX_GROUP];
+    float scale = 1.0f / sqrtf((float)hd);
+    int at_once = ATT_GROUP_DIMS / hd < ATT_MAX_GROUP ? ATT_GROUP_DIMS / hd : ATT_MAX_GROUP;
+    for (int g0 = 0; g0 < group; g0 += at_once) {
+        int ng = group - g0 < at_once ? group - g0 : at_once;
+        const float *qg = q + ((size_t)t * n_heads + kvh * group + g0) * hd;
+        for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) qs[i] = qg[i] * scale, os[i] = 0.0f;
+        if (threadIdx.x < ATT_MAX_GROUP) run_max[threadIdx.x] = -INFINITY, run_sum[threadIdx.x] = 0.0f;
+        __syncthreads();
+        for (int j0 = split * ATT_CHUNK; j0 <= pos; j0 += splits * ATT_CHUNK) {
+            int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
+            load_kv_tile(ks, vs, kc, vc, j0, n, kvh, kvd, hd);
+            __syncthreads();
+            // a warp per (head, key): lanes split the head dimension
+            for (int p = warp; p < ng * n; p += warps) {
+                int h = p / n, j = p % n;
+                float s = 0.0f;
+                for (int c = lane; c < hd; c += WARP) s += qs[h * hd + c] * bf(ks[j * stride + c]);
+                s = warp_sum(s);
+                if (lane == 0) sc[h * ATT_CHUNK + j] = s;
+            }
+            __syncthreads();
+            // a warp per head: the running max and sum absorb the chunk
+            for (int h = warp; h < ng; h += warps) {
+                float m = -INFINITY, l = 0.0f;
+                for (int j = lane; j < n; j += WARP) m = fmaxf(m, sc[h * ATT_CHUNK + j]);
+                m = fmaxf(warp_max(m), run_max[h]);
+                for (int j = lane; j < n; j += WARP) l += (sc[h * ATT_CHUNK + j] = expf(sc[h * ATT_CHUNK + j] - m));
+                l = warp_sum(l);
+                if (lane == 0) {
+                    float f = expf(run_max[h] - m); // 0 on the first chunk (run_max = -inf)
+                    rescale[h] = f;
+                    run_sum[h] = run_sum[h] * f + l;
+                    run_max[h] = m;
+                }
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) {
+                int h = i / hd, c = i % hd;
+                float o = os[i] * rescale[h];
+                for (int j = 0; j < n; j++) o += sc[h * ATT_CHUNK + j] * bf(vs[j * stride + c]);
+                os[i] = o;
+            }
+            __syncthreads();
+        }
+        for (int i = threadIdx.x; i < ng * (hd + 2); i += blockDim.x) {
+            int h = i / (hd + 2), c = i % (hd + 2);
+            float *p = part + (((size_t)t * n_heads + kvh * group + g0 + h) * splits + split) * pstride;
+            p[c] = c == 0 ? run_max[h] : c == 1 ? run_sum[h] : os[h * hd + c - 2];
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void attention_merge_kernel(float *out, const float *part, int n_heads, int hd, int splits) {
+    int t = blockIdx.x, h = blockIdx.y;
+    size_t stride = (size_t)hd + 2;
+    const float *p = part + ((size_t)t * n_heads + h) * splits * stride;
+    float m = -INFINITY;
+    for (int k = 0; k < splits; k++) m = fmaxf(m, p[k * stride]);
+    float l = 0.0f;
+    for (int k = 0; k < splits; k++)
+        if (p[k * stride + 1] > 0.0f) l += p[k * stride + 1] * expf(p[k * stride] - m);
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float o = 0.0f;
+        for (int k = 0; k < splits; k++)
+            if (p[k * stride + 1] > 0.0f) o += p[k * stride + 2 + c] * expf(p[k * stride] - m);
+        out[((size_t)t * n_heads + h) * hd + c] = o / l;
+    }
+}
+
+// Splits so that the grid covers the GPU about twice over.
+static int attention_splits(int T, int n_kv) {
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                  cudaSuccess)
+        sms = 132;
+    int s = (2 * sms + T * n_kv - 1) / (T * n_kv);
+    return s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
+}
+
+extern "C" size_t cuda_attention_scratch(int T, int n_heads, int head_dim) {
+    return (size_t)T * n_heads * ATT_MAX_SPLITS * ((size_t)head_dim + 2);
+}
+
+extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                                      float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
+                                      void *stream) {
+    int splits = attention_splits(T, n_kv);
+    attention_split_kernel<<<dim3(T, n_kv, splits), 128, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0, n_heads,
+                                                                           n_kv, head_dim, splits);
+    attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
+}
+
+// ------------------------------------------------------------------ prefill
+//
+// A block per (tile of PF_ROWS tokens, query head): its queries in shared
+// memory, then the keys up to its last token in tiles of ATT_CHUNK. Each warp
+// owns PF_ROWS / warps query rows; lane j scores key j of the tile, the warp
+// keeps the row's running max and sum, and the output row lives in registers
+// (lane c holds dimensions c, c+32, ...).
+
+#define PF_ROWS 16
+#define PF_WARPS 4
+#define PF_ROWS_PER_WARP (PF_ROWS / PF_WARPS)
+#define PF_DIMS_PER_LANE (ATT_MAX_HD / WARP)
+
+__global__ void __launch_bounds__(PF_WARPS *WARP)
+    attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, const int *pos_dev,
+                             int T, int n_heads, int n_kv, int hd) {
+    extern __shared__ float smem[];
+    int t0 = blockIdx.x * PF_ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = *pos_dev;
+    int rows = T - t0 < PF_ROWS ? T - t0 : PF_ROWS;
+    float *qs = smem;                                     // [PF_ROWS, hd], pre-scaled
+    uint16_t *ks = (uint16_t *)(qs + PF_ROWS * hd);       // [ATT_CHUNK, stride]
+    uint16_t *vs = ks + ATT_CHUNK * stride;               // [ATT_CHUNK, stride]
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+        int r = i / hd, c = i % hd;
+        qs[i] = q[((size_t)(t0 + r) * n_heads + h) * hd + c] * scale;
+    }
+    float o[PF_ROWS_PER_WARP][PF_DIMS_PER_LANE], m[PF_ROWS_PER_WARP], l[PF_ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < PF_DIMS_PER_LANE; d++) o[r][d] = 0.0f;
+    }
+    int last = pos0 + t0 + rows - 1; // the block's last query position: keys beyond it are never needed
+    for (int j0 = 0; j0 <= last; j0 += ATT_CHUNK) {
+        int n = last + 1 - j0 < ATT_CHUNK ? last + 1 - j0 : ATT_CHUNK;
+        __syncthreads(); // the previous tile is consumed (and qs written, on the first pass)
+        load_kv_tile(ks, vs, kc, vc, j0, n, kvh, kvd, hd);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
+            int row = warp * PF_ROWS_PER_WARP + r, qpos = pos0 + t0 + row;
+            if (row >= rows || j0 > qpos) continue; // the whole tile is in this row's future
+            float s = -INFINITY;
+            if (lane < n && j0 + lane <= qpos) {
+                s = 0.0f;
+                for (int c = 0; c < hd; c++) s += qs[row * hd + c] * bf(ks[lane * stride + c]);
+            }
+            float mn = fmaxf(m[r], warp_max(s));
+            float p = s == -INFINITY ? 0.0f : expf(s - mn), f = expf(m[r] - mn);
+            l[r] = l[r] * f + warp_sum(p);
+            m[r] = mn;
+#pragma unroll
+            for (int d = 0; d < PF_DIMS_PER_LANE; d++) o[r][d] *= f;
+            for (int j = 0; j < n; j++) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                for (int d = 0; d < PF_DIMS_PER_LANE; d++) {
+                    int c = lane + d * WARP;
+                    if (c < hd) o[r][d] += pj * bf(vs[j * stride + c]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
+        int row = warp * PF_ROWS_PER_WARP + r;
+        if (row >= rows) continue;
+        float *dst = out + ((size_t)(t0 + row) * n_heads + h) * hd;
+#pragma unroll
+        for (int d = 0; d < PF_DIMS_PER_LANE; d++) {
+            int c = lane + d * WARP;
+            if (c < hd) dst[c] = o[r][d] / l[r];
+        }
+    }
+}
+
+extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                                       const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
+    size_t smem = (size_t)PF_ROWS * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
+    cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    attention_prefill_kernel<<<dim3((T + PF_ROWS - 1) / PF_ROWS, n_heads), PF_WARPS * WARP, smem, st(stream)>>>(
+        out, q, k_cache, v_cache, pos0, T, n_heads, n_kv, head_dim);
+}
