@@ -13,11 +13,16 @@ typedef struct cuda_state cuda_state;
  * tokens reads the weights once, through tensor-core GEMMs. */
 #define CUDA_PREFILL_CHUNK 512
 
-/* Device state for a session: weights uploaded, KV slots for cap_program
+/* Device state for a session: the model's device weights (uploaded by the
+ * first session, shared after), KV slots for cap_program
  * execution positions x max_ctx tokens, workspaces for chunk tokens. */
 polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
                                polar_error *err);
 void cuda_state_free(cuda_state *c);
+
+/* Release a model's device weights (model_device.weights); polar_model_free
+ * calls it once no session is left. */
+void cuda_weights_free(void *weights);
 
 /* T tokens at positions pos.. through the program. Outputs (host, each
  * optional): logits of the last token (vocab), of every token (T x vocab),

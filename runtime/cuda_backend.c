@@ -1,6 +1,7 @@
 /* The CUDA backend of a session: the CPU forward of session.c, op for op, on
- * the GPU (kernels/cuda), dense and mixture-of-experts layers. Weights are uploaded once per session; the KV
- * cache holds one bf16 slot per execution position. Built by `make cuda`
+ * the GPU (kernels/cuda), dense and mixture-of-experts layers. The weights
+ * are uploaded once per model, by its first CUDA session, and shared; each
+ * session's KV cache holds one bf16 slot per execution position. Built by `make cuda`
  * (POLAR_CUDA); without it every entry point says so. */
 #include "backend.h"
 
@@ -26,6 +27,8 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
 
 void cuda_state_free(cuda_state *c) { (void)c; }
 
+void cuda_weights_free(void *weights) { (void)weights; }
+
 polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
                           float *last_logits, float *all_logits, float *hidden, polar_error *err) {
     (void)c, (void)program, (void)n_program, (void)tokens, (void)T, (void)pos, (void)last_logits, (void)all_logits,
@@ -50,6 +53,7 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #else
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include "../kernels/cuda/ops.h"
 #include "cuda_gemm.h"
@@ -71,13 +75,28 @@ typedef struct {
     long last_used;
 } graph_entry;
 
-struct cuda_state {
-    const polar_model *m;
-    layer_weights *layers;       /* device copies of the model's layer weights */
+/* Device buffers freed together. */
+typedef struct {
+    void **p;
+    int n, cap;
+} dev_allocs;
+
+/* A model's weights on the device (model_device.weights), shared by its
+ * sessions. */
+typedef struct {
+    layer_weights *layers;       /* [n_layers] device pointers */
     const bf16 *embed, *final_norm, *lm_head;
     float *inv_freq;             /* [head_dim/2] */
-    void **allocs;
-    int n_allocs, cap_allocs;
+    dev_allocs allocs;
+} cuda_weights;
+
+struct cuda_state {
+    const polar_model *m;
+    const cuda_weights *w;       /* the model's, not owned */
+    const layer_weights *layers; /* == w->layers */
+    const bf16 *embed, *final_norm, *lm_head;
+    const float *inv_freq;
+    dev_allocs allocs;           /* KV cache and workspaces */
     int cap_program, max_ctx, chunk;
     bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
     float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
@@ -122,71 +141,55 @@ int polar_cuda_available(char *why, size_t why_size) {
     return 1;
 }
 
-static void *dev_alloc(cuda_state *c, size_t bytes) {
+static void *dev_alloc_in(dev_allocs *l, size_t bytes) {
     void *p = NULL;
-    if (c->n_allocs == c->cap_allocs) {
-        int cap = c->cap_allocs ? c->cap_allocs * 2 : 256;
-        void **a = realloc(c->allocs, (size_t)cap * sizeof *a);
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 256;
+        void **a = realloc(l->p, (size_t)cap * sizeof *a);
         if (!a) return NULL;
-        c->allocs = a;
-        c->cap_allocs = cap;
+        l->p = a;
+        l->cap = cap;
     }
     if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) return NULL;
-    c->allocs[c->n_allocs++] = p;
+    l->p[l->n++] = p;
     return p;
 }
 
+static void dev_free_all(dev_allocs *l) {
+    for (int i = 0; i < l->n; i++) cudaFree(l->p[i]);
+    free(l->p);
+    memset(l, 0, sizeof *l);
+}
+
+static void *dev_alloc(cuda_state *c, size_t bytes) { return dev_alloc_in(&c->allocs, bytes); }
+
 /* Upload n elements of a host tensor (NULL stays NULL). */
-static int upload(cuda_state *c, const bf16 **dst, const bf16 *src, size_t n) {
+static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) {
     if (!src) {
         *dst = NULL;
         return 1;
     }
-    void *d = dev_alloc(c, n * sizeof(bf16));
+    void *d = dev_alloc_in(&w->allocs, n * sizeof(bf16));
     if (!d || cudaMemcpy(d, src, n * sizeof(bf16), cudaMemcpyHostToDevice) != cudaSuccess) return 0;
     *dst = d;
     return 1;
 }
 
-void cuda_state_free(cuda_state *c) {
-    if (!c) return;
-    for (int i = 0; i < GRAPH_CACHE; i++) {
-        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
-        free(c->graphs[i].program);
-    }
-    if (c->staging) cudaFreeHost(c->staging);
-    if (c->ring) cudaFreeHost((void *)c->ring);
-    for (int i = 0; i < 2; i++)
-        if (c->step_done[i]) cudaEventDestroy(c->step_done[i]);
-    cuda_gemm_free(c->gemm);
-    for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
-    if (c->stream) cudaStreamDestroy(c->stream);
-    free(c->allocs);
-    free(c->layers);
-    free(c);
+void cuda_weights_free(void *weights) {
+    cuda_weights *w = weights;
+    if (!w) return;
+    dev_free_all(&w->allocs);
+    free(w->layers);
+    free(w);
 }
 
-polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
-                               polar_error *err) {
-    *out = NULL;
-    char why[256];
-    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
+/* Every weight of the model on the device; NULL when out of memory. */
+static cuda_weights *weights_upload(const polar_model *m) {
     const polar_arch *a = &m->arch;
-    cuda_state *c = calloc(1, sizeof *c);
-    if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
-    c->m = m;
-    c->cap_program = cap_program;
-    c->max_ctx = max_ctx;
-    c->chunk = chunk;
-    c->layers = calloc((size_t)a->n_layers, sizeof *c->layers);
-    if (a->head_dim > 256) {
-        cuda_state_free(c);
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
-    }
-    cudaError_t e = cudaStreamCreate(&c->stream);
-    if (!c->layers || e != cudaSuccess) {
-        cuda_state_free(c);
-        return e != cudaSuccess ? cuda_error(err, e, "stream") : polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    cuda_weights *c = calloc(1, sizeof *c);
+    if (!c || !(c->layers = calloc((size_t)a->n_layers, sizeof *c->layers))) {
+        free(c);
+        return NULL;
     }
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab, hd = (size_t)a->head_dim;
@@ -210,11 +213,72 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
                  upload(c, &d->sh_router, w->sh_router, H);
         }
     }
+    ok = ok && (c->inv_freq = dev_alloc_in(&c->allocs, hd / 2 * sizeof(float))) &&
+         cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+    if (!ok) {
+        cuda_weights_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The model's device weights, uploaded on first use under its lock. */
+static const cuda_weights *model_weights(const polar_model *m) {
+    pthread_mutex_lock(&m->device->lock);
+    if (!m->device->weights) m->device->weights = weights_upload(m);
+    const cuda_weights *w = m->device->weights;
+    pthread_mutex_unlock(&m->device->lock);
+    return w;
+}
+
+void cuda_state_free(cuda_state *c) {
+    if (!c) return;
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+        free(c->graphs[i].program);
+    }
+    if (c->staging) cudaFreeHost(c->staging);
+    if (c->ring) cudaFreeHost((void *)c->ring);
+    for (int i = 0; i < 2; i++)
+        if (c->step_done[i]) cudaEventDestroy(c->step_done[i]);
+    cuda_gemm_free(c->gemm);
+    dev_free_all(&c->allocs);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+                               polar_error *err) {
+    *out = NULL;
+    char why[256];
+    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
+    const polar_arch *a = &m->arch;
+    cuda_state *c = calloc(1, sizeof *c);
+    if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->cap_program = cap_program;
+    c->max_ctx = max_ctx;
+    c->chunk = chunk;
+    if (a->head_dim > 256) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
+    }
+    if (!(c->w = model_weights(m))) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");
+    }
+    c->layers = c->w->layers;
+    c->embed = c->w->embed, c->final_norm = c->w->final_norm, c->lm_head = c->w->lm_head, c->inv_freq = c->w->inv_freq;
+    cudaError_t e = cudaStreamCreate(&c->stream);
+    if (e != cudaSuccess) {
+        cuda_state_free(c);
+        return cuda_error(err, e, "stream");
+    }
+    size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
+    size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, cache = (size_t)cap_program * (size_t)max_ctx * kv;
-    ok = ok && (c->inv_freq = dev_alloc(c, hd / 2 * sizeof(float))) &&
-         cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
-         (c->k_cache = dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = dev_alloc(c, cache * sizeof(bf16))) &&
+    int ok = (c->k_cache = dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = dev_alloc(c, cache * sizeof(bf16))) &&
          (c->x = dev_alloc(c, C * H * 4)) && (c->xn = dev_alloc(c, C * H * 4)) && (c->q = dev_alloc(c, C * q * 4)) &&
          (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
          (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
@@ -243,7 +307,7 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     }
     if (!ok) {
         cuda_state_free(c);
-        return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the weights, KV cache and workspaces");
+        return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the KV cache and workspaces");
     }
     *out = c;
     return POLAR_OK;

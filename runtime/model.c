@@ -8,6 +8,7 @@
 
 #include "../loader/config.h"
 #include "../loader/gguf.h"
+#include "backend.h"
 #include "error.h"
 
 int model_own(polar_model *m, void *buf) {
@@ -59,7 +60,12 @@ static polar_status model_alloc(const polar_arch *a, polar_model **out, polar_er
     if (!m) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory allocating the model");
     m->arch = *a;
     m->layers = calloc((size_t)a->n_layers, sizeof *m->layers);
-    if (!m->layers || !model_init_rope(m)) {
+    m->device = calloc(1, sizeof *m->device);
+    if (m->device && pthread_mutex_init(&m->device->lock, NULL) != 0) {
+        free(m->device);
+        m->device = NULL;
+    }
+    if (!m->layers || !m->device || !model_init_rope(m)) {
         polar_model_free(m);
         return polar_fail(err, POLAR_ERR_NOMEM, "out of memory allocating the model");
     }
@@ -199,6 +205,11 @@ polar_status polar_model_info_get(const polar_model *m, polar_model_info *out) {
 
 void polar_model_free(polar_model *m) {
     if (!m) return;
+    if (m->device) {
+        cuda_weights_free(m->device->weights);
+        pthread_mutex_destroy(&m->device->lock);
+        free(m->device);
+    }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);

@@ -4,6 +4,8 @@
 #ifndef POLAR_MODEL_H
 #define POLAR_MODEL_H
 
+#include <pthread.h>
+
 #include "../kernels/cpu/bf16.h"
 #include "../loader/safetensors.h"
 #include "polar.h"
@@ -26,6 +28,13 @@ typedef struct {
     const bf16 *sh_router;      /* [1, hidden]  sigmoid gate of the shared expert */
 } layer_weights;
 
+/* The model's weights on the GPU: uploaded by its first CUDA session and
+ * shared by every later one until the model is freed. */
+typedef struct {
+    pthread_mutex_t lock;
+    void *weights; /* cuda_weights * (runtime/cuda_backend.c), NULL until needed */
+} model_device;
+
 struct polar_model {
     polar_arch arch;
     const bf16 *embed;          /* [vocab, hidden] */
@@ -37,6 +46,7 @@ struct polar_model {
     void *gguf;                 /* a mapped GGUF file (gguf_file *) */
     void **owned;               /* buffers the model allocated */
     int n_owned, cap_owned;
+    model_device *device;
 };
 
 /* One weight tensor as a checkpoint holds it, and where its elements live in
