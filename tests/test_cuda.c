@@ -431,6 +431,43 @@ static void greedy_stop(void) {
     polar_model_free(m);
 }
 
+/* Two CUDA sessions of one model share its device weights: the second
+ * costs its KV cache and workspaces only, and both compute the same. */
+static void shared_weights(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL;
+    CHECK_OK(polar_arch_preset("llama-3.2-1b", &a, &err));
+    CHECK_OK(polar_model_random(&a, 3, &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    polar_program p;
+    CHECK_OK(polar_program_base(a.n_layers, &p, &err));
+    polar_session_opts o = {.max_ctx = 64, .device = POLAR_DEVICE_CUDA};
+    polar_session *s[2] = {NULL, NULL};
+    size_t free0, free1, free2, total;
+    cudaMemGetInfo(&free0, &total);
+    CHECK_OK(polar_session_create(m, &p, &o, &s[0], &err));
+    cudaMemGetInfo(&free1, &total);
+    CHECK_OK(polar_session_create(m, &p, &o, &s[1], &err));
+    cudaMemGetInfo(&free2, &total);
+    CHECK(free0 - free1 >= info.weight_bytes && free1 - free2 < info.weight_bytes / 4,
+          "first session took %zu MiB, second %zu MiB (weights %zu MiB)", (free0 - free1) >> 20, (free1 - free2) >> 20,
+          (size_t)info.weight_bytes >> 20);
+    int prompt[6] = {1, 7, 99, 1000, 5, 42};
+    float *l[2] = {malloc((size_t)a.vocab * 4), malloc((size_t)a.vocab * 4)};
+    for (int i = 0; s[0] && s[1] && i < 2; i++) {
+        CHECK_OK(polar_prefill(s[i], prompt, 6, NULL, &err));
+        memcpy(l[i], polar_logits(s[i]), (size_t)a.vocab * 4);
+    }
+    CHECK(!memcmp(l[0], l[1], (size_t)a.vocab * 4), "two sessions on shared weights differ");
+    free(l[0]), free(l[1]);
+    for (int i = 0; i < 2; i++) polar_session_free(s[i]);
+    polar_program_free(&p);
+    polar_model_free(m);
+}
+
 /* The fused predictor kernel against the CPU reference (f32 both). */
 static void predictor_fused(void) {
     static const int cases[][2] = {{28, 7}, {36, 300}};
@@ -509,6 +546,7 @@ int main(int argc, char **argv) {
     RUN(predictor_fused);
     RUN(graph_recapture);
     RUN(greedy_stop);
+    RUN(shared_weights);
     RUN(gpu_cache_consistency);
     TEST_EXIT();
 }
