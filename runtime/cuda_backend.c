@@ -295,6 +295,7 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     size_t widest_in = H > q ? H : q, widest_out = H > q ? H : q;
     if (F > widest_in) widest_in = F;
     if (F > widest_out) widest_out = F;
+    if ((size_t)a->top_k * a->moe_ffn > widest_in) widest_in = (size_t)a->top_k * a->moe_ffn; /* expert inputs */
     size_t acc_elems = C * widest_out > LOGIT_ROWS * V ? C * widest_out : LOGIT_ROWS * V;
     ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = dev_alloc(c, C * widest_in * sizeof(bf16))) &&
          (c->acc = dev_alloc(c, acc_elems * 4));
@@ -380,8 +381,14 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     void *s = c->stream;
     cuda_route(c->expert_idx, c->expert_w, c->xn, w->router, T, E, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
-    cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
-    cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
+    /* a prefill chunk on tensor cores (bf16 inputs), decode on the GEMV */
+    int gemm = T > DECODE_TOKENS;
+    if (gemm) cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
+    if (!gemm || !cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s))
+        cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
+    if (gemm) cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
+    if (!gemm || !cuda_expert_gemm(c->expert_out, c->xb, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s))
+        cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
     if (w->sh_gate) {
         mlp_in(c, c->gate, c->up, c->xn, w->sh_gate, w->sh_up, T, S, H);
         mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);

@@ -255,6 +255,19 @@ static void kernel_moe(void) {
             CHECK(!memcmp(got_idx, want_idx, (size_t)T * k * sizeof(int)), "E %d k %d T %d: routing differs", E, k, T);
             float dwt = max_rel(got_w, want_w, (size_t)T * k), d = max_rel(got, want, (size_t)T * H);
             CHECK(dwt < 1e-5f && d < 1e-4f, "E %d k %d T %d: weights %g, output %g", E, k, T, dwt, d);
+            /* the tensor-core path of a prefill chunk: bf16 inputs, so 1e-2 */
+            bf16_bits *dxb = NULL;
+            cudaMalloc((void **)&dxb, (size_t)T * k * (H > F ? H : F) * 2);
+            cudaMemset(dout, 0, (size_t)T * H * 4);
+            cuda_to_bf16(dxb, dx, (long)T * H, NULL);
+            int tc = cuda_expert_gemm(dact, dxb, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL);
+            cuda_to_bf16(dxb, dact, (long)T * k * F, NULL);
+            tc = tc && cuda_expert_gemm(dy, dxb, ddown, dgroups, T, k, E, H, F, 1, 0, NULL);
+            cuda_moe_combine(dout, dy, dw, NULL, dx, NULL, T, k, H, NULL);
+            float *got_tc = from_dev(dout, (size_t)T * H), dtc = max_rel(got_tc, want, (size_t)T * H);
+            CHECK(tc && dtc < 1e-2f, "E %d k %d T %d: tensor-core expert GEMM %g", E, k, T, dtc);
+            free(got_tc);
+            cudaFree(dxb);
             cudaFree(drouter), cudaFree(dgu), cudaFree(ddown), cudaFree(dx), cudaFree(dw), cudaFree(dact);
             cudaFree(dy), cudaFree(dout), cudaFree(didx), cudaFree(dgroups);
             free(router), free(gu), free(down), free(x), free(logits), free(want), free(gbuf), free(ybuf);

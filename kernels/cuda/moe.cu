@@ -3,8 +3,10 @@
 // reads each chosen expert's rows once for all its tokens, and a combine
 // without atomics (every output element is summed by one thread in a fixed
 // order, so two runs give the same bits).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <mma.h>
 #include <stdint.h>
 
 #include "common.cuh"
@@ -162,6 +164,86 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
     int out_rows = swiglu ? rows / 2 : rows, chosen = T * k < E ? T * k : E;
     dim3 grid((out_rows + warps - 1) / warps, chosen);
     expert_gemv_kernel<<<grid, threads, 0, st(stream)>>>(y, x, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+}
+
+// ------------------------------------------------------- expert GEMM (prefill)
+//
+// The same product on tensor cores for a prefill chunk, where an expert has
+// many slots: bf16 inputs (xb, rounded like the cuBLASLt path), f32
+// accumulation. A block per (64 output rows, chosen expert); each of its 4
+// warps owns 16 rows and walks the expert's slots 16 at a time, the slots'
+// input rows gathered into shared memory KT columns at a time.
+
+#define EG_ROWS 64
+#define EG_SLOTS 16
+#define EG_KT 128
+
+__global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w,
+                                                          const int *groups, int E, int k, int rows, int cols,
+                                                          int x_per_slot, int swiglu) {
+    using namespace nvcuda;
+    if ((int)blockIdx.y >= groups[0]) return;
+    __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_KT];
+    __shared__ __align__(32) float cs[4][2][16 * 16];
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, out_rows = swiglu ? rows / 2 : rows;
+    int r0 = blockIdx.x * EG_ROWS + warp * 16, active = r0 < out_rows;
+    int e = groups[1 + blockIdx.y], begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
+    const int *slots = groups + 2 + 2 * E;
+    const __nv_bfloat16 *we = (const __nv_bfloat16 *)w + (size_t)e * rows * cols;
+    for (int b = begin; b < end; b += EG_SLOTS) {
+        int n = end - b < EG_SLOTS ? end - b : EG_SLOTS;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_g, acc_u;
+        wmma::fill_fragment(acc_g, 0.0f);
+        wmma::fill_fragment(acc_u, 0.0f);
+        for (int k0 = 0; k0 < cols; k0 += EG_KT) {
+            int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT;
+            __syncthreads(); // the previous tile is consumed
+            for (int i = threadIdx.x; i < EG_SLOTS * kt; i += blockDim.x) {
+                int j = i / kt, c = i % kt;
+                bf16_bits v = 0; // slots past n read zeros
+                if (j < n) {
+                    int s = slots[b + j];
+                    v = xb[(size_t)(x_per_slot ? s : s / k) * cols + k0 + c];
+                }
+                xs[j * EG_KT + c] = __ushort_as_bfloat16(v);
+            }
+            __syncthreads();
+            if (!active) continue;
+            for (int kk = 0; kk < kt; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> xf;
+                wmma::load_matrix_sync(xf, xs + kk, EG_KT);
+                wmma::load_matrix_sync(a, we + (size_t)r0 * cols + k0 + kk, cols);
+                wmma::mma_sync(acc_g, a, xf, acc_g);
+                if (swiglu) {
+                    wmma::load_matrix_sync(a, we + (size_t)(out_rows + r0) * cols + k0 + kk, cols);
+                    wmma::mma_sync(acc_u, a, xf, acc_u);
+                }
+            }
+        }
+        if (!active) continue;
+        // cs[row][slot]: row r0 + i, slot j
+        wmma::store_matrix_sync(cs[warp][0], acc_g, 16, wmma::mem_row_major);
+        if (swiglu) wmma::store_matrix_sync(cs[warp][1], acc_u, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < 16 * 16; i += WARP) {
+            int r = i / 16, j = i % 16;
+            if (j >= n || r0 + r >= out_rows) continue;
+            float v = swiglu ? silu_mul(cs[warp][0][i], cs[warp][1][i]) : cs[warp][0][i];
+            y[(size_t)slots[b + j] * out_rows + r0 + r] = v;
+        }
+        __syncwarp();
+    }
+}
+
+extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k,
+                                int E, int rows, int cols, int x_per_slot, int swiglu, void *stream) {
+    int out_rows = swiglu ? rows / 2 : rows;
+    if (cols % 16 || out_rows % 16) return 0; // whole 16 x 16 tiles only
+    int chosen = T * k < E ? T * k : E;
+    dim3 grid((out_rows + EG_ROWS - 1) / EG_ROWS, chosen);
+    expert_gemm_kernel<<<grid, 128, 0, st(stream)>>>(y, xb, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+    return 1;
 }
 
 // -------------------------------------------------------------------- combine

@@ -93,6 +93,12 @@ void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stre
 void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k, int E,
                         int rows, int cols, int x_per_slot, int swiglu, void *stream);
 
+/* The same on tensor cores for a prefill chunk: inputs xb in bf16 (rows as
+ * x above), f32 accumulation. Returns 0 (launching nothing) unless cols and
+ * the output rows are multiples of 16. */
+int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k, int E,
+                     int rows, int cols, int x_per_slot, int swiglu, void *stream);
+
 /* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order), plus, when shared is
  * not NULL, sigmoid(xn[t] . gate_w) * shared[t]: the MoE residual,
  * deterministic. */
