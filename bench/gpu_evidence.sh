@@ -8,7 +8,14 @@
 # Overrides (empty skips; for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
 # ("llama-3.2-3b qwen2.5-3b qwen3-8b"), CTXS ("128 2048"), PREFILLS ("128 512"),
 # MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), GEN (64), REPS (3),
-# TEST (1: run make test-cuda), WORK (/tmp/polar-evidence: the encoder checkpoint and predictor).
+# TEST (1: run make test-cuda), COMPARE (1: bench/compare_hf.py against transformers),
+# WORK (/tmp/polar-evidence: the checkpoints and predictor it writes).
+#
+# A device call is limited to 10 minutes; split the work across calls on the
+# warm machine (build outputs stay there between calls):
+#   PRESETS= MOE= PREDICTOR=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT   # build + make test-cuda
+#   TEST=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT                      # the benchmarks
+#   TEST=0 PRESETS= MOE= PREDICTOR=0 sh bench/gpu_evidence.sh $OUT      # compare_hf.py, Llama-3.2-3B
 set -u
 OUT=${1:?usage: sh bench/gpu_evidence.sh OUT [COMMIT]}
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -100,6 +107,21 @@ if [ "$PREDICTOR" = 1 ]; then
     for q in 128 256; do
         bench predictor --preset qwen2.5-3b --prompt-len 150 --gen 1 --reps "$REPS" --predictor "$WORK/pred36.safetensors" \
             --encoder "$WORK/encoder" --question-len "$q"
+    done
+fi
+# Against transformers on the same GPU (the device image has torch and
+# transformers): a real-shape Llama-3.2-3B and the MoE preset written as
+# checkpoints, base and a skip program. COMPARE=0 skips.
+if [ "${COMPARE:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
+    for p in llama-3.2-3b ${MOE:+$MOE}; do
+        D=$(layers "$p")
+        set -- $(programs "${D:-28}")
+        "$BIN" mkmodel --preset "$p" --out "$WORK/$p" >/dev/null || { echo "mkmodel $p failed"; continue; }
+        for prog in base "$1"; do
+            python3 bench/compare_hf.py --model "$WORK/$p" --program "$prog" --device cuda --polar "$BIN" \
+                --json "$OUT/compare-$p-$(echo "$prog" | tr ',' '_').json" 2>&1 | tail -n 3
+        done
+        rm -rf "${WORK:?}/$p"
     done
 fi
 rm -f "$OUT/err.txt"
