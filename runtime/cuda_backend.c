@@ -98,6 +98,7 @@ struct cuda_state {
     const float *inv_freq;
     dev_allocs allocs;           /* KV cache and workspaces */
     int cap_program, max_ctx, chunk;
+    int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
     bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
     float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
     float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
@@ -269,10 +270,13 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     }
     c->layers = c->w->layers;
     c->embed = c->w->embed, c->final_norm = c->w->final_norm, c->lm_head = c->w->lm_head, c->inv_freq = c->w->inv_freq;
-    cudaError_t e = cudaStreamCreate(&c->stream);
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaStreamCreate(&c->stream);
     if (e != cudaSuccess) {
         cuda_state_free(c);
-        return cuda_error(err, e, "stream");
+        return cuda_error(err, e, "device attributes and stream");
     }
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
@@ -415,7 +419,8 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
                        a->n_kv_heads, hd, eps, s);
     if (T <= DECODE_TOKENS)
-        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, s);
+        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd,
+                              cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
     else
         cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, s);
     mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);

@@ -194,7 +194,8 @@ static void kernel_attention(void) {
             for (int kind = T <= 8 ? 0 : 1; kind < 2; kind++) {
                 if (kind == 0) {
                     float *scratch = dev_floats(cuda_attention_scratch(T, nh, hd));
-                    cuda_attention_decode(dout, dq, dk, dv, scratch, dpos, T, nh, nkv, hd, NULL);
+                    cuda_attention_decode(dout, dq, dk, dv, scratch, dpos, T, nh, nkv, hd,
+                                          cuda_attention_splits(T, nkv, 132), NULL);
                     cudaDeviceSynchronize();
                     cudaFree(scratch);
                 } else {

@@ -121,12 +121,8 @@ __global__ void attention_merge_kernel(float *out, const float *part, int n_head
     }
 }
 
-// Splits so that the grid covers the GPU about twice over.
-static int attention_splits(int T, int n_kv) {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                                  cudaSuccess)
-        sms = 132;
+// Splits so that the grid covers the GPU (sms multiprocessors) about twice over.
+extern "C" int cuda_attention_splits(int T, int n_kv, int sms) {
     int s = (2 * sms + T * n_kv - 1) / (T * n_kv);
     return s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
 }
@@ -137,8 +133,8 @@ extern "C" size_t cuda_attention_scratch(int T, int n_heads, int head_dim) {
 
 extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                                       float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
-                                      void *stream) {
-    int splits = attention_splits(T, n_kv);
+                                      int splits, void *stream) {
+    if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
     attention_split_kernel<<<dim3(T, n_kv, splits), 128, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0, n_heads,
                                                                            n_kv, head_dim, splits);
     attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
@@ -226,7 +222,8 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                                        const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
     size_t smem = (size_t)PF_ROWS * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
-    cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem > 48 * 1024) // head_dim 256 needs the opt-in beyond the default 48 KiB
+        cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     attention_prefill_kernel<<<dim3((T + PF_ROWS - 1) / PF_ROWS, n_heads), PF_WARPS * WARP, smem, st(stream)>>>(
         out, q, k_cache, v_cache, pos0, T, n_heads, n_kv, head_dim);
 }
