@@ -27,17 +27,33 @@ static __device__ warp_id my_warp() {
     return w;
 }
 
-// y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .))
+// y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). A warp
+// task is one row for up to 8 inputs, so a weight row is read once per 8
+// tokens; neighbouring warps take neighbouring rows of the same inputs.
 static __device__ void linear(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
                               int relu) {
     warp_id me = my_warp();
-    for (long o = me.id; o < (long)n * rows; o += me.count) {
-        int t = (int)(o / rows), r = (int)(o % rows);
-        const float *wr = w + (size_t)r * cols, *xt = x + (size_t)t * cols;
-        float acc = 0.0f;
-        for (int c = me.lane; c < cols; c += WARP) acc += wr[c] * xt[c];
-        acc = warp_sum(acc) + (b ? b[r] : 0.0f);
-        if (me.lane == 0) y[o] = relu ? fmaxf(acc, 0.0f) : acc;
+    long blocks = (n + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS;
+    for (long o = me.id; o < blocks * rows; o += me.count) {
+        int t0 = (int)(o / rows) * MAX_TOKENS_PER_PASS, r = (int)(o % rows);
+        int cnt = n - t0 < MAX_TOKENS_PER_PASS ? n - t0 : MAX_TOKENS_PER_PASS;
+        const float *wr = w + (size_t)r * cols, *xt = x + (size_t)t0 * cols;
+        float acc[MAX_TOKENS_PER_PASS];
+#pragma unroll
+        for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) acc[t] = 0.0f;
+        for (int c = me.lane; c < cols; c += WARP) {
+            float wc = wr[c];
+#pragma unroll
+            for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+                if (t < cnt) acc[t] += wc * xt[(size_t)t * cols + c];
+        }
+        float bias = b ? b[r] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+            if (t >= cnt) break;
+            float v = warp_sum(acc[t]) + bias;
+            if (me.lane == 0) y[(size_t)(t0 + t) * rows + r] = relu ? fmaxf(v, 0.0f) : v;
+        }
     }
 }
 
