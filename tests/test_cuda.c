@@ -36,6 +36,30 @@ static float max_rel(const float *a, const float *b, size_t n) {
     return d / scale;
 }
 
+static bf16 *rand_weights(size_t n, int cols) {
+    bf16 *w = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) w[i] = f32_to_bf16(frand() / sqrtf((float)cols));
+    return w;
+}
+
+static float *rand_floats(size_t n, float scale) {
+    float *x = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
+    return x;
+}
+
+static float *from_dev(const float *d, size_t n) {
+    float *h = malloc(n * 4);
+    cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+static float *dev_floats(size_t n) {
+    float *d = NULL;
+    cudaMalloc((void **)&d, n * 4);
+    return d;
+}
+
 /* Shapes of the presets' projections: q/o (hidden x hidden), kv, MLP, head rows. */
 static void kernel_matmul(void) {
     static const int shapes[][2] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {3072, 3072},
@@ -45,12 +69,10 @@ static void kernel_matmul(void) {
         int rows = shapes[sidx][0], cols = shapes[sidx][1];
         for (int T = 1; T <= 11; T += quick ? 10 : 3) {
             size_t nw = (size_t)rows * cols;
-            bf16 *w = malloc(nw * 2), *b = malloc((size_t)rows * 2);
-            float *x = malloc((size_t)T * cols * 4), *y = malloc((size_t)T * rows * 4), *g = malloc((size_t)T * rows * 4);
-            for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(frand() / sqrtf((float)cols));
-            for (int i = 0; i < rows; i++) b[i] = f32_to_bf16(frand() * 0.1f);
-            for (size_t i = 0; i < (size_t)T * cols; i++) x[i] = frand();
-            for (size_t i = 0; i < (size_t)T * rows; i++) y[i] = g[i] = frand();
+            bf16 *w = rand_weights(nw, cols), *b = rand_weights(rows, 100); /* bias ~0.1 */
+            float *x = rand_floats((size_t)T * cols, 1), *y = rand_floats((size_t)T * rows, 1);
+            float *g = malloc((size_t)T * rows * 4);
+            memcpy(g, y, (size_t)T * rows * 4);
             cpu_matmul(y, x, w, b, T, rows, cols, 1, 2);
             bf16 *dw = to_dev(w, nw * 2), *db = to_dev(b, (size_t)rows * 2);
             float *dx = to_dev(x, (size_t)T * cols * 4), *dy = to_dev(g, (size_t)T * rows * 4);
@@ -95,30 +117,6 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
     CHECK(out == 700, "argmax ties to the lowest index: %d", out);
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(du), cudaFree(dl), cudaFree(di);
     free(x), free(want), free(got), free(w), free(u);
-}
-
-static bf16 *rand_weights(size_t n, int cols) {
-    bf16 *w = malloc(n * 2);
-    for (size_t i = 0; i < n; i++) w[i] = f32_to_bf16(frand() / sqrtf((float)cols));
-    return w;
-}
-
-static float *rand_floats(size_t n, float scale) {
-    float *x = malloc(n * 4);
-    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
-    return x;
-}
-
-static float *from_dev(const float *d, size_t n) {
-    float *h = malloc(n * 4);
-    cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost);
-    return h;
-}
-
-static float *dev_floats(size_t n) {
-    float *d = NULL;
-    cudaMalloc((void **)&d, n * 4);
-    return d;
 }
 
 /* The fused GEMVs (q/k/v in one launch with biases; gate/up with the SwiGLU

@@ -19,8 +19,6 @@
 #define ATT_MAX_SPLITS 64
 #define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
 
-static cudaStream_t st(void *s) { return (cudaStream_t)s; }
-
 // Load keys j0..j0+n-1 of one KV head into padded shared tiles.
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
                                                     const bf16_bits *vc, int j0, int n, int kvh, int kvd, int hd) {

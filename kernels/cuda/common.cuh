@@ -4,10 +4,14 @@
 #define POLAR_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #define WARP 32
 #define MAX_TOKENS_PER_PASS 8 // inputs one pass over a weight row serves
+
+// The stream a C caller passed as void *.
+static inline cudaStream_t st(void *s) { return (cudaStream_t)s; }
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

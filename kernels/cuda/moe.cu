@@ -12,8 +12,6 @@
 #include "common.cuh"
 #include "ops.h"
 
-static cudaStream_t st(void *s) { return (cudaStream_t)s; }
-
 // --------------------------------------------------------------------- router
 //
 // A block per token: the E router logits (a warp per expert row) into shared

@@ -8,8 +8,6 @@
 #include "ops.h"
 #include "common.cuh"
 
-static cudaStream_t st(void *s) { return (cudaStream_t)s; }
-
 // ------------------------------------------------------------------ embedding
 
 __global__ void embed_kernel(float *x, const bf16_bits *table, const int *tokens, int hidden) {
