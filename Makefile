@@ -13,7 +13,9 @@ LDLIBS  := -fopenmp -lm -lpthread
 # make cuda: the same library and CLI with the CUDA backend, in build-cuda/.
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# sm_80/sm_90 machine code, plus compute_90 PTX so newer GPUs JIT-compile the kernels.
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
 CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
@@ -119,11 +121,16 @@ cuda:
 # On a machine with a GPU: every CUDA kernel and whole models against the CPU
 # reference, then the same under compute-sanitizer's memcheck. It needs
 # nothing from package registries (GPU machines may have no network).
+# racecheck runs the kernel tests only: whole models under it take minutes.
+RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_attention kernel_moe \
+                   predictor_fused
 SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(CUDA_HOME)/bin/compute-sanitizer)
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
-	./build-cuda/tests/test_cuda
-	$(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
+	@rc=0; ./build-cuda/tests/test_cuda || rc=1; \
+	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick || rc=1; \
+	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick $(RACECHECK_TESTS) || rc=1; \
+	  exit $$rc
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
