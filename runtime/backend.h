@@ -13,6 +13,15 @@ typedef struct cuda_state cuda_state;
  * tokens reads the weights once, through tensor-core GEMMs. */
 #define CUDA_PREFILL_CHUNK 512
 
+/* Up to this many tokens a device forward runs the GEMVs on f32
+ * activations; more go through tensor-core GEMMs on activations rounded to
+ * bf16 (a CPU session with round_like_cuda mirrors this). */
+#define CUDA_DECODE_TOKENS 8
+
+/* Whether MoE experts of this shape go through the tensor-core expert GEMM
+ * (whole 16 x 16 tiles) in a prefill chunk. */
+static inline int cuda_expert_gemm_fits(int hidden, int moe_ffn) { return hidden % 16 == 0 && moe_ffn % 16 == 0; }
+
 /* Device state for a session: the model's device weights (uploaded by the
  * first session, shared after), KV slots for cap_program
  * execution positions x max_ctx tokens, workspaces for chunk tokens. */

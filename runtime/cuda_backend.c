@@ -58,10 +58,10 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #include "../kernels/cuda/ops.h"
 #include "cuda_gemm.h"
 
-/* Up to this many tokens go through the hand-written GEMVs (a weight row
- * read once for all of them) and split-K attention; more through cuBLASLt
- * and the tiled prefill attention. */
-#define DECODE_TOKENS 8
+/* Up to CUDA_DECODE_TOKENS tokens go through the hand-written GEMVs (a
+ * weight row read once for all of them) and split-K attention; more through
+ * cuBLASLt and the tiled prefill attention. */
+#define DECODE_TOKENS CUDA_DECODE_TOKENS
 /* Rows of logits computed at once (the head of a long prefill runs in slices). */
 #define LOGIT_ROWS 32
 
@@ -104,7 +104,8 @@ struct cuda_state {
     float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
     float *scores;               /* decode attention partials, cuda_attention_scratch floats */
     float *logits;               /* [LOGIT_ROWS, vocab] */
-    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending    MoE models only */
+    float *router_logits;        /* [chunk, n_experts]                          MoE models only */
+    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
     float *expert_w;             /* [chunk, top_k] their weights */
     int *groups;                 /* the chunk's slots grouped by expert (cuda_moe_group) */
     float *expert_act;           /* [chunk * top_k, moe_ffn] */
@@ -273,7 +274,10 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaStreamCreate(&c->stream);
+    /* non-blocking: another thread's legacy-stream copy must not join (and
+     * break) this stream's graph capture */
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = (cudaError_t)cuda_attention_prepare(a->head_dim);
     if (e != cudaSuccess) {
         cuda_state_free(c);
         return cuda_error(err, e, "device attributes and stream");
@@ -306,7 +310,8 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         size_t groups = cuda_moe_group_ints(chunk, a->top_k, a->n_experts);
-        ok = (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
+        ok = (c->router_logits = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
+             (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
              (c->groups = dev_alloc(c, groups * sizeof(int))) && (c->expert_act = dev_alloc(c, slots * MF * 4)) &&
              (c->expert_out = dev_alloc(c, slots * H * 4)) && (c->shared_out = dev_alloc(c, C * H * 4));
     }
@@ -383,16 +388,18 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, F = a->moe_ffn, k = a->top_k, E = a->n_experts, S = a->shared_ffn;
     void *s = c->stream;
-    cuda_route(c->expert_idx, c->expert_w, c->xn, w->router, T, E, H, k, a->norm_topk, s);
+    cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, E, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
     /* a prefill chunk on tensor cores (bf16 inputs), decode on the GEMV */
-    int gemm = T > DECODE_TOKENS;
-    if (gemm) cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
-    if (!gemm || !cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s))
+    if (T > DECODE_TOKENS && cuda_expert_gemm_fits(H, F)) {
+        cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
+        cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
+        cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
+        cuda_expert_gemm(c->expert_out, c->xb, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
+    } else {
         cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
-    if (gemm) cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
-    if (!gemm || !cuda_expert_gemm(c->expert_out, c->xb, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s))
         cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
+    }
     if (w->sh_gate) {
         mlp_in(c, c->gate, c->up, c->xn, w->sh_gate, w->sh_up, T, S, H);
         mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
@@ -563,12 +570,18 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
         }
         if (i + 1 < max_steps) fed = id;
     }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) return cuda_error(err, e, "greedy decode");
+    cudaError_t e_sync = cudaStreamSynchronize(c->stream); /* nothing of ours still runs, even after an error */
+    if (e == cudaSuccess) e = e_sync;
+    if (e != cudaSuccess) { /* steps 0..i-1 were accepted (their ids recorded) and appended */
+        *n_steps = i;
+        return cuda_error(err, e, "greedy decode");
+    }
     *n_steps = stopped ? i + 1 : max_steps;
     if (!last_logits) return POLAR_OK;
     if (queued == *n_steps) { /* the last step run is the last one counted: its logits are on the device */
-        e = cudaMemcpy(last_logits, c->logits, (size_t)c->m->arch.vocab * sizeof(float), cudaMemcpyDeviceToHost);
+        e = cudaMemcpyAsync(last_logits, c->logits, (size_t)c->m->arch.vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                            c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
         return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying logits");
     }
     /* A wasted step overwrote them: run the last counted step again (the

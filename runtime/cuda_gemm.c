@@ -9,6 +9,7 @@
 #include "cuda_gemm.h"
 
 #include <cublasLt.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@
 
 typedef struct {
     int rows, cols, T;
+    int failed;                  /* cuBLASLt declined this shape: remembered, not asked again */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -29,6 +31,7 @@ struct cuda_gemm {
     void *workspace;
     gemm_plan plans[GEMM_CACHE];
     int n_plans;
+    int warned;                  /* a declined shape was reported (once per handle) */
 };
 
 cuda_gemm *cuda_gemm_create(void) {
@@ -85,22 +88,36 @@ static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T) {
                  CUBLAS_STATUS_SUCCESS &&
              found > 0;
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!ok) {
+    if (ok) {
+        p->algo = heur.algo;
+    } else { /* keep the shape, marked failed, so it is not asked again */
         plan_free(p);
-        return NULL;
+        memset(p, 0, sizeof *p);
+        p->rows = rows, p->cols = cols, p->T = T;
+        p->failed = 1;
     }
-    p->algo = heur.algo;
     g->n_plans++;
     return p;
+}
+
+/* A shape cuBLASLt declined runs on the GEMV (correct, slower): say so once. */
+static int declined(cuda_gemm *g, gemm_plan *p) {
+    p->failed = 1;
+    if (!g->warned++)
+        fprintf(stderr, "polar: cuBLASLt declined a %d x %d x %d GEMM; such shapes run on the GEMV kernel\n", p->T,
+                p->rows, p->cols);
+    return 0;
 }
 
 int cuda_gemm_run(cuda_gemm *g, float *acc, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
                   void *stream) {
     gemm_plan *p = plan_for(g, rows, cols, T);
-    if (!p) return 0;
+    if (p->failed) return g->warned ? 0 : declined(g, p);
     const float alpha = 1.0f, beta = 0.0f;
-    return cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, acc, p->c, acc, p->c, &p->algo,
-                          g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) == CUBLAS_STATUS_SUCCESS;
+    if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, acc, p->c, acc, p->c, &p->algo,
+                       g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS)
+        return declined(g, p);
+    return 1;
 }
 
 #endif

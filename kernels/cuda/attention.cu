@@ -19,10 +19,25 @@
 #define ATT_MAX_SPLITS 64
 #define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
 
-// Load keys j0..j0+n-1 of one KV head into padded shared tiles.
+// Load keys j0..j0+n-1 of one KV head into padded shared tiles: 16-byte
+// loads from the cache when head_dim % 8 == 0, stored as 2-byte halves (the
+// padded rows keep the lanes of the prefill kernel, one key each, on
+// different banks).
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
                                                     const bf16_bits *vc, int j0, int n, int kvh, int kvd, int hd) {
     int stride = KV_STRIDE(hd);
+    if ((hd & 7) == 0) {
+        int per_row = hd / 8;
+        for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+            int j = i / per_row, c = (i % per_row) * 8;
+            size_t src = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
+            uint4 kk = *(const uint4 *)(kc + src), vv = *(const uint4 *)(vc + src);
+            const uint16_t *k8 = (const uint16_t *)&kk, *v8 = (const uint16_t *)&vv;
+#pragma unroll
+            for (int u = 0; u < 8; u++) ks[j * stride + c + u] = k8[u], vs[j * stride + c + u] = v8[u];
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
         int j = i / hd, c = i % hd;
         size_t src = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
@@ -217,11 +232,20 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     }
 }
 
+static size_t prefill_smem(int head_dim) {
+    return (size_t)PF_ROWS * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
+}
+
+extern "C" int cuda_attention_prepare(int head_dim) {
+    size_t smem = prefill_smem(head_dim);
+    if (smem <= 48 * 1024) return cudaSuccess;
+    // head_dim 256 needs the opt-in beyond the default 48 KiB
+    return cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                                        const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
-    size_t smem = (size_t)PF_ROWS * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
-    if (smem > 48 * 1024) // head_dim 256 needs the opt-in beyond the default 48 KiB
-        cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = prefill_smem(head_dim);
     attention_prefill_kernel<<<dim3((T + PF_ROWS - 1) / PF_ROWS, n_heads), PF_WARPS * WARP, smem, st(stream)>>>(
         out, q, k_cache, v_cache, pos0, T, n_heads, n_kv, head_dim);
 }

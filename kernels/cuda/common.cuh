@@ -46,36 +46,74 @@ static __device__ __forceinline__ float block_sum(float v) {
     return r;
 }
 
-// This lane's share of w_row . xs[t] for the n <= MAX_TOKENS_PER_PASS inputs
-// (warp_sum the results). With cols % 8 == 0 each lane loads 8 bf16 (16
-// bytes) of the row per step, and the row is read once for all n inputs.
-static __device__ __forceinline__ void row_dots(float acc[MAX_TOKENS_PER_PASS], const uint16_t *wr,
-                                                const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
-                                                int lane) {
-    if ((cols & 7) == 0) {
-        for (int j = lane * 8; j < cols; j += WARP * 8) {
-            uint4 p = *(const uint4 *)(wr + j);
-            float w0 = __uint_as_float(p.x << 16), w1 = __uint_as_float(p.x & 0xffff0000u);
-            float w2 = __uint_as_float(p.y << 16), w3 = __uint_as_float(p.y & 0xffff0000u);
-            float w4 = __uint_as_float(p.z << 16), w5 = __uint_as_float(p.z & 0xffff0000u);
-            float w6 = __uint_as_float(p.w << 16), w7 = __uint_as_float(p.w & 0xffff0000u);
+// acc[r][t] += this lane's share of w_r[j..j+8) . xs[t][j..j+8) for the R
+// rows' 16-byte chunks p[r].
+template <int R>
+static __device__ __forceinline__ void dot8(float (*acc)[MAX_TOKENS_PER_PASS], const uint4 *p,
+                                            const float *const xs[MAX_TOKENS_PER_PASS], int n, int j) {
 #pragma unroll
-            for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-                if (t >= n) break;
-                float4 a = *(const float4 *)(xs[t] + j), b = *(const float4 *)(xs[t] + j + 4);
-                acc[t] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * b.x + w5 * b.y + w6 * b.z + w7 * b.w;
-            }
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        float4 a = *(const float4 *)(xs[t] + j), b = *(const float4 *)(xs[t] + j + 4);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float w0 = __uint_as_float(p[r].x << 16), w1 = __uint_as_float(p[r].x & 0xffff0000u);
+            float w2 = __uint_as_float(p[r].y << 16), w3 = __uint_as_float(p[r].y & 0xffff0000u);
+            float w4 = __uint_as_float(p[r].z << 16), w5 = __uint_as_float(p[r].z & 0xffff0000u);
+            float w6 = __uint_as_float(p[r].w << 16), w7 = __uint_as_float(p[r].w & 0xffff0000u);
+            acc[r][t] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * b.x + w5 * b.y + w6 * b.z + w7 * b.w;
+        }
+    }
+}
+
+// This lane's share of w_r . xs[t] for R weight rows and the n <=
+// MAX_TOKENS_PER_PASS inputs (warp_sum the results). With cols % 8 == 0 each
+// lane streams 16 bytes of each row per step, U steps' loads issued before
+// the first FMA so that U * R loads per lane are in flight (decode is bound
+// by how many bytes are in flight, not by arithmetic); every row is read
+// once for all n inputs.
+template <int R, int U>
+static __device__ __forceinline__ void rows_dots(float (*acc)[MAX_TOKENS_PER_PASS], const uint16_t *const *wr,
+                                                 const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
+                                                 int lane) {
+    if ((cols & 7) == 0) {
+        const int step = WARP * 8;
+        int j = lane * 8;
+        for (; j + (U - 1) * step < cols; j += U * step) {
+            uint4 p[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) p[u][r] = __ldcs((const uint4 *)(wr[r] + j + u * step));
+#pragma unroll
+            for (int u = 0; u < U; u++) dot8<R>(acc, p[u], xs, n, j + u * step);
+        }
+        for (; j < cols; j += step) {
+            uint4 p[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) p[r] = __ldcs((const uint4 *)(wr[r] + j));
+            dot8<R>(acc, p, xs, n, j);
         }
     } else {
         for (int j = lane; j < cols; j += WARP) {
-            float wj = bf(wr[j]);
 #pragma unroll
-            for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-                if (t >= n) break;
-                acc[t] += wj * xs[t][j];
+            for (int r = 0; r < R; r++) {
+                float wj = bf(wr[r][j]);
+#pragma unroll
+                for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+                    if (t >= n) break;
+                    acc[r][t] += wj * xs[t][j];
+                }
             }
         }
     }
+}
+
+// One row: rows_dots with four steps in flight.
+static __device__ __forceinline__ void row_dots(float acc[MAX_TOKENS_PER_PASS], const uint16_t *wr,
+                                                const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
+                                                int lane) {
+    rows_dots<1, 4>((float (*)[MAX_TOKENS_PER_PASS])acc, &wr, xs, n, cols, lane);
 }
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }

@@ -14,55 +14,48 @@
 
 // --------------------------------------------------------------------- router
 //
-// A block per token: the E router logits (a warp per expert row) into shared
-// memory, then warp 0 routes as cpu_route does: softmax statistics in f32,
-// the k largest logits (lower index on ties), their probabilities,
-// renormalised when norm, written in ascending expert order.
-__global__ void route_kernel(int *idx, float *weight, const float *x, const bf16_bits *w_router, int E, int H, int k,
-                             int norm) {
-    extern __shared__ float logit[]; // [E], then taken flags [E]
-    int *taken = (int *)(logit + E);
-    int t = blockIdx.x, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
-    const float *xs[MAX_TOKENS_PER_PASS];
-    for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) xs[i] = x + (size_t)t * H;
-    for (int e = warp; e < E; e += warps) {
-        float acc[MAX_TOKENS_PER_PASS] = {0};
-        row_dots(acc, w_router + (size_t)e * H, xs, 1, H, lane);
-        float v = warp_sum(acc[0]);
-        if (lane == 0) logit[e] = v, taken[e] = 0;
-    }
-    __syncthreads();
-    if (warp != 0) return;
+// The logits through the row-parallel GEMV (the E x H router spread over
+// the whole GPU, not one block per token), then a warp per token routes as
+// cpu_route does: softmax statistics in f32, the k largest logits (lower
+// index on ties), their probabilities, renormalised when norm, written in
+// ascending expert order. Pick j is the largest logit strictly below pick
+// j - 1 in the order (value descending, index ascending), so no flags and
+// no shared memory are needed.
+
+// a before b in the order (value descending, index ascending)
+static __device__ __forceinline__ bool ranks_before(float av, int ai, float bv, int bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void topk_kernel(int *idx, float *weight, const float *logits, int T, int E, int k, int norm) {
+    int lane = threadIdx.x % WARP, t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (t >= T) return;
+    const float *lg = logits + (size_t)t * E;
     float mx = -INFINITY, sum = 0.0f;
-    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, logit[e]);
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
-    for (int e = lane; e < E; e += WARP) sum += expf(logit[e] - mx);
+    for (int e = lane; e < E; e += WARP) sum += expf(lg[e] - mx);
     sum = warp_sum(sum);
     int *id = idx + (size_t)t * k;
-    float *wt = weight + (size_t)t * k;
+    float *wt = weight + (size_t)t * k, total = 0.0f, pv = INFINITY;
+    int pi = -1; // the previous pick: (+inf, -1) ranks before everything
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
-        int bi = E;
+        int bi = E; // nothing yet
         for (int e = lane; e < E; e += WARP)
-            if (!taken[e] && (bi == E || logit[e] > bv)) bv = logit[e], bi = e;
+            if (ranks_before(pv, pi, lg[e], e) && (bi == E || ranks_before(lg[e], e, bv, bi))) bv = lg[e], bi = e;
         for (int o = WARP / 2; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+            if (oi < E && (bi == E || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi;
         }
-        if (lane == 0) {
-            taken[bi] = 1;
-            id[j] = bi;
-            wt[j] = expf(bv - mx) / sum;
-        }
-        __syncwarp();
+        float p = expf(bv - mx) / sum;
+        if (lane == 0) id[j] = bi, wt[j] = p;
+        total += p;
+        pv = bv, pi = bi;
     }
     if (lane != 0) return;
-    if (norm) {
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) s += wt[j];
-        for (int j = 0; j < k; j++) wt[j] /= s;
-    }
+    // ascending expert order (lane 0 rereads its own writes)
     for (int j = 1; j < k; j++)
         for (int i = j; i > 0 && id[i] < id[i - 1]; i--) {
             int ti = id[i];
@@ -70,12 +63,15 @@ __global__ void route_kernel(int *idx, float *weight, const float *x, const bf16
             float tw = wt[i];
             wt[i] = wt[i - 1], wt[i - 1] = tw;
         }
+    if (norm)
+        for (int j = 0; j < k; j++) wt[j] /= total;
 }
 
-extern "C" void cuda_route(int *idx, float *weight, const float *x, const bf16_bits *w_router, int T, int E, int H,
-                           int k, int norm, void *stream) {
-    route_kernel<<<T, 256, (size_t)E * (sizeof(float) + sizeof(int)), st(stream)>>>(idx, weight, x, w_router, E, H, k,
-                                                                                     norm);
+extern "C" void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router, int T,
+                           int E, int H, int k, int norm, void *stream) {
+    cuda_matmul(logits, x, w_router, NULL, T, E, H, 0, stream);
+    const int warps = 8;
+    topk_kernel<<<(T + warps - 1) / warps, warps * WARP, 0, st(stream)>>>(idx, weight, logits, T, E, k, norm);
 }
 
 // ------------------------------------------------------------------- grouping
@@ -83,39 +79,62 @@ extern "C" void cuda_route(int *idx, float *weight, const float *x, const bf16_b
 // groups: [0] the number of experts chosen by any token, [1, 1+E) those
 // experts ascending, [1+E, 2+2E) their first slot in the sorted list, then
 // the sorted list of slots (slot s = token * k + j), ascending within an
-// expert. One block: a thread per expert counts and then fills its slots.
+// expert. One warp walks the slots in order, 32 at a time: lanes routed to
+// the same expert find each other (__match_any_sync), and the lowest of them
+// advances that expert's shared counter for all of them, so every update of
+// a counter comes from one lane and the order within an expert is the slot
+// order. O(T*k/32 + E/32) steps.
 
 extern "C" size_t cuda_moe_group_ints(int T, int k, int E) { return 2 + 2 * (size_t)E + (size_t)T * k; }
 
+// The lane's rank among the lanes of mask below it, and whether it leads.
+static __device__ __forceinline__ int rank_in(unsigned mask, int lane) { return __popc(mask & ((1u << lane) - 1)); }
+
 __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E) {
-    extern __shared__ int count[]; // [E], then start [E]
-    int *start = count + E, *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int c = 0;
-        for (int s = 0; s < n_slots; s++) c += idx[s] == e;
-        count[e] = c;
+    extern __shared__ int cursor[]; // [E]: counts, then each expert's next free place
+    int lane = threadIdx.x, *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
+    for (int e = lane; e < E; e += WARP) cursor[e] = 0;
+    __syncwarp();
+    for (int s0 = 0; s0 < n_slots; s0 += WARP) {
+        int s = s0 + lane, in = s < n_slots, e = in ? idx[s] : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, e);
+        if (in && rank_in(peers, lane) == 0) cursor[e] += __popc(peers);
+        __syncwarp();
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int a = 0, off = 0;
-        for (int e = 0; e < E; e++) {
-            start[e] = off;
-            if (count[e]) active[a] = e, offset[a++] = off;
-            off += count[e];
+    // exclusive prefix over experts: lane l owns a contiguous range of them
+    int per = (E + WARP - 1) / WARP, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
+    int mine = 0, mine_active = 0;
+    for (int e = e0; e < e1; e++) mine += cursor[e], mine_active += cursor[e] > 0;
+    int off = mine, act = mine_active;
+    for (int o = 1; o < WARP; o <<= 1) { // inclusive scans
+        int a = __shfl_up_sync(0xffffffffu, off, o), b = __shfl_up_sync(0xffffffffu, act, o);
+        if (lane >= o) off += a, act += b;
+    }
+    off -= mine, act -= mine_active;
+    for (int e = e0; e < e1; e++) {
+        int c = cursor[e];
+        if (c) active[act] = e, offset[act++] = off;
+        cursor[e] = off;
+        off += c;
+    }
+    if (lane == WARP - 1) offset[act] = off, groups[0] = act;
+    __syncwarp();
+    for (int s0 = 0; s0 < n_slots; s0 += WARP) {
+        int s = s0 + lane, in = s < n_slots, e = in ? idx[s] : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, e);
+        int base = 0;
+        if (in) base = cursor[e];
+        __syncwarp();
+        if (in) {
+            slots[base + rank_in(peers, lane)] = s;
+            if (rank_in(peers, lane) == 0) cursor[e] = base + __popc(peers);
         }
-        offset[a] = off;
-        groups[0] = a;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int p = start[e];
-        for (int s = 0; s < n_slots && p < start[e] + count[e]; s++)
-            if (idx[s] == e) slots[p++] = s;
+        __syncwarp();
     }
 }
 
 extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stream) {
-    moe_group_kernel<<<1, 1024, 2 * (size_t)E * sizeof(int), st(stream)>>>(groups, idx, T * k, E);
+    moe_group_kernel<<<1, WARP, (size_t)E * sizeof(int), st(stream)>>>(groups, idx, T * k, E);
 }
 
 // --------------------------------------------------------------- expert GEMV
@@ -145,8 +164,17 @@ __global__ void expert_gemv_kernel(float *y, const float *x, const bf16_bits *w,
             xs[i] = x + (size_t)(x_per_slot ? s : s / k) * cols;
             g[i] = u[i] = 0.0f;
         }
-        row_dots(g, we + (size_t)r * cols, xs, n, cols, lane);
-        if (swiglu) row_dots(u, we + (size_t)(out_rows + r) * cols, xs, n, cols, lane);
+        if (swiglu) {
+            float gu[2][MAX_TOKENS_PER_PASS];
+#pragma unroll
+            for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) gu[0][i] = gu[1][i] = 0.0f;
+            const uint16_t *rows2[2] = {we + (size_t)r * cols, we + (size_t)(out_rows + r) * cols};
+            rows_dots<2, 2>(gu, rows2, xs, n, cols, lane);
+#pragma unroll
+            for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) g[i] = gu[0][i], u[i] = gu[1][i];
+        } else {
+            row_dots(g, we + (size_t)r * cols, xs, n, cols, lane);
+        }
 #pragma unroll
         for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) {
             if (i >= n) break;

@@ -49,40 +49,39 @@ struct gemv_parts {
     int n, rows;
 };
 
-// One warp per output row, the row read once for up to 8 tokens.
-__global__ void gemv_kernel(gemv_parts parts, const float *x, int T, int cols, int accumulate) {
+// One warp per output row, the row read once per pass of up to 8 tokens;
+// blockIdx.y is the pass (tokens 8y..8y+7), so any T is one launch.
+__global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, int T, int cols, int accumulate) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
-    int r = blockIdx.x * warps + threadIdx.x / WARP;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= parts.rows) return;
     gemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
     if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
+    int n = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS];
 #pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) xs[t] = x + (size_t)(t < T ? t : 0) * cols, acc[t] = 0.0f;
-    row_dots(acc, part.w + (size_t)r * cols, xs, T, cols, lane);
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = 0.0f;
+    row_dots(acc, part.w + (size_t)r * cols, xs, n, cols, lane);
     float b = part.bias ? bf(part.bias[r]) : 0.0f;
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-        if (t >= T) break;
+        if (t >= n) break;
         float v = warp_sum(acc[t]);
         if (lane == 0) {
-            float *dst = &part.y[(size_t)t * part.rows + r];
+            float *dst = &part.y[(size_t)(t0 + t) * part.rows + r];
             *dst = accumulate ? *dst + (v + b) : v + b;
         }
     }
 }
 
+static unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS); }
+
 static void gemv(gemv_parts parts, const float *x, int T, int cols, int accumulate, void *stream) {
     const int threads = 256, warps = threads / WARP;
-    for (int t0 = 0; t0 < T; t0 += MAX_TOKENS_PER_PASS) {
-        int nt = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
-        gemv_parts at = parts;
-        for (int i = 0; i < parts.n; i++) at.p[i].y += (size_t)t0 * parts.p[i].rows;
-        gemv_kernel<<<(parts.rows + warps - 1) / warps, threads, 0, st(stream)>>>(at, x + (size_t)t0 * cols, nt, cols,
-                                                                                accumulate);
-    }
+    dim3 grid((parts.rows + warps - 1) / warps, passes(T));
+    gemv_kernel<<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
 }
 
 extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
@@ -98,35 +97,34 @@ extern "C" void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, co
     gemv(parts, x, T, cols, 0, stream);
 }
 
-// act[t, r] = silu(x_t . gate_r) * (x_t . up_r): a warp reads row r of both.
-__global__ void gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T,
-                                   int F, int cols) {
+// act[t, r] = silu(x_t . gate_r) * (x_t . up_r): a warp streams row r of
+// both, their loads interleaved; blockIdx.y is the pass of 8 tokens.
+__global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *w_gate,
+                                                          const bf16_bits *w_up, int T, int F, int cols) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
-    int r = blockIdx.x * warps + threadIdx.x / WARP;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= F) return;
+    int n = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
-    float g[MAX_TOKENS_PER_PASS], u[MAX_TOKENS_PER_PASS];
+    float gu[2][MAX_TOKENS_PER_PASS];
 #pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) xs[t] = x + (size_t)(t < T ? t : 0) * cols, g[t] = u[t] = 0.0f;
-    row_dots(g, w_gate + (size_t)r * cols, xs, T, cols, lane);
-    row_dots(u, w_up + (size_t)r * cols, xs, T, cols, lane);
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = 0.0f;
+    const uint16_t *rows[2] = {w_gate + (size_t)r * cols, w_up + (size_t)r * cols};
+    rows_dots<2, 2>(gu, rows, xs, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-        if (t >= T) break;
-        float gv = warp_sum(g[t]), uv = warp_sum(u[t]);
-        if (lane == 0) act[(size_t)t * F + r] = silu_mul(gv, uv);
+        if (t >= n) break;
+        float gv = warp_sum(gu[0][t]), uv = warp_sum(gu[1][t]);
+        if (lane == 0) act[(size_t)(t0 + t) * F + r] = silu_mul(gv, uv);
     }
 }
 
 extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T,
                                    int F, int cols, void *stream) {
     const int threads = 256, warps = threads / WARP;
-    for (int t0 = 0; t0 < T; t0 += MAX_TOKENS_PER_PASS) {
-        int nt = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
-        gemv_swiglu_kernel<<<(F + warps - 1) / warps, threads, 0, st(stream)>>>(act + (size_t)t0 * F,
-                                                                               x + (size_t)t0 * cols, w_gate, w_up, nt,
-                                                                               F, cols);
-    }
+    dim3 grid((F + warps - 1) / warps, passes(T));
+    gemv_swiglu_kernel<<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
 }
 
 // ------------------------------------------------- q/k norm, RoPE, KV store

@@ -53,6 +53,9 @@ int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms 
 void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                            float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int splits,
                            void *stream);
+/* Once per process and head_dim before the first prefill: the prefill
+ * kernel's shared-memory limit. Returns a cudaError_t (0: success). */
+int cuda_attention_prepare(int head_dim);
 void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                             const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream);
 
@@ -76,11 +79,12 @@ void cuda_argmax(int *out, const float *logits, int n, void *stream);
 void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n, void *stream);
 
 /* MoE routing of T tokens from their normed states x[T, H] and the router
- * W[E, H], as cpu_route: softmax over the logits in f32, the top k (lower
+ * W[E, H], as cpu_route: the logits[T, E] (a scratch the caller provides)
+ * by the row-parallel GEMV, softmax over them in f32, the top k (lower
  * index on ties), renormalised when norm, written in ascending expert order:
  * idx[T, k], weight[T, k]. */
-void cuda_route(int *idx, float *weight, const float *x, const bf16_bits *w_router, int T, int E, int H, int k,
-                int norm, void *stream);
+void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router, int T, int E, int H,
+                int k, int norm, void *stream);
 
 /* The T*k routed slots grouped by expert on the device (layout in moe.cu),
  * into groups of cuda_moe_group_ints(T, k, E) ints. */
