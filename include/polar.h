@@ -156,6 +156,11 @@ typedef struct {
     int max_program_len; /* execution positions the cache holds; 0: the program's length */
     int n_threads;       /* CPU threads; 0: all available */
     polar_device device;
+    /* CPU only: round to bf16 where the CUDA backend does (the KV cache, and
+     * the activations entering its tensor-core GEMMs in prefill chunks of
+     * more than 8 tokens), so a CPU session is a tight reference for a GPU
+     * one. 0: f32 throughout (the reference math). */
+    int round_like_cuda;
 } polar_session_opts;
 
 /* The device a session computes on ("cpu" or "cuda"). */

@@ -26,6 +26,8 @@ struct polar_session {
     int n_program, cap_program;
     int max_ctx, pos, n_threads;
     int chunk;          /* tokens per forward: PREFILL_CHUNK, or the device's */
+    int round_like_cuda;/* round where a CUDA session would (polar_session_opts) */
+    int cuda_chunk;     /* ... whose forward takes this many tokens at once */
     float *k_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
     float *v_cache;     /* same */
     float *x;           /* [CHUNK, hidden] residual stream */
@@ -77,11 +79,18 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
     char why[256];
     int use_cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(why, sizeof why));
-    s->chunk = use_cuda ? (s->max_ctx < CUDA_PREFILL_CHUNK ? s->max_ctx : CUDA_PREFILL_CHUNK) : PREFILL_CHUNK;
+    s->cuda_chunk = s->max_ctx < CUDA_PREFILL_CHUNK ? s->max_ctx : CUDA_PREFILL_CHUNK;
+    s->chunk = use_cuda ? s->cuda_chunk : PREFILL_CHUNK;
     if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, s->chunk, &s->cuda, err)) != POLAR_OK) {
-        free(s);
-        return st;
+        if (o.device == POLAR_DEVICE_CUDA) {
+            free(s);
+            return st;
+        }
+        /* auto: the GPU cannot take this session (head_dim, memory); the CPU
+         * can, and polar_session_device says which was chosen */
+        s->chunk = PREFILL_CHUNK;
     }
+    s->round_like_cuda = !s->cuda && o.round_like_cuda;
     if (s->cuda) cache = 1; /* the KV cache lives on the device */
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
     s->k_cache = malloc(cache * sizeof(float));
@@ -175,7 +184,7 @@ void polar_session_free(polar_session *s) {
  * sigmoid-gated shared expert, then added to the residual stream. Tokens are
  * grouped by expert, so each chosen expert's weights are read once per chunk
  * for all the tokens routed to it. */
-static void moe_forward(polar_session *s, const layer_weights *w, int T) {
+static void moe_forward(polar_session *s, const layer_weights *w, int T, int round_in) {
     const polar_arch *a = &s->m->arch;
     int H = a->hidden, F = a->moe_ffn, E = a->n_experts, k = a->top_k, nt = s->n_threads;
     int idx[PREFILL_CHUNK * MAX_TOP_K];
@@ -185,6 +194,7 @@ static void moe_forward(polar_session *s, const layer_weights *w, int T) {
     cpu_matmul(s->router, s->xn, w->router, NULL, T, E, H, 0, nt);
     for (int t = 0; t < T; t++) cpu_route(s->router + (size_t)t * E, E, k, a->norm_topk, idx + t * k, weight + t * k);
     memset(s->mlp_out, 0, (size_t)T * H * sizeof *s->mlp_out);
+    int round_experts = round_in && cuda_expert_gemm_fits(H, F);
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -196,6 +206,7 @@ static void moe_forward(polar_session *s, const layer_weights *w, int T) {
         if (!n) continue;
         for (int i = 0; i < n; i++)
             memcpy(s->expert_in + (size_t)i * H, s->xn + (size_t)members[i] * H, (size_t)H * sizeof(float));
+        if (round_experts) cpu_round_bf16(s->expert_in, (size_t)n * H);
         /* gate and up rows of expert e are one [2F, H] block */
         cpu_matmul(s->gate, s->expert_in, w->exp_gate_up + (size_t)e * 2 * F * H, NULL, n, 2 * F, H, 0, nt);
         for (int i = 0; i < n; i++) {
@@ -203,6 +214,7 @@ static void moe_forward(polar_session *s, const layer_weights *w, int T) {
             cpu_swiglu(gu, gu + F, F);
             memcpy(s->up + (size_t)i * F, gu, (size_t)F * sizeof(float));
         }
+        if (round_experts) cpu_round_bf16(s->up, (size_t)n * F);
         cpu_matmul(s->expert_out, s->up, w->exp_down + (size_t)e * H * F, NULL, n, H, F, 0, nt);
         for (int i = 0; i < n; i++) {
             float *out = s->mlp_out + (size_t)members[i] * H, *y = s->expert_out + (size_t)i * H;
@@ -212,9 +224,16 @@ static void moe_forward(polar_session *s, const layer_weights *w, int T) {
     if (w->sh_gate) {
         int S = a->shared_ffn;
         float g[PREFILL_CHUNK];
-        cpu_matmul(s->gate, s->xn, w->sh_gate, NULL, T, S, H, 0, nt);
-        cpu_matmul(s->up, s->xn, w->sh_up, NULL, T, S, H, 0, nt);
+        const float *in = s->xn; /* the shared gate reads xn in f32, the shared expert a bf16 copy when rounding */
+        if (round_in) {
+            memcpy(s->expert_in, s->xn, (size_t)T * H * sizeof(float));
+            cpu_round_bf16(s->expert_in, (size_t)T * H);
+            in = s->expert_in;
+        }
+        cpu_matmul(s->gate, in, w->sh_gate, NULL, T, S, H, 0, nt);
+        cpu_matmul(s->up, in, w->sh_up, NULL, T, S, H, 0, nt);
         for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * S, s->up + (size_t)t * S, S);
+        if (round_in) cpu_round_bf16(s->gate, (size_t)T * S);
         cpu_matmul(g, s->xn, w->sh_router, NULL, T, 1, H, 0, 1);
         cpu_matmul(s->expert_out, s->gate, w->sh_down, NULL, T, H, S, 0, nt);
         for (int t = 0; t < T; t++) {
@@ -226,8 +245,9 @@ static void moe_forward(polar_session *s, const layer_weights *w, int T) {
 }
 
 /* One decoder layer (weights w) at execution position slot, for T tokens at
- * positions s->pos .. s->pos+T-1. */
-static void layer_forward(polar_session *s, const layer_weights *w, int slot, int T) {
+ * positions s->pos .. s->pos+T-1. round_in: the GEMM inputs are rounded to
+ * bf16 (a CUDA prefill chunk's), and with round_like_cuda the cache is bf16. */
+static void layer_forward(polar_session *s, const layer_weights *w, int slot, int T, int round_in) {
     const polar_arch *a = &s->m->arch;
     int hd = a->head_dim, half = hd / 2, nt = s->n_threads;
     int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
@@ -236,6 +256,7 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
     float *vc = s->v_cache + (size_t)slot * s->max_ctx * kvd;
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->attn_norm, a->hidden, eps);
+    if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
     cpu_matmul(s->q, s->xn, w->wq, w->bq, T, qd, a->hidden, 0, nt);
     cpu_matmul(s->k, s->xn, w->wk, w->bk, T, kvd, a->hidden, 0, nt);
     cpu_matmul(s->v, s->xn, w->wv, w->bv, T, kvd, a->hidden, 0, nt);
@@ -249,6 +270,10 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
         cpu_rope(kt, s->cos + (size_t)t * half, s->sin + (size_t)t * half, a->n_kv_heads, hd);
         memcpy(kc + (size_t)(s->pos + t) * kvd, kt, (size_t)kvd * sizeof(float));
         memcpy(vc + (size_t)(s->pos + t) * kvd, s->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
+        if (s->round_like_cuda) {
+            cpu_round_bf16(kc + (size_t)(s->pos + t) * kvd, (size_t)kvd);
+            cpu_round_bf16(vc + (size_t)(s->pos + t) * kvd, (size_t)kvd);
+        }
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int th = 0; th < T * a->n_heads; th++) {
@@ -257,23 +282,27 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
         cpu_attention_head(s->att + (size_t)t * qd, s->q + (size_t)t * qd, kc, vc, s->pos + t, h, a->n_heads,
                            a->n_kv_heads, hd, scores);
     }
+    if (round_in) cpu_round_bf16(s->att, (size_t)T * qd);
     cpu_matmul(s->x, s->att, w->wo, NULL, T, a->hidden, qd, 1, nt);
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->mlp_norm, a->hidden, eps);
     if (w->router) {
-        moe_forward(s, w, T);
+        moe_forward(s, w, T, round_in);
         return;
     }
+    if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
     cpu_matmul(s->gate, s->xn, w->w_gate, NULL, T, a->ffn, a->hidden, 0, nt);
     cpu_matmul(s->up, s->xn, w->w_up, NULL, T, a->ffn, a->hidden, 0, nt);
     for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);
+    if (round_in) cpu_round_bf16(s->gate, (size_t)T * a->ffn);
     cpu_matmul(s->x, s->gate, w->w_down, NULL, T, a->hidden, a->ffn, 1, nt);
 }
 
 /* T <= PREFILL_CHUNK tokens through the whole program; logits of all of them
  * into all_logits (T x vocab) when given, of the last into s->logits; their
- * final-normed hidden states into hidden (T x hidden) when given. */
-static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits, float *hidden) {
+ * final-normed hidden states into hidden (T x hidden) when given. round_in:
+ * see layer_forward. */
+static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits, float *hidden, int round_in) {
     const polar_model *m = s->m;
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
@@ -281,12 +310,15 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
         cpu_embed(s->x + (size_t)t * a->hidden, m->embed, tokens[t], a->hidden);
         cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
     }
-    for (int k = 0; k < s->n_program; k++) layer_forward(s, &m->layers[s->program[k]], k, T);
+    for (int k = 0; k < s->n_program; k++) layer_forward(s, &m->layers[s->program[k]], k, T, round_in);
     int first = all_logits || hidden ? 0 : T - 1;
     for (int t = first; t < T; t++)
         cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, m->final_norm, a->hidden,
                     (float)a->rms_eps);
     if (hidden) memcpy(hidden, s->xn, (size_t)T * a->hidden * sizeof *hidden);
+    /* A CUDA forward computes the head of all rows in slices of 32 (this
+     * chunk, when rounding), through a GEMM on bf16 inputs beyond 8 rows. */
+    if (s->round_like_cuda && first == 0 && T > CUDA_DECODE_TOKENS) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
     if (all_logits)
         cpu_matmul(all_logits, s->xn, m->lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads);
     cpu_matmul(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, NULL, 1, a->vocab, a->hidden, 0,
@@ -320,20 +352,26 @@ static polar_status append(polar_session *s, const int *tokens, int n, float *al
     if (n > s->max_ctx - s->pos)
         return polar_fail(err, POLAR_ERR_RANGE, "%d tokens do not fit: the context holds %d and %d are used", n,
                           s->max_ctx, s->pos);
-    for (int i = 0; i < n; i += s->chunk) {
-        int T = n - i < s->chunk ? n - i : s->chunk;
-        /* When all logits are wanted, the last-token copy is redundant but cheap
-         * next to the chunk's own head matmul. */
-        float *al = all_logits ? all_logits + (size_t)i * vocab : NULL;
-        float *hid = hidden ? hidden + (size_t)i * s->m->arch.hidden : NULL;
-        if (s->cuda) {
-            polar_status st = cuda_forward(s->cuda, s->program, s->n_program, tokens + i, T, s->pos, s->logits, al,
-                                           hid, err);
-            if (st != POLAR_OK) return st;
-            s->pos += T;
-            s->has_logits = 1;
-        } else {
-            forward_chunk(s, tokens + i, T, al, hid);
+    /* Rounding like CUDA, the CPU's chunks nest in the ones a CUDA forward
+     * would take, whose size decides where it rounds. */
+    int outer = s->round_like_cuda ? s->cuda_chunk : n;
+    for (int g = 0; g < n; g += outer) {
+        int end = n - g < outer ? n : g + outer, round_in = s->round_like_cuda && end - g > CUDA_DECODE_TOKENS;
+        for (int i = g; i < end; i += s->chunk) {
+            int T = end - i < s->chunk ? end - i : s->chunk;
+            /* When all logits are wanted, the last-token copy is redundant but cheap
+             * next to the chunk's own head matmul. */
+            float *al = all_logits ? all_logits + (size_t)i * vocab : NULL;
+            float *hid = hidden ? hidden + (size_t)i * s->m->arch.hidden : NULL;
+            if (s->cuda) {
+                polar_status st = cuda_forward(s->cuda, s->program, s->n_program, tokens + i, T, s->pos, s->logits,
+                                               al, hid, err);
+                if (st != POLAR_OK) return st;
+                s->pos += T;
+                s->has_logits = 1;
+            } else {
+                forward_chunk(s, tokens + i, T, al, hid, round_in);
+            }
         }
     }
     return POLAR_OK;

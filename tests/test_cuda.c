@@ -5,7 +5,8 @@
  * skip/repeat/reorder programs, and cached decode against recompute on the
  * GPU. --quick runs a smaller set (for compute-sanitizer).
  * Tolerances: kernels 1e-4 relative to the row's scale (f32 math, other
- * summation order); models 2e-2 absolute (the KV cache is bf16 on the GPU). */
+ * summation order); models against a CPU that rounds where the GPU rounds
+ * (TOL_ROUNDED below), with the difference to the f32 CPU printed. */
 #include <cuda_runtime_api.h>
 
 #include "../kernels/cpu/ops.h"
@@ -212,12 +213,16 @@ static void kernel_attention(void) {
 
 /* Router, grouping and grouped expert GEMVs against cpu_route and per-token
  * expert MLPs: Qwen1.5-MoE's 60 experts top 4 and Qwen3-MoE's 128 top 8, at
- * reduced widths, T = 1 (decode) to 40 (a prefill chunk). */
+ * reduced widths, T = 1 (decode) to 40 (a prefill chunk); and 8 experts top
+ * 2 over 120 tokens, so an expert gets ~30 slots (the GEMV's later passes of
+ * 8 and the GEMM's later passes of 16, as in a real 512-token chunk). */
 static void kernel_moe(void) {
-    static const int shapes[][4] = {{60, 4, 256, 96}, {128, 8, 128, 64}}; /* experts, top k, hidden, expert width */
-    for (int sidx = 0; sidx < 2; sidx++) {
+    static const int shapes[][6] = {/* experts, top k, hidden, expert width, first T, T step */
+                                    {60, 4, 256, 96, 1, 13}, {128, 8, 128, 64, 1, 13}, {8, 2, 128, 96, 120, 1}};
+    for (int sidx = 0; sidx < 3; sidx++) {
         int E = shapes[sidx][0], k = shapes[sidx][1], H = shapes[sidx][2], F = shapes[sidx][3];
-        for (int T = 1; T <= 40; T += quick ? 39 : 13) {
+        int T_first = shapes[sidx][4], T_last = T_first == 1 ? 40 : T_first, T_step = quick ? 39 : shapes[sidx][5];
+        for (int T = T_first; T <= T_last; T += T_step) {
             bf16 *router = rand_weights((size_t)E * H, H), *gu = rand_weights((size_t)E * 2 * F * H, H),
                  *down = rand_weights((size_t)E * H * F, F);
             float *x = rand_floats((size_t)T * H, 1), *logits = malloc((size_t)E * 4), *want = calloc((size_t)T * H, 4);
@@ -226,7 +231,7 @@ static void kernel_moe(void) {
             float *want_w = malloc((size_t)T * k * 4);
             for (int t = 0; t < T; t++) {
                 cpu_matmul(logits, x + (size_t)t * H, router, NULL, 1, E, H, 0, 1);
-                cpu_route(logits, E, k, sidx, want_idx + t * k, want_w + t * k);
+                cpu_route(logits, E, k, sidx & 1, want_idx + t * k, want_w + t * k);
                 for (int j = 0; j < k; j++) {
                     int e = want_idx[t * k + j];
                     cpu_matmul(gbuf, x + (size_t)t * H, gu + (size_t)e * 2 * F * H, NULL, 1, 2 * F, H, 0, 1);
@@ -237,13 +242,13 @@ static void kernel_moe(void) {
             }
             bf16 *drouter = to_dev(router, (size_t)E * H * 2), *dgu = to_dev(gu, (size_t)E * 2 * F * H * 2),
                  *ddown = to_dev(down, (size_t)E * H * F * 2);
-            float *dx = to_dev(x, (size_t)T * H * 4), *dw = dev_floats((size_t)T * k),
+            float *dx = to_dev(x, (size_t)T * H * 4), *dw = dev_floats((size_t)T * k), *dlogits = dev_floats((size_t)T * E),
                   *dact = dev_floats((size_t)T * k * F), *dy = dev_floats((size_t)T * k * H), *dout = dev_floats((size_t)T * H);
             int *didx = NULL, *dgroups = NULL;
             cudaMalloc((void **)&didx, (size_t)T * k * sizeof(int));
             cudaMalloc((void **)&dgroups, cuda_moe_group_ints(T, k, E) * sizeof(int));
             cudaMemset(dout, 0, (size_t)T * H * 4);
-            cuda_route(didx, dw, dx, drouter, T, E, H, k, sidx, NULL);
+            cuda_route(didx, dw, dlogits, dx, drouter, T, E, H, k, sidx & 1, NULL);
             cuda_moe_group(dgroups, didx, T, k, E, NULL);
             cuda_expert_matmul(dact, dx, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL);
             cuda_expert_matmul(dy, dact, ddown, dgroups, T, k, E, H, F, 1, 0, NULL);
@@ -268,68 +273,103 @@ static void kernel_moe(void) {
             free(got_tc);
             cudaFree(dxb);
             cudaFree(drouter), cudaFree(dgu), cudaFree(ddown), cudaFree(dx), cudaFree(dw), cudaFree(dact);
-            cudaFree(dy), cudaFree(dout), cudaFree(didx), cudaFree(dgroups);
+            cudaFree(dy), cudaFree(dout), cudaFree(didx), cudaFree(dgroups), cudaFree(dlogits);
             free(router), free(gu), free(down), free(x), free(logits), free(want), free(gbuf), free(ybuf);
             free(want_idx), free(want_w), free(got_idx), free(got_w), free(got);
         }
     }
 }
 
-/* Whole models: CPU and CUDA sessions on the same weights and programs. */
-static void compare_model(const polar_model *m, const char *program, int n_prompt, int steps, float tol, int cosine) {
+/* Whole models: a CUDA session against two CPU sessions on the same weights
+ * and program. The tight reference rounds where the GPU rounds
+ * (round_like_cuda: bf16 K/V, bf16 GEMM inputs in chunks of more than 8
+ * tokens): logits within TOL_ROUNDED, every greedy token equal. The f32
+ * reference (the math of transformers in f32) is reported as a measured
+ * figure: the GPU's bf16 KV cache and GEMM inputs move logits by ~1e-2. */
+#define TOL_ROUNDED 2e-3f
+
+static float max_abs_diff(const float *a, const float *b, size_t n, double *cosine) {
+    double dot = 0, na = 0, nb = 0;
+    float d = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+        dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i];
+    }
+    *cosine = dot / sqrt(na * nb);
+    return d;
+}
+
+/* strict: assert the rounded reference's bound and greedy tokens (golden
+ * models); otherwise (random-weight presets, whose near-uniform logits make
+ * greedy ties) assert cosine >= 0.999 against f32 and the bound. */
+static void compare_model(const polar_model *m, const char *program, int n_prompt, int steps, int strict) {
     polar_error err;
     polar_model_info info;
     polar_model_info_get(m, &info);
     int V = info.arch.vocab;
     polar_program p;
     CHECK_OK(polar_program_parse(program, info.arch.n_layers, 0, &p, &err));
-    polar_session *cpu = NULL, *gpu = NULL;
-    polar_session_opts oc = {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CPU};
-    polar_session_opts og = {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CUDA};
-    CHECK_OK(polar_session_create(m, &p, &oc, &cpu, &err));
-    CHECK_OK(polar_session_create(m, &p, &og, &gpu, &err));
+    polar_session *s[3] = {NULL, NULL, NULL}; /* GPU, CPU rounding like it, CPU f32 */
+    polar_session_opts o[3] = {{.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CUDA},
+                               {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1},
+                               {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CPU}};
+    for (int i = 0; i < 3; i++) CHECK_OK(polar_session_create(m, &p, &o[i], &s[i], &err));
     int *prompt = malloc((size_t)n_prompt * sizeof *prompt);
     for (int i = 0; i < n_prompt; i++) prompt[i] = (i * 7919 + 13) % V;
-    float *a = malloc((size_t)n_prompt * V * 4), *b = malloc((size_t)n_prompt * V * 4);
-    if (cpu && gpu) {
-        CHECK_OK(polar_prefill(cpu, prompt, n_prompt, a, &err));
-        CHECK_OK(polar_prefill(gpu, prompt, n_prompt, b, &err));
-        double dot = 0, na = 0, nb = 0;
-        float d = 0;
-        for (size_t i = 0; i < (size_t)n_prompt * V; i++) {
-            d = fmaxf(d, fabsf(a[i] - b[i]));
-            dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i];
-        }
-        double cos = dot / sqrt(na * nb);
-        if (cosine) CHECK(cos >= 0.999, "%s: cosine %f", program, cos);
-        else CHECK(d <= tol, "%s: max |logit diff| %g > %g", program, d, tol);
-        int oa[64], ob[64];
+    float *l[3];
+    int out[3][64], same[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) l[i] = malloc((size_t)n_prompt * V * 4);
+    if (s[0] && s[1] && s[2]) {
         polar_gen_opts go = {.max_new = steps, .ignore_eos = 1};
-        CHECK_OK(polar_generate(cpu, prompt, n_prompt, &go, oa, NULL, NULL, NULL, &err));
-        CHECK_OK(polar_generate(gpu, prompt, n_prompt, &go, ob, NULL, NULL, NULL, &err));
-        int same = 0;
-        while (same < steps && oa[same] == ob[same]) same++;
-        if (!cosine) CHECK(same == steps, "%s: greedy tokens agree for %d of %d", program, same, steps);
-        printf("  %-24s max |logit diff| %.3e, cosine %.6f, %d/%d greedy tokens equal\n", program, d, cos, same, steps);
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(polar_prefill(s[i], prompt, n_prompt, l[i], &err));
+            CHECK_OK(polar_generate(s[i], prompt, n_prompt, &go, out[i], NULL, NULL, NULL, &err));
+        }
+        for (int i = 1; i < 3; i++)
+            while (same[i] < steps && out[0][same[i]] == out[i][same[i]]) same[i]++;
+        double cos_r, cos_f;
+        float dr = max_abs_diff(l[0], l[1], (size_t)n_prompt * V, &cos_r);
+        float df = max_abs_diff(l[0], l[2], (size_t)n_prompt * V, &cos_f);
+        CHECK(dr <= TOL_ROUNDED, "%s, %d tokens: max |logit diff| to the rounded CPU %g > %g", program, n_prompt, dr,
+              TOL_ROUNDED);
+        if (strict) CHECK(same[1] == steps, "%s: greedy tokens agree with the rounded CPU for %d of %d", program,
+                          same[1], steps);
+        else CHECK(cos_f >= 0.999, "%s: cosine to the f32 CPU %f", program, cos_f);
+        printf("  %-18s %4d tok: rounded CPU %.2e (%2d/%d tok) | f32 CPU %.2e cos %.6f (%2d/%d tok)\n", program,
+               n_prompt, dr, same[1], steps, df, cos_f, same[2], steps);
     }
-    free(a), free(b), free(prompt);
-    polar_session_free(cpu);
-    polar_session_free(gpu);
+    for (int i = 0; i < 3; i++) free(l[i]), polar_session_free(s[i]);
+    free(prompt);
     polar_program_free(&p);
 }
 
+/* Every golden architecture and program, with a 7-token prompt (decode
+ * GEMVs and split-K attention) and a 40-token one (cuBLASLt, the tiled
+ * prefill attention, the expert GEMM, the head in slices of 32 and 8). */
 static void model_golden(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe"};
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"};
     static const char *programs[] = {"base", "0,3", "0,1-2x2,3", "0,2-3x2", "0,2,1,3"};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         char dir[128];
         snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
         polar_error err;
         polar_model *m = NULL;
         CHECK_OK(polar_model_load(dir, &m, &err));
-        for (int p = 0; m && p < (quick ? 1 : 5); p++) compare_model(m, programs[p], 7, 16, 2e-2f, 0);
+        for (int p = 0; m && p < (quick ? 1 : 5); p++)
+            for (int n = 7; n <= 40; n += 33) compare_model(m, programs[p], n, 16, 1);
         polar_model_free(m);
     }
+}
+
+/* A prompt longer than a CUDA chunk: 512 tokens through the GEMMs, then 4
+ * through the GEMVs at a nonzero start, against the rounded CPU. */
+static void model_long_prompt(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/qwen3", &m, &err));
+    if (!m) return;
+    compare_model(m, "0-1x2,2-3", 516, 8, 1);
+    polar_model_free(m);
 }
 
 static void model_preset(void) {
@@ -339,34 +379,37 @@ static void model_preset(void) {
     CHECK_OK(polar_arch_preset(quick ? "llama-3.2-1b" : "llama-3.2-3b", &a, &err));
     CHECK_OK(polar_model_random(&a, 1, &m, &err));
     if (!m) return;
-    compare_model(m, "base", 24, 4, 0, 1);
-    if (!quick) compare_model(m, "0-9,12-27", 24, 4, 0, 1), compare_model(m, "0-13,10-13,14-27", 24, 4, 0, 1);
+    compare_model(m, "base", 24, 4, 0);
+    if (!quick) compare_model(m, "0-9,12-27", 24, 4, 0), compare_model(m, "0-13,10-13,14-27", 24, 4, 0);
     polar_model_free(m);
 }
 
-/* Qwen2-MoE (6 layers: shared expert, dense layers between MoE ones) on the
- * GPU against the CPU, and two identical GPU runs bitwise equal. */
-static void model_moe(void) {
+/* Qwen2-MoE (6 layers: shared expert, dense layers between MoE ones): two
+ * identical GPU runs give bitwise identical logits, for a 7-token prompt
+ * (expert GEMVs) and a 40-token one (expert GEMM, cuBLASLt shared expert). */
+static void model_moe_deterministic(void) {
     polar_error err;
     polar_model *m = NULL;
     CHECK_OK(polar_model_load(GOLDEN_DIR "/qwen2_moe", &m, &err));
     if (!m) return;
-    compare_model(m, "base", 7, 16, 2e-2f, 0);
-    compare_model(m, "0,1-2x2,3-5", 7, 16, 2e-2f, 0);
     polar_program p;
     CHECK_OK(polar_program_parse("0-1,5,1x2,4-5", 6, 0, &p, &err));
-    float *runs[2];
-    for (int r = 0; r < 2; r++) {
-        polar_session *s = NULL;
-        polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
-        int prompt[7] = {17, 3, 200, 45, 91, 128, 7};
-        runs[r] = malloc(7 * 256 * sizeof(float));
-        CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
-        if (s) CHECK_OK(polar_prefill(s, prompt, 7, runs[r], &err));
-        polar_session_free(s);
+    for (int n = 7; n <= 40; n += 33) {
+        float *runs[2];
+        int prompt[40];
+        for (int i = 0; i < n; i++) prompt[i] = (i * 37 + 17) % 256;
+        for (int r = 0; r < 2; r++) {
+            polar_session *s = NULL;
+            polar_session_opts o = {.max_ctx = 64, .device = POLAR_DEVICE_CUDA};
+            runs[r] = malloc((size_t)n * 256 * sizeof(float));
+            CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
+            if (s) CHECK_OK(polar_prefill(s, prompt, n, runs[r], &err));
+            polar_session_free(s);
+        }
+        CHECK(memcmp(runs[0], runs[1], (size_t)n * 256 * sizeof(float)) == 0,
+              "%d tokens: two GPU runs differ", n);
+        free(runs[0]), free(runs[1]);
     }
-    CHECK(memcmp(runs[0], runs[1], 7 * 256 * sizeof(float)) == 0, "two GPU runs give bitwise identical logits");
-    free(runs[0]), free(runs[1]);
     polar_program_free(&p);
     polar_model_free(m);
 }
@@ -418,7 +461,8 @@ static void greedy_stop(void) {
     polar_program p;
     CHECK_OK(polar_program_parse("0-1x2,2-3", 4, 0, &p, &err));
     polar_session *s[2] = {NULL, NULL};
-    polar_session_opts o[2] = {{.max_ctx = 32, .device = POLAR_DEVICE_CPU}, {.max_ctx = 32, .device = POLAR_DEVICE_CUDA}};
+    polar_session_opts o[2] = {{.max_ctx = 32, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1},
+                               {.max_ctx = 32, .device = POLAR_DEVICE_CUDA}};
     for (int i = 0; i < 2; i++) CHECK_OK(polar_session_create(m, &p, &o[i], &s[i], &err));
     int prompt[5] = {9, 41, 7, 200, 13}, free_run[12], out[2][12];
     polar_gen_opts go = {.max_new = 12, .ignore_eos = 1};
@@ -436,7 +480,7 @@ static void greedy_stop(void) {
               polar_session_pos(s[0]), polar_session_pos(s[1]));
         float d = 0;
         for (int i = 0; i < 256; i++) d = fmaxf(d, fabsf(polar_logits(s[0])[i] - polar_logits(s[1])[i]));
-        CHECK(d < 2e-2f, "stop at %d: logits after generate differ by %g", first, d);
+        CHECK(d < TOL_ROUNDED, "stop at %d: logits after generate differ by %g", first, d);
     }
     for (int i = 0; i < 2; i++) polar_session_free(s[i]);
     polar_program_free(&p);
@@ -520,45 +564,63 @@ static void gpu_cache_consistency(void) {
     CHECK_OK(polar_session_create(m, &p, &o, &b, &err));
     int seq[32] = {5, 17, 99, 3, 250};
     int n = 5;
-    /* Up to 8 tokens the recompute runs the decode kernels (f32 activations,
-     * so 1e-4); beyond, cuBLASLt on bf16-rounded activations (2e-2). */
-    float worst[2] = {0, 0};
+    /* The recompute goes in pieces of at most 8 tokens, so both sides run
+     * the decode kernels on f32 activations (only the summation order of
+     * the attention splits differs): 1e-4. */
+    float worst = 0;
     if (a && b) CHECK_OK(polar_prefill(a, seq, n, NULL, &err));
     for (int step = 0; a && b && step < 10; step++) {
         seq[n] = polar_argmax(polar_logits(a), 256);
         CHECK_OK(polar_decode_step(a, seq[n++], &err));
         polar_session_reset(b);
-        CHECK_OK(polar_prefill(b, seq, n, NULL, &err));
-        for (int i = 0; i < 256; i++)
-            worst[n > 8] = fmaxf(worst[n > 8], fabsf(polar_logits(a)[i] - polar_logits(b)[i]));
+        for (int i = 0; i < n; i += 8) CHECK_OK(polar_prefill(b, seq + i, n - i < 8 ? n - i : 8, NULL, &err));
+        for (int i = 0; i < 256; i++) worst = fmaxf(worst, fabsf(polar_logits(a)[i] - polar_logits(b)[i]));
     }
-    CHECK(worst[0] < 1e-4f && worst[1] < 2e-2f, "GPU cached vs recomputed: %g (decode kernels), %g (GEMM)", worst[0],
-          worst[1]);
+    CHECK(worst < 1e-4f, "GPU cached vs recomputed: %g", worst);
     polar_session_free(a);
     polar_session_free(b);
     polar_program_free(&p);
     polar_model_free(m);
 }
 
+static char **only;
+static int n_only;
+
+static int wanted(const char *name) {
+    for (int i = 0; i < n_only; i++)
+        if (!strcmp(only[i], name)) return 1;
+    return n_only == 0;
+}
+
+#define RUN_IF(fn)                                                         \
+    do {                                                                   \
+        if (wanted(#fn)) RUN(fn);                                          \
+    } while (0)
+
 int main(int argc, char **argv) {
-    quick = argc > 1 && !strcmp(argv[1], "--quick");
+    /* [--quick] [names...]: a smaller set; only the named tests (e.g. the
+     * kernel tests under racecheck, which runs models too slowly) */
+    int first = 1;
+    if (argc > 1 && !strcmp(argv[1], "--quick")) quick = 1, first = 2;
+    only = argv + first, n_only = argc - first;
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) {
         printf("FAIL test_cuda: %s (make test-cuda needs a GPU)\n", why);
         return 1;
     }
-    RUN(kernel_matmul);
-    RUN(kernel_rmsnorm_swiglu_argmax);
-    RUN(kernel_fused_gemv);
-    RUN(kernel_attention);
-    RUN(kernel_moe);
-    RUN(model_golden);
-    RUN(model_preset);
-    RUN(model_moe);
-    RUN(predictor_fused);
-    RUN(graph_recapture);
-    RUN(greedy_stop);
-    RUN(shared_weights);
-    RUN(gpu_cache_consistency);
+    RUN_IF(kernel_matmul);
+    RUN_IF(kernel_rmsnorm_swiglu_argmax);
+    RUN_IF(kernel_fused_gemv);
+    RUN_IF(kernel_attention);
+    RUN_IF(kernel_moe);
+    RUN_IF(model_golden);
+    RUN_IF(model_long_prompt);
+    RUN_IF(model_preset);
+    RUN_IF(model_moe_deterministic);
+    RUN_IF(predictor_fused);
+    RUN_IF(graph_recapture);
+    RUN_IF(greedy_stop);
+    RUN_IF(shared_weights);
+    RUN_IF(gpu_cache_consistency);
     TEST_EXIT();
 }

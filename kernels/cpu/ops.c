@@ -189,6 +189,10 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
     }
 }
 
+void cpu_round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
 void cpu_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }

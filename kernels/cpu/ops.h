@@ -4,6 +4,8 @@
 #ifndef POLAR_CPU_OPS_H
 #define POLAR_CPU_OPS_H
 
+#include <stddef.h>
+
 #include "bf16.h"
 
 /* out[hidden] = table[token, :] */
@@ -32,6 +34,10 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
 
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);
+
+/* x[n] = bf16(x) widened back (round to nearest even): where a GPU stores
+ * or feeds a tensor core bf16, for a CPU run that mirrors it. */
+void cpu_round_bf16(float *x, size_t n);
 
 /* MoE routing of one token: softmax (f32) over logits[n], the k most likely
  * experts (the lower index on ties), their probabilities renormalised to sum
