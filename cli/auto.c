@@ -79,11 +79,10 @@ int predict_programs(const char *cmd, int n_layers, const char *predictor_path, 
         rc = fail(cmd, &err);
         goto done;
     }
-    /* The predictor runs where the encoder runs. */
-    if (!strcmp(polar_session_device(s), "cuda") && polar_predictor_use_device(pred, POLAR_DEVICE_CUDA, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
-        goto done;
-    }
+    /* The predictor runs where the encoder runs, or on the CPU when that GPU
+     * cannot run its fused kernel. */
+    if (!strcmp(polar_session_device(s), "cuda") && polar_predictor_use_device(pred, POLAR_DEVICE_CUDA, &err) != POLAR_OK)
+        fprintf(stderr, "polar %s: note: the predictor runs on the CPU: %s\n", cmd, err.msg);
     double t0 = polar_time_ms();
     if (polar_encode(s, ids, n_ids, h, &err) != POLAR_OK) {
         rc = fail(cmd, &err);

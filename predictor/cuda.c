@@ -31,6 +31,7 @@ void pred_cuda_free(void *state) { (void)state; }
 
 typedef struct {
     pred_cuda_args args;
+    int grid;                /* cooperative blocks, all resident at once */
     float *weights, *work;
     cudaStream_t stream;
 } pred_cuda;
@@ -59,16 +60,24 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     if (p->cuda) return POLAR_OK;
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: %s", why);
+    int grid;
+    if (!cuda_predictor_grid(&grid, why, sizeof why))
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: cuda: %s", why);
     pred_cuda *c = calloc(1, sizeof *c);
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    c->grid = grid;
     size_t D = (size_t)p->D, d = (size_t)p->d, n = (size_t)PRED_MAX_TOKENS > D ? (size_t)PRED_MAX_TOKENS : D;
     size_t work = (size_t)PRED_MAX_TOKENS * p->dq + PRED_MAX_TOKENS * d + 3 * n * d + 3 * D * d + D * p->ff +
                   D * p->heads * n + 4 * D;
-    cudaError_t e = cudaStreamCreate(&c->stream);
+    /* A non-blocking stream and an async upload: a legacy-stream copy would
+     * fail while another thread captures a decode graph. */
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->weights, p->storage_floats * sizeof(float));
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->work, work * sizeof(float));
     if (e == cudaSuccess)
-        e = cudaMemcpy(c->weights, p->storage, p->storage_floats * sizeof(float), cudaMemcpyHostToDevice);
+        e = cudaMemcpyAsync(c->weights, p->storage, p->storage_floats * sizeof(float), cudaMemcpyHostToDevice,
+                            c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         pred_cuda_free(c);
         return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
@@ -109,9 +118,7 @@ polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, f
     c->args.T = T;
     cudaError_t e = cudaMemcpyAsync((float *)c->args.h, h, (size_t)T * p->dq * sizeof(float), cudaMemcpyHostToDevice,
                                     c->stream);
-    if (e == cudaSuccess && !cuda_predictor_launch(&c->args, c->stream))
-        return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: the cooperative launch failed (%s)",
-                          cudaGetErrorString(cudaGetLastError()));
+    if (e == cudaSuccess) e = (cudaError_t)cuda_predictor_launch(&c->args, c->grid, c->stream);
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(seg, c->args.seg, (size_t)p->D * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess)

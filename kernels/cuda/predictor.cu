@@ -6,6 +6,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "predictor_cuda.h"
 #include "common.cuh"
@@ -143,16 +144,29 @@ __global__ void predictor_kernel(pred_cuda_args a) {
     linear(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0);
 }
 
-extern "C" int cuda_predictor_launch(const pred_cuda_args *args, void *stream) {
-    int device, sms, per_sm = 0;
-    const int threads = 256;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel, threads, 0) != cudaSuccess ||
-        per_sm < 1)
+extern "C" int cuda_predictor_grid(int *blocks, char *why, size_t why_size) {
+    int device, sms, coop = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel, PRED_CUDA_THREADS, 0);
+    if (e != cudaSuccess) {
+        snprintf(why, why_size, "%s", cudaGetErrorString(e));
         return 0;
+    }
+    if (!coop || per_sm < 1) {
+        snprintf(why, why_size, "%s", !coop ? "the GPU does not support cooperative launches"
+                                            : "the fused kernel does not fit on a multiprocessor");
+        return 0;
+    }
+    *blocks = sms * per_sm; // every block resident at once, as the grid syncs need
+    return 1;
+}
+
+extern "C" int cuda_predictor_launch(const pred_cuda_args *args, int blocks, void *stream) {
     pred_cuda_args copy = *args;
     void *params[] = {&copy};
-    return cudaLaunchCooperativeKernel((void *)predictor_kernel, dim3(sms * per_sm), dim3(threads), params, 0,
-                                       (cudaStream_t)stream) == cudaSuccess;
+    return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel, dim3(blocks), dim3(PRED_CUDA_THREADS), params,
+                                            0, (cudaStream_t)stream);
 }

@@ -4,6 +4,8 @@
 #ifndef POLAR_PREDICTOR_CUDA_H
 #define POLAR_PREDICTOR_CUDA_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,8 +36,14 @@ typedef struct {
     float *seg, *op;         /* [D], [D, 3] outputs */
 } pred_cuda_args;
 
-/* One cooperative launch of the whole network; 0 when it cannot launch. */
-int cuda_predictor_launch(const pred_cuda_args *args, void *stream);
+#define PRED_CUDA_THREADS 256
+
+/* The cooperative grid for the current device: *blocks = every block that
+ * can be resident at once. 0 with the reason in why when the device cannot
+ * run the fused kernel (no cooperative launch, no room on a multiprocessor). */
+int cuda_predictor_grid(int *blocks, char *why, size_t why_size);
+/* One cooperative launch of the whole network over that grid; the cudaError_t. */
+int cuda_predictor_launch(const pred_cuda_args *args, int blocks, void *stream);
 
 #ifdef __cplusplus
 }
