@@ -198,18 +198,20 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
 // many slots: bf16 inputs (xb, rounded like the cuBLASLt path), f32
 // accumulation. A block per (64 output rows, chosen expert); each of its 4
 // warps owns 16 rows and walks the expert's slots 16 at a time, the slots'
-// input rows gathered into shared memory KT columns at a time.
+// input rows gathered into shared memory KT columns at a time (rows padded
+// by 8 bf16 so the 16 rows of a fragment load fall in different banks).
 
 #define EG_ROWS 64
 #define EG_SLOTS 16
 #define EG_KT 128
+#define EG_LD (EG_KT + 8)
 
 __global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w,
                                                           const int *groups, int E, int k, int rows, int cols,
                                                           int x_per_slot, int swiglu) {
     using namespace nvcuda;
     if ((int)blockIdx.y >= groups[0]) return;
-    __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_KT];
+    __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_LD];
     __shared__ __align__(32) float cs[4][2][16 * 16];
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, out_rows = swiglu ? rows / 2 : rows;
     int r0 = blockIdx.x * EG_ROWS + warp * 16, active = r0 < out_rows;
@@ -224,21 +226,24 @@ __global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_b
         for (int k0 = 0; k0 < cols; k0 += EG_KT) {
             int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT;
             __syncthreads(); // the previous tile is consumed
-            for (int i = threadIdx.x; i < EG_SLOTS * kt; i += blockDim.x) {
-                int j = i / kt, c = i % kt;
-                bf16_bits v = 0; // slots past n read zeros
+            // 16-byte pieces of 8 columns (cols % 16 == 0, so kt is a
+            // multiple of 16 and every piece is aligned)
+            for (int i = threadIdx.x; i < EG_SLOTS * (EG_KT / 8); i += blockDim.x) {
+                int j = i / (EG_KT / 8), c = i % (EG_KT / 8) * 8;
+                if (c >= kt) continue;
+                uint4 v = make_uint4(0, 0, 0, 0); // slots past n read zeros
                 if (j < n) {
                     int s = slots[b + j];
-                    v = xb[(size_t)(x_per_slot ? s : s / k) * cols + k0 + c];
+                    v = *(const uint4 *)(xb + (size_t)(x_per_slot ? s : s / k) * cols + k0 + c);
                 }
-                xs[j * EG_KT + c] = __ushort_as_bfloat16(v);
+                *(uint4 *)(xs + j * EG_LD + c) = v;
             }
             __syncthreads();
             if (!active) continue;
             for (int kk = 0; kk < kt; kk += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> xf;
-                wmma::load_matrix_sync(xf, xs + kk, EG_KT);
+                wmma::load_matrix_sync(xf, xs + kk, EG_LD);
                 wmma::load_matrix_sync(a, we + (size_t)r0 * cols + k0 + kk, cols);
                 wmma::mma_sync(acc_g, a, xf, acc_g);
                 if (swiglu) {
@@ -248,12 +253,13 @@ __global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_b
             }
         }
         if (!active) continue;
-        // cs[row][slot]: row r0 + i, slot j
-        wmma::store_matrix_sync(cs[warp][0], acc_g, 16, wmma::mem_row_major);
-        if (swiglu) wmma::store_matrix_sync(cs[warp][1], acc_u, 16, wmma::mem_row_major);
+        // cs[slot][row]: slot j, row r0 + r; lanes walk rows, so 16 lanes
+        // store 16 neighbouring floats of one slot's output row
+        wmma::store_matrix_sync(cs[warp][0], acc_g, 16, wmma::mem_col_major);
+        if (swiglu) wmma::store_matrix_sync(cs[warp][1], acc_u, 16, wmma::mem_col_major);
         __syncwarp();
         for (int i = lane; i < 16 * 16; i += WARP) {
-            int r = i / 16, j = i % 16;
+            int j = i / 16, r = i % 16;
             if (j >= n || r0 + r >= out_rows) continue;
             float v = swiglu ? silu_mul(cs[warp][0][i], cs[warp][1][i]) : cs[warp][0][i];
             y[(size_t)slots[b + j] * out_rows + r0 + r] = v;
