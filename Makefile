@@ -106,11 +106,12 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 	gzip -dc $< > $@
 
 # When nvcc is installed (CI has it, without a GPU) the CUDA build is made
-# too, so a CUDA break fails the tests; its CLI is checked on the CPU path.
+# too (library, CLI and the test_cuda binary), so a CUDA break fails the
+# tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 test: all $(TEST_BIN) deps $(FIXTURES)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
-	@$(MAKE) --no-print-directory CUDA=1 all
+	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) sh tests/run.sh

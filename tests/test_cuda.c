@@ -8,9 +8,11 @@
  * summation order); models against a CPU that rounds where the GPU rounds
  * (TOL_ROUNDED below), with the difference to the f32 CPU printed. */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cuda/ops.h"
+#include "../runtime/cuda_gemm.h"
 #include "harness.h"
 #include "pred_util.h"
 
@@ -164,14 +166,136 @@ static void kernel_fused_gemv(void) {
     }
 }
 
+/* The ops only whole models reached before: embedding rows, bf16 rounding,
+ * the cuBLASLt GEMM (beyond 8 tokens) with its bias/residual epilogue, q/k
+ * norm + RoPE + the bf16 cache write at a device-held position, and the
+ * argmax fed back for greedy decoding. */
+static void kernel_prefill_ops(void) {
+    int T = 37, hidden = 320, vocab = 50, rows = 200, nh = 4, nkv = 2, hd = 64, half = hd / 2, pos0 = 11;
+    int qd = nh * hd, kvd = nkv * hd;
+    /* embed */
+    bf16 *table = rand_weights((size_t)vocab * hidden, 1);
+    int tokens[37];
+    for (int t = 0; t < T; t++) tokens[t] = (t * 7 + 3) % vocab;
+    float *want = malloc((size_t)T * hidden * 4);
+    for (int t = 0; t < T; t++) cpu_embed(want + (size_t)t * hidden, table, tokens[t], hidden);
+    bf16 *dtable = to_dev(table, (size_t)vocab * hidden * 2);
+    int *dtok = to_dev(tokens, sizeof tokens);
+    float *dx = dev_floats((size_t)T * hidden);
+    cuda_embed(dx, dtable, dtok, T, hidden, NULL);
+    float *got = from_dev(dx, (size_t)T * hidden);
+    CHECK(!memcmp(got, want, (size_t)T * hidden * 4), "embed: rows differ from the table's");
+    free(got);
+    /* to_bf16, then the GEMM + epilogue against cpu_matmul on the rounded input */
+    float *x = rand_floats((size_t)T * hidden, 2), *xr = malloc((size_t)T * hidden * 4);
+    memcpy(xr, x, (size_t)T * hidden * 4);
+    cpu_round_bf16(xr, (size_t)T * hidden);
+    float *dxf = to_dev(x, (size_t)T * hidden * 4);
+    bf16_bits *dxb = NULL;
+    cudaMalloc((void **)&dxb, (size_t)T * hidden * 2);
+    cuda_to_bf16(dxb, dxf, (long)T * hidden, NULL);
+    bf16 *xb = malloc((size_t)T * hidden * 2);
+    cudaMemcpy(xb, dxb, (size_t)T * hidden * 2, cudaMemcpyDeviceToHost);
+    int same = 1;
+    for (int i = 0; i < T * hidden; i++) same &= bf16_to_f32(xb[i]) == xr[i];
+    CHECK(same, "to_bf16 rounds differently from cpu_round_bf16");
+    bf16 *w = rand_weights((size_t)rows * hidden, hidden), *b = rand_weights(rows, 100);
+    float *y = rand_floats((size_t)T * rows, 1), *ywant = malloc((size_t)T * rows * 4);
+    memcpy(ywant, y, (size_t)T * rows * 4);
+    cpu_matmul(ywant, xr, w, b, T, rows, hidden, 1, 2);
+    bf16 *dw = to_dev(w, (size_t)rows * hidden * 2), *db = to_dev(b, (size_t)rows * 2);
+    float *dacc = dev_floats((size_t)T * rows), *dy = to_dev(y, (size_t)T * rows * 4);
+    cuda_gemm *g = cuda_gemm_create();
+    CHECK(g != NULL, "cuda_gemm_create");
+    if (g) {
+        CHECK(cuda_gemm_run(g, dacc, dxb, dw, T, rows, hidden, NULL), "cuBLASLt declined %d x %d x %d", T, rows, hidden);
+        cuda_bias_residual(dy, dacc, db, T, rows, 1, NULL);
+        got = from_dev(dy, (size_t)T * rows);
+        float d = max_rel(got, ywant, (size_t)T * rows);
+        CHECK(d < 1e-4f, "GEMM + bias + residual T %d: relative error %g", T, d);
+        free(got);
+        cuda_gemm_free(g);
+    }
+    /* q/k norm + RoPE + cache write at *pos0 */
+    float *q = rand_floats((size_t)T * qd, 1), *k = rand_floats((size_t)T * kvd, 1), *v = rand_floats((size_t)T * kvd, 1);
+    float inv_freq[32], cs[32], sn[32];
+    for (int i = 0; i < half; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / hd);
+    bf16 *qn = rand_weights(hd, 1), *kn = rand_weights(hd, 1);
+    float *qwant = malloc((size_t)T * qd * 4), *kwant = calloc((size_t)(pos0 + T) * kvd, 4),
+          *vwant = calloc((size_t)(pos0 + T) * kvd, 4);
+    memcpy(qwant, q, (size_t)T * qd * 4);
+    for (int t = 0; t < T; t++) {
+        float *qt = qwant + (size_t)t * qd, *kt = kwant + (size_t)(pos0 + t) * kvd;
+        memcpy(kt, k + (size_t)t * kvd, (size_t)kvd * 4);
+        memcpy(vwant + (size_t)(pos0 + t) * kvd, v + (size_t)t * kvd, (size_t)kvd * 4);
+        for (int h = 0; h < nh; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, qn, hd, 1e-6f);
+        for (int h = 0; h < nkv; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, kn, hd, 1e-6f);
+        cpu_rope_angles(cs, sn, inv_freq, half, pos0 + t);
+        cpu_rope(qt, cs, sn, nh, hd);
+        cpu_rope(kt, cs, sn, nkv, hd);
+    }
+    cpu_round_bf16(kwant, (size_t)(pos0 + T) * kvd);
+    cpu_round_bf16(vwant, (size_t)(pos0 + T) * kvd);
+    float *dq = to_dev(q, (size_t)T * qd * 4), *dk = to_dev(k, (size_t)T * kvd * 4), *dv = to_dev(v, (size_t)T * kvd * 4);
+    float *dfreq = to_dev(inv_freq, sizeof inv_freq);
+    bf16 *dqn = to_dev(qn, (size_t)hd * 2), *dkn = to_dev(kn, (size_t)hd * 2);
+    bf16_bits *dkc = NULL, *dvc = NULL;
+    cudaMalloc((void **)&dkc, (size_t)(pos0 + T) * kvd * 2);
+    cudaMalloc((void **)&dvc, (size_t)(pos0 + T) * kvd * 2);
+    cudaMemset(dkc, 0, (size_t)(pos0 + T) * kvd * 2);
+    cudaMemset(dvc, 0, (size_t)(pos0 + T) * kvd * 2);
+    int *dpos = to_dev(&pos0, sizeof pos0);
+    cuda_qk_rope_store(dq, dk, dv, dqn, dkn, dfreq, dkc, dvc, dpos, T, nh, nkv, hd, 1e-6f, NULL);
+    got = from_dev(dq, (size_t)T * qd);
+    float dqerr = max_rel(got, qwant, (size_t)T * qd);
+    CHECK(dqerr < 1e-4f, "q norm + rope: relative error %g", dqerr);
+    free(got);
+    bf16 *kc = malloc((size_t)(pos0 + T) * kvd * 2), *vc = malloc((size_t)(pos0 + T) * kvd * 2);
+    cudaMemcpy(kc, dkc, (size_t)(pos0 + T) * kvd * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(vc, dvc, (size_t)(pos0 + T) * kvd * 2, cudaMemcpyDeviceToHost);
+    int k_off = 0, v_same = 1;
+    for (size_t i = 0; i < (size_t)(pos0 + T) * kvd; i++) {
+        /* k went through f32 math in another order: at most one bf16 step apart */
+        float kd = fabsf(bf16_to_f32(kc[i]) - kwant[i]);
+        k_off += kd > 1e-2f * fmaxf(fabsf(kwant[i]), 1e-3f);
+        v_same &= bf16_to_f32(vc[i]) == vwant[i];
+    }
+    CHECK(k_off == 0, "k cache: %d values off by more than a bf16 step (rows before %d must stay 0)", k_off, pos0);
+    CHECK(v_same, "v cache: not the bf16 of v at rows %d..%d", pos0, pos0 + T - 1);
+    /* argmax fed back: token, ring slot, position and step all advance */
+    float logits[300];
+    for (int i = 0; i < 300; i++) logits[i] = frand();
+    logits[123] = 9, logits[250] = 9;
+    float *dl = to_dev(logits, sizeof logits);
+    int state[3] = {-1, 40, 5}, *dstate = to_dev(state, sizeof state), *ring = NULL, host_state[3];
+    cudaHostAlloc((void **)&ring, 2 * sizeof(int), cudaHostAllocMapped);
+    int *dring = NULL;
+    if (ring) ring[0] = ring[1] = -1, cudaHostGetDevicePointer((void **)&dring, ring, 0);
+    cuda_argmax_feed(dstate, dring, dstate + 1, dstate + 2, dl, 300, NULL);
+    cudaDeviceSynchronize();
+    cudaMemcpy(host_state, dstate, sizeof host_state, cudaMemcpyDeviceToHost);
+    CHECK(host_state[0] == 123 && host_state[1] == 41 && host_state[2] == 6 && ring && ring[1] == 123 && ring[0] == -1,
+          "argmax_feed: token %d pos %d step %d ring %d/%d", host_state[0], host_state[1], host_state[2],
+          ring ? ring[0] : -2, ring ? ring[1] : -2);
+    cudaFreeHost(ring);
+    cudaFree(dtable), cudaFree(dtok), cudaFree(dx), cudaFree(dxf), cudaFree(dxb), cudaFree(dw), cudaFree(db);
+    cudaFree(dacc), cudaFree(dy), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dfreq), cudaFree(dqn);
+    cudaFree(dkn), cudaFree(dkc), cudaFree(dvc), cudaFree(dpos), cudaFree(dl), cudaFree(dstate);
+    free(table), free(want), free(x), free(xr), free(xb), free(w), free(b), free(y), free(ywant), free(q), free(k);
+    free(v), free(qn), free(kn), free(qwant), free(kwant), free(vwant), free(kc), free(vc);
+}
+
 /* Both attention kernels against cpu_attention_head over the same bf16
  * cache: decode (split-K) for T <= 8, the tiled prefill kernel for any T,
- * at positions that start mid-cache; GQA groups 1, 3 and 8, head_dim 64 to
+ * at positions that start mid-cache; GQA groups 1 to 16, head_dim 64 to
  * 256. */
 static void kernel_attention(void) {
-    static const int shapes[][3] = {{24, 8, 128}, {16, 2, 128}, {16, 16, 64}, {8, 4, 256}}; /* heads, kv, hd */
+    /* heads, kv, hd: the last three are head_dim 80 and 96 and groups of 12
+     * and 16 heads, more than one pass of the decode kernel's group */
+    static const int shapes[][3] = {{24, 8, 128}, {16, 2, 128}, {16, 16, 64}, {8, 4, 256},
+                                    {20, 4, 80},  {24, 2, 96},  {16, 1, 256}};
     static const int runs[][2] = {{1, 0}, {1, 700}, {5, 2000}, {8, 31}, {37, 0}, {130, 95}};    /* T, first position */
-    for (int sidx = 0; sidx < (quick ? 1 : 4); sidx++) {
+    for (int sidx = 0; sidx < (quick ? 1 : (int)(sizeof shapes / sizeof shapes[0])); sidx++) {
         int nh = shapes[sidx][0], nkv = shapes[sidx][1], hd = shapes[sidx][2], kvd = nkv * hd;
         for (int r = 0; r < (quick ? 3 : 6); r++) {
             int T = runs[r][0], pos0 = runs[r][1], ctx = pos0 + T;
@@ -414,39 +538,42 @@ static void model_moe_deterministic(void) {
     polar_model_free(m);
 }
 
-/* One GPU session switching programs (each switch re-captures the decode
- * graph): every generation equals the CPU's, and device memory stays flat. */
+/* One GPU session switching among 11 programs, more than the 8 decode graphs
+ * a session keeps, so graphs are evicted and re-captured: every generation
+ * equals the CPU's, and device memory stays flat once the cache is full. */
 static void graph_recapture(void) {
     polar_error err;
     polar_model *m = NULL;
     CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
     if (!m) return;
-    static const char *texts[] = {"base", "0,1-2x2,3", "3,0x2,2"};
-    polar_program progs[3];
-    for (int i = 0; i < 3; i++) CHECK_OK(polar_program_parse(texts[i], 4, 0, &progs[i], &err));
+    static const char *texts[] = {"base", "0,1-2x2,3", "3,0x2,2", "0-3x2", "1-3",    "0,2",
+                                  "0-2,3x2", "3,2,1,0", "0x3,1-3", "2-3",   "0-1,3"};
+    enum { N_PROGS = sizeof texts / sizeof texts[0], ROUNDS = 3 * N_PROGS };
+    polar_program progs[N_PROGS];
+    for (int i = 0; i < N_PROGS; i++) CHECK_OK(polar_program_parse(texts[i], 4, 0, &progs[i], &err));
     polar_session *g = NULL, *c = NULL;
     polar_session_opts og = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
-    polar_session_opts oc = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CPU};
+    polar_session_opts oc = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1};
     CHECK_OK(polar_session_create(m, &progs[0], &og, &g, &err));
     CHECK_OK(polar_session_create(m, &progs[0], &oc, &c, &err));
     int prompt[4] = {1, 2, 3, 4}, a[12], b[12];
     polar_gen_opts go = {.max_new = 12, .ignore_eos = 1};
     size_t free_before = 0, free_after = 0, total;
-    for (int round = 0; g && c && round < 30; round++) {
-        int i = round % 3;
+    for (int round = 0; g && c && round < ROUNDS; round++) {
+        int i = round % N_PROGS;
         CHECK_OK(polar_session_set_program(g, &progs[i], &err));
         CHECK_OK(polar_session_set_program(c, &progs[i], &err));
         CHECK_OK(polar_generate(g, prompt, 4, &go, a, NULL, NULL, NULL, &err));
         CHECK_OK(polar_generate(c, prompt, 4, &go, b, NULL, NULL, NULL, &err));
         CHECK(!memcmp(a, b, sizeof a), "round %d (%s): GPU tokens differ from the CPU's", round, texts[i]);
-        if (round == 2) cudaMemGetInfo(&free_before, &total);
+        if (round == N_PROGS) cudaMemGetInfo(&free_before, &total);
     }
     cudaMemGetInfo(&free_after, &total);
-    CHECK(free_after + (1 << 20) >= free_before, "device memory fell by %zu bytes over 27 re-captures",
-          free_before - free_after);
+    CHECK(free_after + (1 << 20) >= free_before, "device memory fell by %zu bytes over %d evicting re-captures",
+          free_before - free_after, ROUNDS - N_PROGS - 1);
     polar_session_free(g);
     polar_session_free(c);
-    for (int i = 0; i < 3; i++) polar_program_free(&progs[i]);
+    for (int i = 0; i < N_PROGS; i++) polar_program_free(&progs[i]);
     polar_model_free(m);
 }
 
@@ -550,6 +677,87 @@ static void predictor_fused(void) {
     }
 }
 
+/* Several threads on one GPU at once: one switches programs (each switch
+ * captures or replays a decode graph) while one creates, uses and frees
+ * sessions of another model and one uploads and runs predictors. With
+ * blocking streams, a capture on one thread broke the others' synchronous
+ * copies. Each job hashes what it computed; run together, every job must
+ * compute exactly what it computed alone. */
+typedef struct {
+    int kind; /* 0 switcher, 1 session churn, 2 predictor */
+    const polar_model *m;
+    const char *pred_path;
+    uint64_t hash;
+    polar_status st;
+    polar_error err;
+} gpu_job;
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static void *run_gpu_job(void *arg) {
+    gpu_job *j = arg;
+    static const char *texts[] = {"base", "0,1-2x2,3", "3,0x2,2", "0-3x2", "1-3", "0,2", "0-2,3x2", "3,2,1,0",
+                                  "0x3,1-3", "2-3", "0-1,3"};
+    int prompt[5] = {3, 14, 15, 92, 65}, out[8];
+    polar_gen_opts go = {.max_new = 8, .ignore_eos = 1};
+    polar_session_opts so = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
+    j->hash = 0xcbf29ce484222325ull;
+    j->st = POLAR_OK;
+    for (int r = 0; j->st == POLAR_OK && r < 22; r++) {
+        polar_program p = {0};
+        polar_session *s = NULL;
+        polar_predictor *pred = NULL;
+        if (j->kind == 0 || j->kind == 1) {
+            const char *text = j->kind == 0 ? texts[r % 11] : "base";
+            if ((j->st = polar_program_parse(text, 4, 0, &p, &j->err)) == POLAR_OK &&
+                (j->st = polar_session_create(j->m, &p, &so, &s, &j->err)) == POLAR_OK &&
+                (j->st = polar_generate(s, prompt, 5, &go, out, NULL, NULL, NULL, &j->err)) == POLAR_OK)
+                j->hash = hash_bytes(j->hash, out, sizeof out);
+        } else if (r < 8) {
+            float h[7 * 1024], seg[28], op[84];
+            weight_value("H", 7 * 1024, 1.0, 0.0, h);
+            if ((j->st = polar_predictor_load(j->pred_path, &pred, &j->err)) == POLAR_OK &&
+                (j->st = polar_predictor_use_device(pred, POLAR_DEVICE_CUDA, &j->err)) == POLAR_OK &&
+                (j->st = polar_predict_logits(pred, h, 7, seg, op, &j->err)) == POLAR_OK)
+                j->hash = hash_bytes(hash_bytes(j->hash, seg, sizeof seg), op, sizeof op);
+        }
+        polar_predictor_free(pred);
+        polar_session_free(s);
+        polar_program_free(&p);
+    }
+    return NULL;
+}
+
+static void threads_share_gpu(void) {
+    polar_error err;
+    polar_model *m[2] = {NULL, NULL};
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m[0], &err));
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/qwen2", &m[1], &err));
+    char path[] = "/tmp/polar-cuda-threads-pred.safetensors";
+    CHECK(write_predictor(path, 28, 1024, NULL, NULL) == POLAR_OK, "write predictor");
+    if (!m[0] || !m[1]) return;
+    gpu_job jobs[3] = {{.kind = 0, .m = m[0]}, {.kind = 1, .m = m[1]}, {.kind = 2, .pred_path = path}};
+    uint64_t alone[3];
+    for (int i = 0; i < 3; i++) {
+        run_gpu_job(&jobs[i]);
+        CHECK(jobs[i].st == POLAR_OK, "job %d alone: %s", i, jobs[i].err.msg);
+        alone[i] = jobs[i].hash;
+    }
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) CHECK(pthread_create(&th[i], NULL, run_gpu_job, &jobs[i]) == 0, "pthread_create");
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    static const char *names[] = {"program switcher", "session churn", "predictor upload"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(jobs[i].st == POLAR_OK, "%s beside the others: %s", names[i], jobs[i].err.msg);
+        CHECK(jobs[i].hash == alone[i], "%s beside the others computed something else than alone", names[i]);
+    }
+    polar_model_free(m[0]);
+    polar_model_free(m[1]);
+}
+
 /* Cached decode on the GPU equals a fresh prefill on the GPU. */
 static void gpu_cache_consistency(void) {
     polar_error err;
@@ -611,6 +819,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_matmul);
     RUN_IF(kernel_rmsnorm_swiglu_argmax);
     RUN_IF(kernel_fused_gemv);
+    RUN_IF(kernel_prefill_ops);
     RUN_IF(kernel_attention);
     RUN_IF(kernel_moe);
     RUN_IF(model_golden);
@@ -621,6 +830,7 @@ int main(int argc, char **argv) {
     RUN_IF(graph_recapture);
     RUN_IF(greedy_stop);
     RUN_IF(shared_weights);
+    RUN_IF(threads_share_gpu);
     RUN_IF(gpu_cache_consistency);
     TEST_EXIT();
 }
