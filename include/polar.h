@@ -340,6 +340,50 @@ polar_status polar_program_to_segments(const polar_program *p, int D, int kmax, 
 polar_status polar_segments_to_program(const unsigned char *seg_start, const int *ops, int D, polar_program *out,
                                        polar_error *err);
 
+/* ---------------------------------------------------------- program search */
+
+#define POLAR_SEARCH_MAX_DEPTH 256
+
+/* PoLar's Monte Carlo tree search for programs that earn a reward (the
+ * reference's rules; predictor/search.c says them in full). */
+typedef struct {
+    int n_layers;      /* D: the root is the base program 0..D-1 */
+    int min_len;       /* programs shorter than this are not explored */
+    int max_len;       /* ... nor longer */
+    int simulations;   /* (100) */
+    double lambda;     /* length penalty in the UCB (5) */
+    double explore;    /* chance of a random child while selecting (0.1) */
+    uint64_t seed;     /* (42) */
+} polar_search_opts;
+
+/* The reference's defaults; length limits from polar_search_limits. */
+polar_search_opts polar_search_defaults(int n_layers);
+
+/* The reference's length limits for its models' depths (D 28: 16..32, 36:
+ * 24..44, 24: 16..28, 48: 36..54); for other depths round(2D/3) ..
+ * D + round(D/6), close to their ratios. */
+void polar_search_limits(int n_layers, int *min_len, int *max_len);
+
+/* The reward of one program (1 correct, 0 not; any value in [0, 1] works).
+ * Called once per distinct program; an error stops the search. */
+typedef polar_status (*polar_reward_fn)(void *ctx, const polar_program *program, double *reward, polar_error *err);
+
+typedef struct {
+    polar_program program;
+    double score;
+} polar_scored_program;
+
+typedef struct {
+    polar_scored_program *programs; /* every evaluated program: score descending, then shorter first */
+    int n;
+    double initial_score;           /* the base program's reward */
+    int simulations, evaluations, nodes;
+} polar_search_result;
+
+polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn reward, void *ctx,
+                                   polar_search_result *out, polar_error *err);
+void polar_search_result_free(polar_search_result *r);
+
 /* Encoder states: reset the session, run the tokens through its program and
  * write each token's final hidden state after the final norm (n x hidden). */
 polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hidden, polar_error *err);
