@@ -161,6 +161,13 @@ typedef struct {
      * more than 8 tokens), so a CPU session is a tight reference for a GPU
      * one. 0: f32 throughout (the reference math). */
     int round_like_cuda;
+    /* CPU only: keep the residual stream of the last prompt (prefilled from
+     * position 0) before every program entry, so when the same prompt comes
+     * again under a program whose first L entries are the same (a program
+     * search's neighbours), prefill resumes at entry L: the prompt's KV slots
+     * 0..L-1 are still the ones that program would write. Exactly the same
+     * results; costs (max_program_len + 1) x max_ctx x hidden floats. */
+    int share_prompt;
 } polar_session_opts;
 
 /* The device a session computes on ("cpu" or "cuda"). */
@@ -185,6 +192,10 @@ polar_status polar_session_set_program(polar_session *s, const polar_program *pr
 
 /* Forget every token: the cache is empty again. */
 void polar_session_reset(polar_session *s);
+
+/* With share_prompt: the program entries the last prefill from position 0
+ * resumed instead of running (its prompt ran n_program - this entries). */
+int polar_session_prompt_reused(const polar_session *s);
 
 /* CPU threads the session computes with. */
 int polar_session_threads(const polar_session *s);

@@ -45,6 +45,17 @@ struct polar_session {
     float *logits;      /* [vocab] of the last token */
     int has_logits;
     cuda_state *cuda;   /* the device backend, or NULL on the CPU */
+    /* share_prompt: the last prompt prefilled from position 0, its program
+     * and its residual stream before each entry, so a program sharing the
+     * first L entries resumes that prompt at entry L (its KV slots 0..L-1
+     * for the prompt's positions are still the ones it would write) */
+    float *prompt_x;      /* [cap_program + 1, max_ctx, hidden], or NULL */
+    int *prompt_tokens;   /* [max_ctx] */
+    int *prompt_program;  /* [cap_program] */
+    int prompt_len;       /* 0: nothing to resume */
+    int prompt_program_len;
+    int prompt_reused;    /* entries the last prompt resumed instead of running */
+    int recording;        /* this prefill writes prompt_x */
 };
 
 static polar_status check_program(const polar_model *m, const polar_program *p, polar_error *err) {
@@ -114,7 +125,13 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
     s->logits = malloc((size_t)a->vocab * sizeof(float));
-    if (!s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
+    int share = o.share_prompt && !s->cuda;
+    if (share) {
+        s->prompt_x = malloc((size_t)(s->cap_program + 1) * s->max_ctx * a->hidden * sizeof(float));
+        s->prompt_tokens = malloc((size_t)s->max_ctx * sizeof(int));
+        s->prompt_program = malloc((size_t)s->cap_program * sizeof(int));
+    }
+    if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
         !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_in || !s->expert_out || !s->cos || !s->sin || !s->scores ||
         !s->logits) {
         polar_session_free(s);
@@ -176,6 +193,9 @@ void polar_session_free(polar_session *s) {
     free(s->sin);
     free(s->scores);
     free(s->logits);
+    free(s->prompt_x);
+    free(s->prompt_tokens);
+    free(s->prompt_program);
     free(s);
 }
 
@@ -302,15 +322,25 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
  * into all_logits (T x vocab) when given, of the last into s->logits; their
  * final-normed hidden states into hidden (T x hidden) when given. round_in:
  * see layer_forward. */
-static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits, float *hidden, int round_in) {
+static void forward_chunk(polar_session *s, const int *tokens, int T, float *all_logits, float *hidden, int round_in,
+                          int start) {
     const polar_model *m = s->m;
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
+    size_t rows = (size_t)T * a->hidden;
     for (int t = 0; t < T; t++) {
-        cpu_embed(s->x + (size_t)t * a->hidden, m->embed, tokens[t], a->hidden);
+        if (!start) cpu_embed(s->x + (size_t)t * a->hidden, m->embed, tokens[t], a->hidden);
         cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
     }
-    for (int k = 0; k < s->n_program; k++) layer_forward(s, &m->layers[s->program[k]], k, T, round_in);
+    /* the residual stream before entry k of this chunk's tokens */
+#define PROMPT_X(k) (s->prompt_x + ((size_t)(k) * s->max_ctx + (size_t)s->pos) * a->hidden)
+    if (start) memcpy(s->x, PROMPT_X(start), rows * sizeof(float));
+    for (int k = start; k < s->n_program; k++) {
+        if (s->recording) memcpy(PROMPT_X(k), s->x, rows * sizeof(float));
+        layer_forward(s, &m->layers[s->program[k]], k, T, round_in);
+    }
+    if (s->recording) memcpy(PROMPT_X(s->n_program), s->x, rows * sizeof(float));
+#undef PROMPT_X
     int first = all_logits || hidden ? 0 : T - 1;
     for (int t = first; t < T; t++)
         cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, m->final_norm, a->hidden,
@@ -352,6 +382,18 @@ static polar_status append(polar_session *s, const int *tokens, int n, float *al
     if (n > s->max_ctx - s->pos)
         return polar_fail(err, POLAR_ERR_RANGE, "%d tokens do not fit: the context holds %d and %d are used", n,
                           s->max_ctx, s->pos);
+    /* A prompt from position 0 resumes the last one at the first entry
+     * where the programs differ, and is recorded for the next. */
+    int start = 0;
+    s->recording = s->prompt_x && s->pos == 0;
+    if (s->recording) {
+        if (n == s->prompt_len && !memcmp(tokens, s->prompt_tokens, (size_t)n * sizeof *tokens))
+            while (start < s->n_program && start < s->prompt_program_len &&
+                   s->program[start] == s->prompt_program[start])
+                start++;
+        s->prompt_reused = start;
+        s->prompt_len = 0; /* until this prompt is complete */
+    }
     /* Rounding like CUDA, the CPU's chunks nest in the ones a CUDA forward
      * would take, whose size decides where it rounds. */
     int outer = s->round_like_cuda ? s->cuda_chunk : n;
@@ -370,12 +412,20 @@ static polar_status append(polar_session *s, const int *tokens, int n, float *al
                 s->pos += T;
                 s->has_logits = 1;
             } else {
-                forward_chunk(s, tokens + i, T, al, hid, round_in);
+                forward_chunk(s, tokens + i, T, al, hid, round_in, start);
             }
         }
     }
+    if (s->recording) {
+        memcpy(s->prompt_tokens, tokens, (size_t)n * sizeof *tokens);
+        memcpy(s->prompt_program, s->program, (size_t)s->n_program * sizeof *s->program);
+        s->prompt_len = n, s->prompt_program_len = s->n_program;
+        s->recording = 0;
+    }
     return POLAR_OK;
 }
+
+int polar_session_prompt_reused(const polar_session *s) { return s->prompt_reused; }
 
 polar_status polar_decode_step(polar_session *s, int token, polar_error *err) {
     return polar_prefill(s, &token, 1, NULL, err);

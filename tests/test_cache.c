@@ -133,11 +133,67 @@ static void cache_set_program(void) {
     polar_model_free(m);
 }
 
+/* share_prompt: a chain of programs, each a one-layer skip or repeat of the
+ * one before (a program search's walk), prefilled with the same 40-token
+ * prompt (two CPU chunks) resumes at the first differing entry and gives
+ * bit for bit the logits and greedy tokens of a fresh session. */
+static void shared_prompt_prefix(void) {
+    static const char *archs[] = {"qwen3", "qwen2_moe"};
+    for (int ai = 0; ai < 2; ai++) {
+        polar_error err;
+        polar_arch a;
+        polar_model *m = NULL;
+        CHECK_OK(polar_arch_default(archs[ai], &a, &err));
+        CHECK_OK(polar_model_random(&a, 21, &m, &err));
+        if (!m) return;
+        int D = a.n_layers, layers[64], n = D, prompt[40], out[2][6];
+        for (int i = 0; i < D; i++) layers[i] = i;
+        for (int i = 0; i < 40; i++) prompt[i] = (i * 53 + 7) % a.vocab;
+        polar_program p = {n, layers};
+        polar_session *shared = NULL, *fresh = NULL;
+        polar_session_opts so = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2, .share_prompt = 1};
+        polar_session_opts fo = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2};
+        CHECK_OK(polar_session_create(m, &p, &so, &shared, &err));
+        CHECK_OK(polar_session_create(m, &p, &fo, &fresh, &err));
+        polar_gen_opts go = {.max_new = 6, .ignore_eos = 1};
+        uint64_t rng = 99;
+        int prev[64], n_prev = 0, resumed = 0;
+        for (int step = 0; shared && fresh && step < 12; step++) {
+            CHECK_OK(polar_session_set_program(shared, &p, &err));
+            CHECK_OK(polar_session_set_program(fresh, &p, &err));
+            CHECK_OK(polar_generate(shared, prompt, 40, &go, out[0], NULL, NULL, NULL, &err));
+            CHECK_OK(polar_generate(fresh, prompt, 40, &go, out[1], NULL, NULL, NULL, &err));
+            int common = 0;
+            while (common < n && common < n_prev && prev[common] == layers[common]) common++;
+            CHECK(polar_session_prompt_reused(shared) == common, "%s step %d: resumed at %d, programs share %d",
+                  archs[ai], step, polar_session_prompt_reused(shared), common);
+            resumed += common > 0;
+            CHECK(!memcmp(out[0], out[1], sizeof out[0]), "%s step %d: tokens differ", archs[ai], step);
+            CHECK(!memcmp(polar_logits(shared), polar_logits(fresh), (size_t)a.vocab * sizeof(float)),
+                  "%s step %d: logits differ", archs[ai], step);
+            memcpy(prev, layers, (size_t)n * sizeof *layers), n_prev = n;
+            /* next: skip or repeat one entry (keep 2..2D entries) */
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int i = (int)((rng >> 33) % (uint64_t)n), repeat = (rng >> 20) & 1;
+            if (n <= 2) repeat = 1;
+            if (n >= 2 * D) repeat = 0;
+            if (repeat) memmove(layers + i + 1, layers + i, (size_t)(n - i) * sizeof *layers), n++;
+            else memmove(layers + i, layers + i + 1, (size_t)(n - i - 1) * sizeof *layers), n--;
+            p.n = n;
+        }
+        CHECK(resumed >= 8, "%s: only %d of 12 prompts resumed", archs[ai], resumed);
+        polar_session_free(shared);
+        polar_session_free(fresh);
+        polar_model_free(m);
+    }
+}
+
 int main(void) {
     RUN(cache_repeat);
     RUN(cache_mixed);
     RUN(cache_moe);
     RUN(cache_chunked_prefill);
     RUN(cache_set_program);
+    RUN(shared_prompt_prefix);
     TEST_EXIT();
 }
