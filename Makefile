@@ -124,7 +124,7 @@ cuda:
 # reference, then the same under compute-sanitizer's memcheck. It needs
 # nothing from package registries (GPU machines may have no network).
 # racecheck runs the kernel tests only: whole models under it take minutes.
-RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_attention kernel_moe \
+RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
                    predictor_fused
 SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(CUDA_HOME)/bin/compute-sanitizer)
 test-cuda:

@@ -429,7 +429,7 @@ static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T
         cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd,
                               cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
     else
-        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, s);
+        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, 0, s);
     mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {

@@ -32,10 +32,15 @@ static void *to_dev(const void *h, size_t bytes) {
     return d;
 }
 
+/* max |a - b| over max |b|; infinite when any difference is NaN (fmaxf would drop it). */
 static float max_rel(const float *a, const float *b, size_t n) {
     float scale = 1e-6f, d = 0;
     for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(b[i]));
-    for (size_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        if (e != e) return INFINITY;
+        d = fmaxf(d, e);
+    }
     return d / scale;
 }
 
@@ -286,7 +291,8 @@ static void kernel_prefill_ops(void) {
 }
 
 /* Both attention kernels against cpu_attention_head over the same bf16
- * cache: decode (split-K) for T <= 8, the tiled prefill kernel for any T,
+ * cache: decode (split-K) for T <= 8, the tiled prefill kernel for any T
+ * with 1, 2 and 4 query rows per warp,
  * at positions that start mid-cache; GQA groups 1 to 16, head_dim 64 to
  * 256. */
 static void kernel_attention(void) {
@@ -314,7 +320,8 @@ static void kernel_attention(void) {
             bf16 *dk = to_dev(kb, (size_t)ctx * kvd * 2), *dv = to_dev(vb, (size_t)ctx * kvd * 2);
             float *dq = to_dev(q, (size_t)T * nh * hd * 4), *dout = dev_floats((size_t)T * nh * hd);
             int *dpos = to_dev(&pos0, sizeof pos0);
-            for (int kind = T <= 8 ? 0 : 1; kind < 2; kind++) {
+            CHECK(cuda_attention_prepare(hd) == 0, "cuda_attention_prepare(%d)", hd);
+            for (int kind = T <= 8 ? 0 : 1; kind < 4; kind++) { /* decode, prefill 1, 2, 4 rows per warp */
                 if (kind == 0) {
                     float *scratch = dev_floats(cuda_attention_scratch(T, nh, hd));
                     cuda_attention_decode(dout, dq, dk, dv, scratch, dpos, T, nh, nkv, hd,
@@ -322,11 +329,12 @@ static void kernel_attention(void) {
                     cudaDeviceSynchronize();
                     cudaFree(scratch);
                 } else {
-                    cuda_attention_prefill(dout, dq, dk, dv, dpos, T, nh, nkv, hd, NULL);
+                    cudaMemset(dout, 0xff, (size_t)T * nh * hd * 4); /* NaN: unwritten outputs fail */
+                    cuda_attention_prefill(dout, dq, dk, dv, dpos, T, nh, nkv, hd, 1 << (kind - 1), NULL);
                 }
                 float *got = from_dev(dout, (size_t)T * nh * hd), d = max_rel(got, want, (size_t)T * nh * hd);
-                CHECK(d < 1e-4f, "attention %s heads %d/%d hd %d T %d at %d: relative error %g",
-                      kind ? "prefill" : "decode", nh, nkv, hd, T, pos0, d);
+                CHECK(d < 1e-4f, "attention %s (%d rows per warp) heads %d/%d hd %d T %d at %d: relative error %g",
+                      kind ? "prefill" : "decode", kind ? 1 << (kind - 1) : 0, nh, nkv, hd, T, pos0, d);
                 free(got);
             }
             cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos);
@@ -407,19 +415,34 @@ static void kernel_moe(void) {
 /* Whole models: a CUDA session against two CPU sessions on the same weights
  * and program. The tight reference rounds where the GPU rounds
  * (round_like_cuda: bf16 K/V, bf16 GEMM inputs in chunks of more than 8
- * tokens): logits within TOL_ROUNDED, every greedy token equal. The f32
- * reference (the math of transformers in f32) is reported as a measured
- * figure: the GPU's bf16 KV cache and GEMM inputs move logits by ~1e-2. */
+ * tokens). Prompts of up to 8 tokens run the GEMV path, which rounds only the
+ * K/V it stores: logits within TOL_ROUNDED. Longer prompts round every GEMM
+ * input to bf16 after an f32 sum that cuBLASLt orders differently from the
+ * CPU. Two orders of a sum of K random-sign products differ by ~1e-4
+ * relative at K in the thousands, so a few percent of the values land one
+ * bf16 ulp (2^-8 relative) apart and the flips propagate: on an H100
+ * (2026-11-23) the golden models' 40-token prompts ranged from 1e-7 (no flip)
+ * to 4.5e-3 relative L2 and the 3B preset's 24 tokens reached 8.5e-3, about
+ * the f32 reference's distance. For them the bound is on the relative L2
+ * error (TOL_REL_GEMM) and on TOL_GEMM_MAX; greedy tokens must agree either
+ * way. The f32 reference (the
+ * math of transformers in f32) is reported as a measured figure. */
 #define TOL_ROUNDED 2e-3f
+#define TOL_REL_GEMM 1.5e-2
+#define TOL_GEMM_MAX 0.1f
+#define GEMV_PROMPT_TOKENS 8 /* CUDA_DECODE_TOKENS of runtime/backend.h */
 
-static float max_abs_diff(const float *a, const float *b, size_t n, double *cosine) {
-    double dot = 0, na = 0, nb = 0;
+/* max |a - b|; *cosine and *rel_l2 = ||a - b|| / ||b|| of the same pair. */
+static float max_abs_diff(const float *a, const float *b, size_t n, double *cosine, double *rel_l2) {
+    double dot = 0, na = 0, nb = 0, nd = 0;
     float d = 0;
     for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
         d = fmaxf(d, fabsf(a[i] - b[i]));
-        dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i];
+        dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i], nd += e * e;
     }
     *cosine = dot / sqrt(na * nb);
+    *rel_l2 = sqrt(nd / nb);
     return d;
 }
 
@@ -451,16 +474,21 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
         }
         for (int i = 1; i < 3; i++)
             while (same[i] < steps && out[0][same[i]] == out[i][same[i]]) same[i]++;
-        double cos_r, cos_f;
-        float dr = max_abs_diff(l[0], l[1], (size_t)n_prompt * V, &cos_r);
-        float df = max_abs_diff(l[0], l[2], (size_t)n_prompt * V, &cos_f);
-        CHECK(dr <= TOL_ROUNDED, "%s, %d tokens: max |logit diff| to the rounded CPU %g > %g", program, n_prompt, dr,
-              TOL_ROUNDED);
+        double cos_r, cos_f, rel_r, rel_f;
+        float dr = max_abs_diff(l[0], l[1], (size_t)n_prompt * V, &cos_r, &rel_r);
+        float df = max_abs_diff(l[0], l[2], (size_t)n_prompt * V, &cos_f, &rel_f);
+        if (n_prompt <= GEMV_PROMPT_TOKENS)
+            CHECK(dr <= TOL_ROUNDED, "%s, %d tokens: max |logit diff| to the rounded CPU %g > %g", program, n_prompt,
+                  dr, TOL_ROUNDED);
+        else
+            CHECK(rel_r <= TOL_REL_GEMM && dr <= TOL_GEMM_MAX,
+                  "%s, %d tokens: logits to the rounded CPU: relative L2 %g (bound %g), max diff %g (bound %g)",
+                  program, n_prompt, rel_r, TOL_REL_GEMM, dr, TOL_GEMM_MAX);
         if (strict) CHECK(same[1] == steps, "%s: greedy tokens agree with the rounded CPU for %d of %d", program,
                           same[1], steps);
         else CHECK(cos_f >= 0.999, "%s: cosine to the f32 CPU %f", program, cos_f);
-        printf("  %-18s %4d tok: rounded CPU %.2e (%2d/%d tok) | f32 CPU %.2e cos %.6f (%2d/%d tok)\n", program,
-               n_prompt, dr, same[1], steps, df, cos_f, same[2], steps);
+        printf("  %-18s %4d tok: rounded CPU max %.2e rel %.1e (%2d/%d tok) | f32 CPU max %.2e rel %.1e (%2d/%d tok)\n",
+               program, n_prompt, dr, rel_r, same[1], steps, df, rel_f, same[2], steps);
     }
     for (int i = 0; i < 3; i++) free(l[i]), polar_session_free(s[i]);
     free(prompt);

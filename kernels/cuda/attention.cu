@@ -134,9 +134,12 @@ __global__ void attention_merge_kernel(float *out, const float *part, int n_head
     }
 }
 
-// Splits so that the grid covers the GPU (sms multiprocessors) about twice over.
+// Splits so that the grid covers the GPU (sms multiprocessors) about four
+// times over: a decode step's few (token, KV head) pairs must still keep
+// every multiprocessor streaming keys (at 2x, a 2048-token context ran at 54%
+// of copy bandwidth on an H100).
 extern "C" int cuda_attention_splits(int T, int n_kv, int sms) {
-    int s = (2 * sms + T * n_kv - 1) / (T * n_kv);
+    int s = (4 * sms + T * n_kv - 1) / (T * n_kv);
     return s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
 }
 
@@ -148,28 +151,31 @@ extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bit
                                       float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
                                       int splits, void *stream) {
     if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
-    attention_split_kernel<<<dim3(T, n_kv, splits), 128, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0, n_heads,
+    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0, n_heads,
                                                                            n_kv, head_dim, splits);
     attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
 }
 
 // ------------------------------------------------------------------ prefill
 //
-// A block per (tile of PF_ROWS tokens, query head): its queries in shared
-// memory, then the keys up to its last token in tiles of ATT_CHUNK. Each warp
-// owns PF_ROWS / warps query rows; lane j scores key j of the tile, the warp
+// A block per (tile of PF_WARPS * RPW tokens, query head): its queries in
+// shared memory, then the keys up to its last token in tiles of ATT_CHUNK.
+// Each warp owns RPW query rows; lane j scores key j of the tile, the warp
 // keeps the row's running max and sum, and the output row lives in registers
-// (lane c holds dimensions c, c+32, ...).
+// (lane c holds dimensions c, c+32, ...). RPW trades parallelism for K/V
+// tile reuse: short prompts take 1 row per warp so that the grid fills the
+// GPU (at 4, a 128-token prompt had 1.5 blocks per H100 multiprocessor).
 
-#define PF_ROWS 16
 #define PF_WARPS 4
-#define PF_ROWS_PER_WARP (PF_ROWS / PF_WARPS)
+#define PF_MAX_RPW 4
 #define PF_DIMS_PER_LANE (ATT_MAX_HD / WARP)
 
+template <int RPW>
 __global__ void __launch_bounds__(PF_WARPS *WARP)
     attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, const int *pos_dev,
                              int T, int n_heads, int n_kv, int hd) {
     extern __shared__ float smem[];
+    const int PF_ROWS = PF_WARPS * RPW;
     int t0 = blockIdx.x * PF_ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = *pos_dev;
     int rows = T - t0 < PF_ROWS ? T - t0 : PF_ROWS;
@@ -181,9 +187,9 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
         int r = i / hd, c = i % hd;
         qs[i] = q[((size_t)(t0 + r) * n_heads + h) * hd + c] * scale;
     }
-    float o[PF_ROWS_PER_WARP][PF_DIMS_PER_LANE], m[PF_ROWS_PER_WARP], l[PF_ROWS_PER_WARP];
+    float o[RPW][PF_DIMS_PER_LANE], m[RPW], l[RPW];
 #pragma unroll
-    for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
+    for (int r = 0; r < RPW; r++) {
         m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
         for (int d = 0; d < PF_DIMS_PER_LANE; d++) o[r][d] = 0.0f;
@@ -195,8 +201,8 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
         load_kv_tile(ks, vs, kc, vc, j0, n, kvh, kvd, hd);
         __syncthreads();
 #pragma unroll
-        for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
-            int row = warp * PF_ROWS_PER_WARP + r, qpos = pos0 + t0 + row;
+        for (int r = 0; r < RPW; r++) {
+            int row = warp * RPW + r, qpos = pos0 + t0 + row;
             if (row >= rows || j0 > qpos) continue; // the whole tile is in this row's future
             float s = -INFINITY;
             if (lane < n && j0 + lane <= qpos) {
@@ -220,8 +226,8 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
         }
     }
 #pragma unroll
-    for (int r = 0; r < PF_ROWS_PER_WARP; r++) {
-        int row = warp * PF_ROWS_PER_WARP + r;
+    for (int r = 0; r < RPW; r++) {
+        int row = warp * RPW + r;
         if (row >= rows) continue;
         float *dst = out + ((size_t)(t0 + row) * n_heads + h) * hd;
 #pragma unroll
@@ -232,20 +238,47 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     }
 }
 
-static size_t prefill_smem(int head_dim) {
-    return (size_t)PF_ROWS * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
+static size_t prefill_smem(int rpw, int head_dim) {
+    return (size_t)PF_WARPS * rpw * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
 }
 
 extern "C" int cuda_attention_prepare(int head_dim) {
-    size_t smem = prefill_smem(head_dim);
+    size_t smem = prefill_smem(PF_MAX_RPW, head_dim);
     if (smem <= 48 * 1024) return cudaSuccess;
     // head_dim 256 needs the opt-in beyond the default 48 KiB
-    return cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)prefill_smem(1, head_dim));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attention_prefill_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)prefill_smem(2, head_dim));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attention_prefill_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return e;
+}
+
+// The most rows per warp that still gives 1024 blocks (about 8 per H100
+// multiprocessor), at least 1.
+static int prefill_rows_per_warp(int T, int n_heads) {
+    for (int rpw = PF_MAX_RPW; rpw > 1; rpw /= 2)
+        if ((long)((T + PF_WARPS * rpw - 1) / (PF_WARPS * rpw)) * n_heads >= 1024) return rpw;
+    return 1;
 }
 
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                                       const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream) {
-    size_t smem = prefill_smem(head_dim);
-    attention_prefill_kernel<<<dim3((T + PF_ROWS - 1) / PF_ROWS, n_heads), PF_WARPS * WARP, smem, st(stream)>>>(
-        out, q, k_cache, v_cache, pos0, T, n_heads, n_kv, head_dim);
+                                       const int *pos0, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+                                       void *stream) {
+    int rpw = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp
+                                                                             : prefill_rows_per_warp(T, n_heads);
+    int rows = PF_WARPS * rpw;
+    dim3 grid((T + rows - 1) / rows, n_heads);
+    size_t smem = prefill_smem(rpw, head_dim);
+    if (rpw == 4)
+        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+                                                                                  n_heads, n_kv, head_dim);
+    else if (rpw == 2)
+        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+                                                                                  n_heads, n_kv, head_dim);
+    else
+        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+                                                                                  n_heads, n_kv, head_dim);
 }

@@ -50,7 +50,10 @@ struct gemv_parts {
 };
 
 // One warp per output row, the row read once per pass of up to 8 tokens;
-// blockIdx.y is the pass (tokens 8y..8y+7), so any T is one launch.
+// blockIdx.y is the pass (tokens 8y..8y+7), so any T is one launch. ONE: a
+// decode step's single token, compiled apart so the unused token slots cost
+// no registers (more warps resident, more loads in flight).
+template <bool ONE>
 __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, int T, int cols, int accumulate) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
@@ -58,12 +61,13 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
     gemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
     if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
-    int n = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS];
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = 0.0f;
-    row_dots(acc, part.w + (size_t)r * cols, xs, n, cols, lane);
+    const uint16_t *wr = part.w + (size_t)r * cols;
+    rows_dots<1, ONE ? 8 : 4>((float (*)[MAX_TOKENS_PER_PASS])acc, &wr, xs, n, cols, lane);
     float b = part.bias ? bf(part.bias[r]) : 0.0f;
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
@@ -81,7 +85,8 @@ static unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) 
 static void gemv(gemv_parts parts, const float *x, int T, int cols, int accumulate, void *stream) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((parts.rows + warps - 1) / warps, passes(T));
-    gemv_kernel<<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
+    if (T == 1) gemv_kernel<true><<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
+    else gemv_kernel<false><<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
 }
 
 extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
@@ -98,20 +103,22 @@ extern "C" void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, co
 }
 
 // act[t, r] = silu(x_t . gate_r) * (x_t . up_r): a warp streams row r of
-// both, their loads interleaved; blockIdx.y is the pass of 8 tokens.
+// both, their loads interleaved; blockIdx.y is the pass of 8 tokens. ONE: as
+// in gemv_kernel.
+template <bool ONE>
 __global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *w_gate,
                                                           const bf16_bits *w_up, int T, int F, int cols) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= F) return;
-    int n = T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float gu[2][MAX_TOKENS_PER_PASS];
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
         xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = 0.0f;
     const uint16_t *rows[2] = {w_gate + (size_t)r * cols, w_up + (size_t)r * cols};
-    rows_dots<2, 2>(gu, rows, xs, n, cols, lane);
+    rows_dots<2, ONE ? 4 : 2>(gu, rows, xs, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
@@ -124,7 +131,8 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
                                    int F, int cols, void *stream) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((F + warps - 1) / warps, passes(T));
-    gemv_swiglu_kernel<<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
+    if (T == 1) gemv_swiglu_kernel<true><<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
+    else gemv_swiglu_kernel<false><<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
 }
 
 // ------------------------------------------------- q/k norm, RoPE, KV store

@@ -54,10 +54,13 @@ void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache,
                            float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int splits,
                            void *stream);
 /* Once per process and head_dim before the first prefill: the prefill
- * kernel's shared-memory limit. Returns a cudaError_t (0: success). */
+ * kernel's shared-memory limit. Returns a cudaError_t (0: success).
+ * rows_per_warp: query rows each warp of the prefill kernel owns (1, 2 or 4;
+ * 0 chooses by T and n_heads, the tests force each). */
 int cuda_attention_prepare(int head_dim);
 void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                            const int *pos0, int T, int n_heads, int n_kv, int head_dim, void *stream);
+                            const int *pos0, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+                            void *stream);
 
 /* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
 void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream);
