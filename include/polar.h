@@ -218,11 +218,31 @@ const float *polar_logits(const polar_session *s);
 /* Index of the largest logit, the lowest index on ties. */
 int polar_argmax(const float *logits, int n);
 
+/* A seeded random stream (splitmix64): one per sequence, never shared
+ * between threads; the same seed gives the same stream everywhere. */
+typedef struct {
+    uint64_t state;
+} polar_rng;
+void polar_rng_seed(polar_rng *r, uint64_t seed);
+double polar_rng_uniform(polar_rng *r); /* in [0, 1) */
+
+/* Bytes of work space polar_sample needs for n logits. */
+size_t polar_sample_work_bytes(int n);
+
+/* A token drawn from softmax(logits / temperature); when 0 < top_p < 1,
+ * from the smallest set of most likely tokens whose probability reaches
+ * top_p (ties to the lower id). temperature <= 0: the argmax. work:
+ * polar_sample_work_bytes(n) bytes the caller owns (nothing is allocated). */
+int polar_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, void *work);
+
 typedef struct {
     int max_new;        /* tokens to generate at most */
     int ignore_eos;     /* 1: do not stop at an eos id */
     const int *stop;    /* further ids that end generation (e.g. end of turn) */
     int n_stop;
+    float temperature;  /* 0 (the default): greedy; else sampled (polar_sample) */
+    float top_p;        /* nucleus when 0 < top_p < 1; 0 or >= 1: every token */
+    uint64_t seed;      /* the sampler's seed: the same seed, the same tokens */
 } polar_gen_opts;
 
 typedef struct {
@@ -236,9 +256,10 @@ typedef struct {
 /* Called after each generated token; return non-zero to stop early. */
 typedef int (*polar_token_cb)(int token, void *user);
 
-/* Greedy generation: reset, prefill the prompt, then pick the argmax token
- * and feed it back until an eos id or max_new tokens. out must hold max_new
- * ids. */
+/* Generation: reset, prefill the prompt, then pick the next token (the
+ * argmax, or a sample when opts->temperature > 0) and feed it back until an
+ * eos id or max_new tokens. out must hold max_new ids. Greedy decoding on
+ * CUDA keeps the argmax on the device; sampling reads each step's logits. */
 polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
                             const polar_gen_opts *opts, int *out, polar_gen_stats *stats,
                             polar_token_cb cb, void *user, polar_error *err);

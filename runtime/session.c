@@ -489,9 +489,25 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
     stats->prefill_ms = polar_time_ms() - t0;
     double td = polar_time_ms();
     gen_state g = {s, opts, out, stats, cb, user};
+    int V = s->m->arch.vocab;
+    if (opts->temperature > 0) {
+        /* Sampling: the host reads every step's logits (one work buffer per call). */
+        void *work = malloc(polar_sample_work_bytes(V));
+        if (!work) return polar_fail(err, POLAR_ERR_NOMEM, "generate: no memory for the sampler (%d logits)", V);
+        polar_rng rng;
+        polar_rng_seed(&rng, opts->seed);
+        if (opts->max_new > 0 && gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g))
+            while ((st = polar_decode_step(s, out[stats->n_generated - 1], err)) == POLAR_OK &&
+                   gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g)) {
+            }
+        free(work);
+        if (st != POLAR_OK) return st;
+        stats->decode_ms = polar_time_ms() - td;
+        return POLAR_OK;
+    }
     /* The first token comes from the prompt's logits; each later one from a
      * decode step fed the one before. */
-    if (opts->max_new > 0 && gen_accept(polar_argmax(s->logits, s->m->arch.vocab), &g)) {
+    if (opts->max_new > 0 && gen_accept(polar_argmax(s->logits, V), &g)) {
         if (s->cuda) { /* the argmax stays on the device between steps */
             int steps = 0;
             st = cuda_greedy(s->cuda, s->program, s->n_program, out[0], s->pos, opts->max_new - 1, gen_accept, &g,
@@ -500,7 +516,7 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
             if (st != POLAR_OK) return st;
         } else {
             while ((st = polar_decode_step(s, out[stats->n_generated - 1], err)) == POLAR_OK &&
-                   gen_accept(polar_argmax(s->logits, s->m->arch.vocab), &g)) {
+                   gen_accept(polar_argmax(s->logits, V), &g)) {
             }
             if (st != POLAR_OK) return st;
         }

@@ -1,0 +1,97 @@
+/* Sampling: the seeded generator, temperature and top-p against the exact
+ * distributions they define, and polar_generate with a temperature. */
+#include "harness.h"
+
+/* Frequencies of n_draws samples over n logits. */
+static void frequencies(const float *logits, int n, float temperature, float top_p, uint64_t seed, int n_draws,
+                        double *freq) {
+    polar_rng rng;
+    polar_rng_seed(&rng, seed);
+    void *work = malloc(polar_sample_work_bytes(n));
+    for (int i = 0; i < n; i++) freq[i] = 0;
+    for (int d = 0; d < n_draws; d++) freq[polar_sample(logits, n, temperature, top_p, &rng, work)] += 1.0 / n_draws;
+    free(work);
+}
+
+static void rng_streams(void) {
+    polar_rng a, b, c;
+    polar_rng_seed(&a, 42), polar_rng_seed(&b, 42), polar_rng_seed(&c, 43);
+    int same = 1, differ = 0;
+    double lo = 1, hi = 0, mean = 0;
+    for (int i = 0; i < 100000; i++) {
+        double x = polar_rng_uniform(&a), y = polar_rng_uniform(&b), z = polar_rng_uniform(&c);
+        same &= x == y, differ += x != z;
+        lo = x < lo ? x : lo, hi = x > hi ? x : hi, mean += x / 100000;
+    }
+    CHECK(same, "one seed, one stream");
+    CHECK(differ > 99990, "seeds 42 and 43 agree on %d of 100000 draws", 100000 - differ);
+    CHECK(lo >= 0 && hi < 1 && fabs(mean - 0.5) < 0.005, "uniform in [0,1): min %g max %g mean %g", lo, hi, mean);
+}
+
+static void distributions(void) {
+    const float logits[4] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY};
+    double f[6];
+    /* temperature 1: the softmax itself */
+    frequencies(logits, 4, 1.0f, 1.0f, 7, 200000, f);
+    CHECK(fabs(f[0] - 0.5) < 0.006 && fabs(f[1] - 0.3) < 0.006 && fabs(f[2] - 0.2) < 0.006 && f[3] == 0,
+          "T 1: %.4f %.4f %.4f %.4f", f[0], f[1], f[2], f[3]);
+    /* temperature 0.5 squares the probabilities: 25:9:4 */
+    frequencies(logits, 4, 0.5f, 1.0f, 8, 200000, f);
+    CHECK(fabs(f[0] - 25.0 / 38) < 0.006 && fabs(f[1] - 9.0 / 38) < 0.006 && fabs(f[2] - 4.0 / 38) < 0.006,
+          "T 0.5: %.4f %.4f %.4f", f[0], f[1], f[2]);
+    /* top-p 0.6: 0.5 is short of it, so {0, 1} renormalised: 0.625 / 0.375 */
+    frequencies(logits, 4, 1.0f, 0.6f, 9, 200000, f);
+    CHECK(fabs(f[0] - 0.625) < 0.006 && fabs(f[1] - 0.375) < 0.006 && f[2] == 0 && f[3] == 0,
+          "top-p 0.6: %.4f %.4f %.4f", f[0], f[1], f[2]);
+    /* top-p 0.5 is reached by the first token alone */
+    frequencies(logits, 4, 1.0f, 0.5f, 10, 1000, f);
+    CHECK(f[0] > 0.9999 && f[1] == 0, "top-p 0.5: %.4f", f[0]);
+    /* equal logits: the nucleus takes the lower ids first */
+    const float flat[6] = {1, 1, 1, 1, 1, 1};
+    frequencies(flat, 6, 1.0f, 0.3f, 11, 60000, f);
+    CHECK(f[0] > 0.45 && f[1] > 0.45 && f[2] == 0 && f[5] == 0, "ties: %.3f %.3f %.3f", f[0], f[1], f[2]);
+    /* temperature 0 is the argmax, with no generator needed */
+    CHECK(polar_sample(logits, 4, 0.0f, 0.9f, NULL, NULL) == 0, "T 0: the argmax");
+}
+
+static void generate_sampled(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    CHECK_OK(polar_model_random(&a, 5, &m, &err));
+    if (!m) return;
+    int prompt[8], out[4][24];
+    for (int i = 0; i < 8; i++) prompt[i] = (i * 31 + 3) % a.vocab;
+    polar_session *s = NULL;
+    polar_session_opts so = {.max_ctx = 40, .n_threads = 2};
+    polar_program base;
+    CHECK_OK(polar_program_parse("base", a.n_layers, 0, &base, &err));
+    CHECK_OK(polar_session_create(m, &base, &so, &s, &err));
+    polar_program_free(&base);
+    if (s) {
+        polar_gen_opts greedy = {.max_new = 24, .ignore_eos = 1};
+        polar_gen_opts hot = {.max_new = 24, .ignore_eos = 1, .temperature = 1.5f, .top_p = 0.95f, .seed = 1};
+        polar_gen_opts cold = {.max_new = 24, .ignore_eos = 1, .temperature = 1e-4f, .seed = 1};
+        polar_gen_stats st;
+        CHECK_OK(polar_generate(s, prompt, 8, &greedy, out[0], NULL, NULL, NULL, &err));
+        CHECK_OK(polar_generate(s, prompt, 8, &hot, out[1], &st, NULL, NULL, &err));
+        CHECK(st.n_generated == 24, "sampled %d tokens", st.n_generated);
+        CHECK_OK(polar_generate(s, prompt, 8, &hot, out[2], NULL, NULL, NULL, &err));
+        CHECK(!memcmp(out[1], out[2], sizeof out[1]), "one seed, the same tokens");
+        hot.seed = 2;
+        CHECK_OK(polar_generate(s, prompt, 8, &hot, out[3], NULL, NULL, NULL, &err));
+        CHECK(memcmp(out[1], out[3], sizeof out[1]), "seeds 1 and 2 gave the same 24 tokens");
+        CHECK_OK(polar_generate(s, prompt, 8, &cold, out[2], NULL, NULL, NULL, &err));
+        CHECK(!memcmp(out[0], out[2], sizeof out[0]), "a near-zero temperature is greedy");
+    }
+    polar_session_free(s);
+    polar_model_free(m);
+}
+
+int main(void) {
+    RUN(rng_streams);
+    RUN(distributions);
+    RUN(generate_sampled);
+    TEST_EXIT();
+}
