@@ -415,6 +415,41 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
 /* Monotonic clock in milliseconds. */
 double polar_time_ms(void);
 
+/* ---------------------------------------- evaluation: answers and data sets */
+
+/* Answer checking as common math-eval harnesses do it. Buffers named out
+ * receive NUL-terminated text truncated to cap bytes (nothing when cap is 0);
+ * NULL text reads as "". */
+
+/* The content of the last \boxed{...} or \fbox{...} in text, braces nested,
+ * into out. 1 when found (an empty box is found, with ""), else 0; the last
+ * box unclosed reads as not found. */
+int polar_answer_boxed(const char *text, char *out, size_t cap);
+/* The last number in text ("1,234.5", "-3", "3/4", ".5"), as written, into
+ * out. 1 when found. */
+int polar_answer_last_number(const char *text, char *out, size_t cap);
+/* A multiple-choice letter (A.. up to n_choices, at most 26) from text, tried
+ * in this order: \boxed{B}, "answer is B" / "answer: (B)", text starting with
+ * "B", "(B)", "B)" or "B.", the last "(B)", the last lone capital letter.
+ * The index 0..n_choices-1, or -1. */
+int polar_answer_choice(const char *text, int n_choices);
+/* The normal form the comparison uses, into out: a \boxed answer unwrapped;
+ * $, \left, \right, \!, \, \; \: \displaystyle, degree signs, % and \%
+ * (so 50% reads as 50, never 0.5) dropped; \text{}, \textbf{}, \mbox{},
+ * \mathrm{} unwrapped and trailing unit words after a number dropped
+ * ("5 apples", "12 \text{ cm}^2"); \dfrac, \tfrac -> \frac; \frac12 ->
+ * \frac{1}{2}, \sqrt2 -> \sqrt{2}; "x = 5" -> "5" (a left side of one or two
+ * characters); thousands separators, spaces, a leading +, trailing periods
+ * and trailing zeros of decimals (5.00 -> 5) removed; .5 -> 0.5; a whole
+ * "a/b" of integers -> \frac{a}{b}. */
+void polar_answer_normalize(const char *in, char *out, size_t cap);
+/* 1 when pred and gold name the same answer: both normal forms read as
+ * numbers (decimals, a/b, \frac{a}{b}, with a sign) within relative 1e-4 or
+ * absolute 1e-4 (Python's isclose(rel_tol=1e-4, abs_tol=1e-4)), or their
+ * normal forms are equal and not empty (case-insensitively when both are
+ * plain words, e.g. "Yes" and "yes"). */
+int polar_answer_equal(const char *pred, const char *gold);
+
 #ifdef __cplusplus
 }
 #endif
