@@ -70,15 +70,11 @@ static int starts(const char *s, const char *prefix) { return strncmp(s, prefix,
 /* The content [*b, *e) of the last \boxed or \fbox in t; 0 when there is
  * none or the last one is unclosed (a truncated answer is no answer). */
 static int last_box(const char *t, const char **b, const char **e) {
-    const char *at = NULL, *p = t;
+    const char *at = NULL;
     size_t skip = 0;
-    for (;;) {
-        const char *x = strstr(p, "\\boxed"), *y = strstr(p, "\\fbox");
-        const char *hit = x && (!y || x < y) ? x : y;
-        if (!hit) break;
-        size_t n = hit == x ? 6 : 5;
-        if (!is_alpha((unsigned char)hit[n])) at = hit, skip = n; /* not \boxedfoo */
-        p = hit + n;
+    for (const char *p = strchr(t, '\\'); p; p = strchr(p + 1, '\\')) {
+        size_t n = starts(p, "\\boxed") ? 6 : starts(p, "\\fbox") ? 5 : 0;
+        if (n && !is_alpha((unsigned char)p[n])) at = p, skip = n; /* not \boxedfoo */
     }
     if (!at) return 0;
     const char *c = at + skip;
@@ -220,13 +216,12 @@ int polar_answer_choice(const char *text, int n_choices) {
     }
     const char *s = text;
     while (is_space((unsigned char)*s)) s++;
-    if (is_alpha((unsigned char)*s) || *s == '(') {
+    const char *l = *s == '(' ? s + 1 : s;
+    if (*l >= 'A' && *l <= 'Z') {
         /* "B", "(B)", "B)", "B." or "B: ..." at the start; not "A cell ...". */
-        const char *l = *s == '(' ? s + 1 : s;
         char after = l[1];
         int word = is_space((unsigned char)after) && l[2] >= 'a' && l[2] <= 'z'; /* "A cell", "I think" */
-        if (*l >= 'A' && *l <= 'Z' && !word &&
-            (after == '\0' || after == ')' || after == '.' || after == ':' || is_space((unsigned char)after))) {
+        if (!word && (after == '\0' || after == ')' || after == '.' || after == ':' || is_space((unsigned char)after))) {
             int k = letter_index(*l, n_choices);
             if (k >= 0) return k;
         }
@@ -269,6 +264,12 @@ static char *pass_markup(char *in) {
     int depth = 0, nwrap = 0, wrap_depth[32];
     const char *p = in;
     while (*p) {
+        unsigned char c = (unsigned char)*p;
+        if (c != '\\' && c != '^' && c != '$' && c != '%' && c != '{' && c != '}' && c != 0xc2 && c != 0xe2) {
+            sb_put(&o, is_space(c) || c == '~' ? ' ' : *p); /* the common case: no markup starts here */
+            p++;
+            continue;
+        }
         size_t i, n = 0;
         for (i = 0; i < sizeof drop / sizeof drop[0] && !n; i++)
             if (starts(p, drop[i])) n = strlen(drop[i]);
@@ -322,9 +323,6 @@ static char *pass_markup(char *in) {
             }
             depth--;
             p++;
-        } else if (is_space((unsigned char)*p) || *p == '~') {
-            sb_put(&o, ' ');
-            p++;
         } else {
             sb_put(&o, *p++);
         }
@@ -368,19 +366,21 @@ static char *pass_words(char *in) {
     sb_puts(&o, s);
     if (o.oom || !o.s) return sb_done(&o, in);
     trim_end(o.s);
+    /* The run of unit words at the end ("sq ft"), then the head before it. */
+    char *t = o.s, *cut = t + strlen(t), *h;
     for (;;) {
-        char *t = o.s;
-        size_t n = strlen(t);
-        char *w = t + n;
-        while (w > t && !is_space((unsigned char)w[-1])) w--;
-        if (w == t || !unit_word(w, t + n)) break;
-        char *h = w;
+        h = cut;
         while (h > t && is_space((unsigned char)h[-1])) h--;
-        int has_digit = 0;
-        for (char *q = t; q < h; q++) has_digit |= is_digit((unsigned char)*q);
-        if (h == t) break;
-        char last = h[-1];
-        if (!has_digit || !(is_digit((unsigned char)last) || last == '}' || last == ')')) break;
+        char *w = h;
+        while (w > t && !is_space((unsigned char)w[-1])) w--;
+        if (w == t || !unit_word(w, h)) break;
+        cut = w;
+    }
+    h = cut;
+    while (h > t && is_space((unsigned char)h[-1])) h--;
+    int has_digit = 0;
+    for (char *q = t; q < h && !has_digit; q++) has_digit = is_digit((unsigned char)*q);
+    if (h < cut && has_digit && (is_digit((unsigned char)h[-1]) || h[-1] == '}' || h[-1] == ')')) {
         *h = '\0';
         trim_end(t);
     }
@@ -406,7 +406,7 @@ static char *pass_braces(char *in) {
     sbuf o = {0};
     const char *p = in;
     while (*p) {
-        int args = starts(p, "\\frac") ? 2 : starts(p, "\\sqrt") ? 1 : 0;
+        int args = *p != '\\' ? 0 : starts(p, "\\frac") ? 2 : starts(p, "\\sqrt") ? 1 : 0;
         if (!args) {
             sb_put(&o, *p++);
             continue;
@@ -535,9 +535,22 @@ static int read_decimal(const char **p, double *v) {
     return isfinite(*v);
 }
 
-/* A normal form that is a number: a decimal, a/b, \frac{a}{b}, signed. */
+/* A normal form that is a number: a decimal, a/b, \frac{a}{b}, signed,
+ * possibly in parentheses ("-(1/3)", as ASDiv writes one gold). */
 static int as_number(const char *s, double *v) {
     double sign = 1, a, b;
+    size_t n = strlen(s);
+    const char *in = s + (*s == '-');
+    if (*in == '(' && n >= 3 && s[n - 1] == ')' && in[1] != '(') {
+        char buf[400];
+        size_t k = n - 1 - (size_t)(in + 1 - s);
+        if (k >= sizeof buf || memchr(in + 1, '(', k) || memchr(in + 1, ')', k)) return 0;
+        memcpy(buf, in + 1, k);
+        buf[k] = '\0';
+        if (!as_number(buf, v)) return 0;
+        if (*s == '-') *v = -*v;
+        return 1;
+    }
     if (*s == '-' && starts(s + 1, "\\frac{")) sign = -1, s++;
     if (starts(s, "\\frac{")) {
         s += 6;
