@@ -450,6 +450,69 @@ void polar_answer_normalize(const char *in, char *out, size_t cap);
  * plain words, e.g. "Yes" and "yes"). */
 int polar_answer_equal(const char *pred, const char *gold);
 
+typedef struct {
+    const char *question;       /* the problem text (ASDiv: body, a space, question) */
+    const char *answer;         /* gold answer as text: GSM8K the number after "####", commas removed;
+                                   ASDiv "9 (apples)" -> "9"; MAWPS the target, shortest round-trip
+                                   form (43.0 -> "43"); MC the letter */
+    const char *solution;       /* a worked solution when the set has one (GSM8K's text before "####",
+                                   its <<calculator>> annotations removed), else NULL */
+    const char *const *choices; /* MC choices, else NULL */
+    int n_choices;
+    int answer_index;           /* MC: the gold choice, else -1 */
+    long line;                  /* 1-based line in the file */
+} polar_question;
+
+typedef enum {
+    POLAR_DATA_AUTO,
+    POLAR_DATA_GSM8K, /* question, answer "... #### N" */
+    POLAR_DATA_ASDIV, /* body, question, answer "9 (apples)" */
+    POLAR_DATA_MAWPS, /* input, target (number) */
+    POLAR_DATA_MMLU,  /* question, choices [..], answer (index or letter) */
+    POLAR_DATA_JSONL, /* generic: the fields named in the options; choices when present */
+} polar_data_format;
+
+typedef struct {
+    polar_data_format format;   /* AUTO: from the fields of the first line */
+    const char *question_field; /* JSONL: NULL tries "question", then "query" */
+    const char *answer_field;   /* JSONL: NULL tries "answer", then "gt_ans" */
+} polar_dataset_opts;
+
+typedef struct polar_dataset polar_dataset;
+
+/* Read a JSON-lines data set (one object a line; blank lines skipped). opts
+ * may be NULL (AUTO). */
+polar_status polar_dataset_load(const char *path, const polar_dataset_opts *opts, polar_dataset **out,
+                                polar_error *err);
+/* The same from memory; `what` names the source in messages. */
+polar_status polar_dataset_parse(const char *text, size_t len, const char *what, const polar_dataset_opts *opts,
+                                 polar_dataset **out, polar_error *err);
+int polar_dataset_size(const polar_dataset *d);
+/* Question i, or NULL when out of range. */
+const polar_question *polar_dataset_get(const polar_dataset *d, int i);
+/* The format read (AUTO resolved). */
+polar_data_format polar_dataset_format(const polar_dataset *d);
+/* "auto", "gsm8k", "asdiv", "mawps", "mmlu", "jsonl" ("unknown" otherwise). */
+const char *polar_data_format_name(polar_data_format f);
+void polar_dataset_free(polar_dataset *d);
+
+typedef enum { POLAR_PROMPT_BOXED, POLAR_PROMPT_MC } polar_prompt_style;
+
+/* The user text for question q. BOXED is the reference's direct prompt:
+ *   Solve the following math problem and output ONLY the final answer directly, formatted strictly as \boxed{ANSWER}.
+ *   ### Problem Start
+ *   {question}
+ *   ### Problem End
+ *   Answer:
+ * (lines joined by "\n", no final newline). MC is the same frame with
+ * "\boxed{the letter of the correct choice}" for "\boxed{ANSWER}" and the
+ * choices as lines "A. ...", "B. ..." after the question; q needs choices.
+ * Each of the n_shots shots comes first in the same frame, followed by
+ * " {solution}\n\boxed{answer}" (or " \boxed{answer}" without a solution;
+ * MC: the gold letter), then a blank line. *out is malloc'd. */
+polar_status polar_prompt_format(polar_prompt_style style, const polar_question *q, const polar_question *const *shots,
+                                 int n_shots, char **out, polar_error *err);
+
 #ifdef __cplusplus
 }
 #endif
