@@ -23,6 +23,15 @@ int fail_usage(const char *cmd, const char *fmt, ...) {
     return EXIT_USAGE;
 }
 
+polar_status cli_error(polar_error *err, polar_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 static int parse_long(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
@@ -54,6 +63,15 @@ int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts
         long long x;
         if (o->kind == OPT_STR) {
             *(const char **)o->dst = v;
+        } else if (o->kind == OPT_FLOAT) {
+            char *end;
+            errno = 0;
+            double d = strtod(v, &end);
+            if (errno || end == v || *end || !(d >= 0 && d <= 1e30)) {
+                fail_usage(cmd, "option %s needs a non-negative number, got '%s'", o->name, v);
+                return 0;
+            }
+            *(float *)o->dst = (float)d;
         } else if (o->kind == OPT_INT) {
             if (!parse_long(v, 0, INT_MAX, &x)) {
                 fail_usage(cmd, "option %s needs a non-negative integer, got '%s'", o->name, v);

@@ -7,12 +7,12 @@
 
 enum { EXIT_USAGE = 2 };
 
-typedef enum { OPT_STR, OPT_INT, OPT_U64, OPT_FLAG } opt_kind;
+typedef enum { OPT_STR, OPT_INT, OPT_U64, OPT_FLAG, OPT_FLOAT } opt_kind;
 
 typedef struct {
     const char *name;   /* "--model" */
     opt_kind kind;
-    void *dst;          /* const char **, int *, uint64_t *, int * */
+    void *dst;          /* const char **, int *, uint64_t *, int *, float * (finite, >= 0) */
     int seen;           /* set by parse_opts */
 } cli_opt;
 
@@ -22,6 +22,9 @@ int parse_opts(const char *cmd, int argc, char **argv, cli_opt *opts, int n_opts
 /* "polar CMD: error: MSG" on stderr; returns 1 (or 2 for usage errors). */
 int fail_status(const char *cmd, const polar_error *err);
 int fail_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Fill err (code and message) as the library does; returns code. */
+polar_status cli_error(polar_error *err, polar_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* "cpu", "cuda" or "auto" (NULL: auto); on error print and return 0. */
 int parse_device(const char *cmd, const char *text, polar_device *out);
@@ -44,5 +47,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_search(int argc, char **argv);
 
 #endif

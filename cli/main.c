@@ -4,51 +4,83 @@
 
 #include "args.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "polar %s: run an LLM as a program of layers\n"
-            "\n"
-            "  polar run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
-            "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--ignore-eos] [--json]\n"
-            "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"
-            "  polar tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"
-            "  polar predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
-            "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"
-            "  polar mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
-            "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
-            "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"
-            "  polar bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
-            "            [--gen N] [--reps N] [--threads N] [--device D] [--predictor FILE --encoder PATH\n"
-            "            [--question-len N]] [--json]\n"
-            "\n"
-            "PATH: a model folder (config.json + safetensors) or a .gguf file; without --model, the\n"
-            "default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
-            "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
-            "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n"
-            "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b,\n"
-            "qwen3-embedding-0.6b (real shapes, random weights).\n"
-            "Exit status: 0 success, 2 usage error, 1 any other failure.\n",
-            POLAR_VERSION);
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage; /* its lines of `polar help`, after "polar " */
+} command;
+
+static const command commands[] = {
+    {"run", cmd_run,
+     "run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
+     "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--ignore-eos]\n"
+     "            [--temperature T --top-p P --seed S] [--json]\n"
+     "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
+    {"tokenize", cmd_tokenize, "tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"},
+    {"predict", cmd_predict,
+     "predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
+     "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"},
+    {"eval", cmd_eval,
+     "eval [--model PATH] --data FILE [--format F] [--question-field K --answer-field K]\n"
+     "            [--start I] [--limit N] [--style boxed|chat|mc] [--shots N --shots-from FILE]\n"
+     "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] -k K]\n"
+     "            [--samples N --temperature T --top-p P --seed S] [--max-new N] [--fallback last-number]\n"
+     "            [--threads N] [--device D] -o RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg] [--quiet]\n"
+     "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},
+    {"search", cmd_search,
+     "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"
+     "            [--lambda 5] [--max-new 50] [--min-layers A --max-layers B] [--style boxed|chat]\n"
+     "            [--seed S] [--threads N] [--device D] -o LABELS.jsonl [--quiet]\n"
+     "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"},
+    {"mkmodel", cmd_mkmodel,
+     "mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
+     "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
+     "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"},
+    {"bench", cmd_bench,
+     "bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
+     "            [--gen N] [--reps N] [--threads N] [--device D] [--predictor FILE --encoder PATH\n"
+     "            [--question-len N]] [--json]\n"},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static void usage(FILE *f, const command *only) {
+    if (!only) fprintf(f, "polar %s: run an LLM as a program of layers\n\n", POLAR_VERSION);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!only || only == &commands[i]) fprintf(f, "  polar %s", commands[i].usage);
+    fprintf(f, "\n"
+               "PATH: a model folder (config.json + safetensors) or a .gguf file; without --model, the\n"
+               "default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
+               "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
+               "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n");
+    if (!only)
+        fprintf(f, "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b,\n"
+                   "qwen3-embedding-0.6b (real shapes, random weights).\n"
+                   "polar CMD --help: one command's usage. Exit status: 0 success, 2 usage error, 1 any other\n"
+                   "failure.\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        usage(stderr);
+        usage(stderr, NULL);
         return EXIT_USAGE;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
-    if (strcmp(cmd, "mkmodel") == 0) return cmd_mkmodel(argc - 2, argv + 2);
-    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
-    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
-    if (strcmp(cmd, "predict") == 0) return cmd_predict(argc - 2, argv + 2);
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        usage(stdout);
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout, NULL);
         return 0;
     }
-    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("polar %s\n", POLAR_VERSION);
         return 0;
+    }
+    for (int i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(cmd, commands[i].name)) continue;
+        for (int a = 2; a < argc; a++)
+            if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
+                usage(stdout, &commands[i]);
+                return 0;
+            }
+        return commands[i].run(argc - 2, argv + 2);
     }
     fprintf(stderr, "polar: usage error: unknown command '%s' (see polar help)\n", cmd);
     return EXIT_USAGE;

@@ -534,6 +534,64 @@ typedef enum { POLAR_PROMPT_BOXED, POLAR_PROMPT_MC } polar_prompt_style;
 polar_status polar_prompt_format(polar_prompt_style style, const polar_question *q, const polar_question *const *shots,
                                  int n_shots, char **out, polar_error *err);
 
+/* -------------------------------------------------- evaluation: results */
+
+/* One generation of polar eval: a program (or a base sample) on a question. */
+typedef struct {
+    const char *program;         /* text form */
+    int executed_layers;
+    int sample;                  /* -1: greedy; else the base sample's number */
+    const char *text;            /* the generated text */
+    const char *answer;          /* extracted (\boxed{}, or a choice letter); NULL when none */
+    int correct;
+    const char *fallback_answer; /* the last number, for numeric sets; NULL when none */
+    int fallback_correct;
+    int tokens;
+    double ms;
+} polar_eval_run;
+
+/* One question's line of a results file. */
+typedef struct {
+    long index;                  /* in the data set */
+    long line;                   /* in its file */
+    const char *question, *gold, *prompt;
+    int prompt_tokens;
+    const polar_eval_run *runs;  /* the programs, best-ranked first */
+    int n_runs;
+    const polar_eval_run *samples; /* the base program sampled */
+    int n_samples;
+} polar_eval_record;
+
+/* The record as one JSON line without the newline (release with polar_free). */
+polar_status polar_eval_record_json(const polar_eval_record *r, char **out, polar_error *err);
+
+/* s as a JSON string literal, quotes included, bytes that are not UTF-8 as
+ * U+FFFD (release with polar_free); NULL when out of memory. */
+char *polar_json_quote(const char *s);
+
+/* The question index of a complete results line (polar eval's and polar
+ * search's lines both begin {"index":N,); -1 for a torn or foreign line. */
+long polar_eval_record_index(const char *line);
+
+/* From a results file alone: the summary as JSON and as a table for a
+ * terminal (either may be NULL; release with polar_free). Accuracy per rank,
+ * pass@k, consensus@k (majority of the first k extracted answers, ties to the
+ * better rank), the same over base samples, executed-layer counts. */
+polar_status polar_eval_summary(const char *results_path, char **json, char **table, polar_error *err);
+
+/* The plot of polar_eval_summary's curves and depth histogram, as SVG. */
+polar_status polar_eval_plot(const char *results_path, const char *svg_path, polar_error *err);
+
+/* The findings of a polar search labels file: share of questions with a
+ * valid program, of base-wrong questions a program fixes, the mean length of
+ * the shortest valid program against D, and the segments of the valid
+ * programs (single-layer, skip, repeat, keep shares, through the segment
+ * codec). n_layers: D (0: the search root's length, read from the file).
+ * json / table as polar_eval_summary; svg_path (NULL: none) gets the
+ * histograms of the shortest and of all valid programs' lengths. */
+polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,
+                                  const char *svg_path, polar_error *err);
+
 #ifdef __cplusplus
 }
 #endif

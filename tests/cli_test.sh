@@ -113,6 +113,54 @@ expect predict_no_encoder 2 "no encoder" env -u POLAR_ENCODER $P predict --predi
 expect auto_needs_prompt 2 "give --prompt" $P run --tokens 1 --program auto --predictor "$D/p30.safetensors"
 expect k_needs_auto 2 "go with --program auto" $P run --prompt hi -k 3
 
+# Every subcommand answers --help on stdout; --version.
+for c in run tokenize predict eval search mkmodel bench; do
+    expect_out "help_$c" "polar $c " $P $c --help
+done
+expect_out version "polar " $P --version
+
+# polar eval and polar search on the default model, 5 MAWPS questions
+# (tests/data/mawps5.jsonl: CI has no ../shared). Greedy programs and seeded
+# samples are deterministic, so a run stopped after 3 questions and resumed
+# must summarise exactly like one run over all 5.
+Q=tests/data/mawps5.jsonl
+printf 'base\n# a skip program\n0-13,16-29\n' >"$D/progs.txt"
+EV="--data $Q --programs $D/progs.txt --max-new 4 --samples 2 --temperature 0.8 --seed 3 --fallback last-number"
+expect_out eval_first2 "pass@k" $P eval --model "$M" $EV --limit 2 -o "$D/ev.jsonl"
+expect_out eval_resume "4 questions, 2 program(s) each, 2 base sample(s)" $P eval --model "$M" $EV --limit 4 \
+    -o "$D/ev.jsonl" --summary "$D/ev.json" --plot "$D/ev.svg"
+expect_out eval_fresh "4 questions" $P eval --model "$M" $EV --limit 4 -o "$D/ev2.jsonl" --summary "$D/ev2.json"
+if [ "$(wc -l <"$D/ev.jsonl")" -eq 4 ] && cmp -s "$D/ev.json" "$D/ev2.json" &&
+    grep -q '"runs":\[{"program":"0-29","executed_layers":30,"sample":-1,"text":' "$D/ev.jsonl" &&
+    grep -q '"samples":\[{"program":"0-29","executed_layers":30,"sample":0,' "$D/ev.jsonl" &&
+    grep -q '"fallback_answer":' "$D/ev.jsonl" && grep -q '</svg>' "$D/ev.svg"; then
+    echo "PASS cli_eval_resumed_same"
+else
+    echo "FAIL cli_eval_resumed_same: $(wc -l <"$D/ev.jsonl") lines; $(diff "$D/ev.json" "$D/ev2.json" | head -c 300)"
+fi
+# pass@k never falls with k, and consensus@k never beats pass@k
+curve() { sed -n "s/.*\"$1\":\[\([^]]*\)\].*/\1/p" "$D/ev.json" | tr ',' ' '; }
+echo "$(curve pass_at_k) | $(curve consensus_at_k)" | awk '{n=(NF-1)/2; ok=1; for(i=2;i<=n;i++) if($i<$(i-1)) ok=0;
+    for(i=1;i<=n;i++) if($(n+1+i)>$i) ok=0; print (ok && n==2 ? "PASS" : "FAIL") " cli_eval_curves" (ok && n==2 ? "" : ": " $0)}'
+printf '{"question": "1+1?", "answer": "2"}\nnot json\n' >"$D/bad.jsonl"
+: >"$D/empty.jsonl"
+printf '{"question": "1+1?"}\n' >"$D/nofield.jsonl"
+expect eval_bad_json 1 "bad.jsonl" $P eval --model "$M" --data "$D/bad.jsonl" -o "$D/x.jsonl"
+expect eval_empty 1 "empty.jsonl" $P eval --model "$M" --data "$D/empty.jsonl" -o "$D/x.jsonl"
+expect eval_no_field 1 "nofield.jsonl" $P eval --model "$M" --data "$D/nofield.jsonl" -o "$D/x.jsonl"
+expect eval_foreign_out 1 "not a line polar eval wrote" $P eval --model "$M" --data "$Q" -o "$D/progs.txt" --max-new 1
+expect eval_no_out 2 "give --data FILE and -o" $P eval --model "$M" --data "$Q"
+expect_out search "searched 2 questions (0 done before)" $P search --model "$M" --data "$Q" --limit 2 --sims 6 --max-new 4 \
+    -o "$D/labels.jsonl" --quiet
+expect_out search_summary "2 questions, D = 30" $P search --summary "$D/labels.jsonl" --plot "$D/labels.svg"
+if [ "$(wc -l <"$D/labels.jsonl")" -eq 2 ] && grep -q '"gt_ans":' "$D/labels.jsonl" &&
+    grep -q '"initial_score":' "$D/labels.jsonl" && grep -q '"final_valid_transitions":\[' "$D/labels.jsonl" &&
+    grep -q '"best_transitions":\[{"path":\[0,1,2,' "$D/labels.jsonl" && grep -q '"prompt_layer_tokens_run":' "$D/labels.jsonl"; then
+    echo "PASS cli_search_fields"
+else
+    echo "FAIL cli_search_fields: $(head -c 300 "$D/labels.jsonl")"
+fi
+
 # The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
 # can; --device cuda runs on a GPU or says in one line why it cannot.
 expect usage_device 2 "--device must be cpu, cuda or auto" $P run --model "$G" --tokens 1 --device gpu

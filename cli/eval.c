@@ -1,0 +1,346 @@
+/* polar eval: every question of a data set slice through one or more
+ * programs (given, read from a file, or the predictor's top k) and through
+ * base sampling; each answer extracted and checked as the math-eval
+ * harnesses do; one JSON line per question, appended, so a stopped run
+ * resumes; the summary and plot computed from that file alone. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auto.h"
+#include "loop.h"
+
+enum { MAX_PROGRAMS = 64 };
+
+typedef struct {
+    const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
+    const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *summary_of;
+    int start, limit, shots, k, samples, max_new, threads, quiet;
+    float temperature, top_p;
+    uint64_t seed;
+} eval_args;
+
+/* The fixed programs: --program SPEC or the lines of --programs FILE. */
+static int fixed_programs(const char *cmd, const eval_args *a, int D, polar_candidate *out, int *n) {
+    polar_error err;
+    *n = 0;
+    if (!a->programs_file) {
+        if (polar_program_parse(a->program, D, 0, &out[0].program, &err) != POLAR_OK) return fail_status(cmd, &err);
+        *n = 1;
+        return 0;
+    }
+    FILE *f = fopen(a->programs_file, "r");
+    if (!f) {
+        fprintf(stderr, "polar %s: error: %s: cannot open the programs file\n", cmd, a->programs_file);
+        return 1;
+    }
+    char line[8192];
+    int lineno = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0] || line[0] == '#') continue;
+        if (*n == MAX_PROGRAMS) rc = fail_usage(cmd, "%s: more than %d programs", a->programs_file, MAX_PROGRAMS);
+        else if (polar_program_parse(line, D, 0, &out[*n].program, &err) != POLAR_OK) {
+            fprintf(stderr, "polar %s: error: %s:%d: %s\n", cmd, a->programs_file, lineno, err.msg);
+            rc = 1;
+        } else {
+            (*n)++;
+        }
+    }
+    fclose(f);
+    if (!rc && !*n) rc = fail_usage(cmd, "%s holds no program", a->programs_file);
+    return rc;
+}
+
+typedef struct {
+    polar_session *s;
+    const polar_tokenizer *tok;
+    const polar_question *q;
+    prompt_style style;
+    int fallback, max_new, stop_id, *out;
+    text_acc acc;
+    char answer[256], fallback_answer[256];
+} eval_ctx;
+
+/* Generate with program p (temperature 0: greedy) and judge the text into r. */
+static polar_status run_one(eval_ctx *c, const polar_program *p, const int *ids, int n_ids, float temperature,
+                            float top_p, uint64_t seed, polar_eval_run *r, polar_error *err) {
+    polar_status st = polar_session_set_program(c->s, p, err);
+    if (st != POLAR_OK) return st;
+    polar_gen_opts go = {.max_new = c->max_new,
+                         .stop = &c->stop_id,
+                         .n_stop = c->stop_id >= 0,
+                         .temperature = temperature,
+                         .top_p = top_p,
+                         .seed = seed};
+    polar_gen_stats gs;
+    text_acc_reset(&c->acc);
+    double t0 = polar_time_ms();
+    if ((st = polar_generate(c->s, ids, n_ids, &go, c->out, &gs, text_acc_token, &c->acc, err)) != POLAR_OK) return st;
+    if (c->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "eval: no memory for the generated text");
+    const char *text = c->acc.text ? c->acc.text : "";
+    memset(r, 0, sizeof *r);
+    r->text = text, r->tokens = gs.n_generated, r->ms = polar_time_ms() - t0, r->executed_layers = p->n;
+    if (c->q->n_choices > 0) {
+        int choice = polar_answer_choice(text, c->q->n_choices);
+        if (choice >= 0) {
+            snprintf(c->answer, sizeof c->answer, "%c", 'A' + choice);
+            r->answer = c->answer, r->correct = choice == c->q->answer_index;
+        }
+        return POLAR_OK;
+    }
+    if (polar_answer_boxed(text, c->answer, sizeof c->answer))
+        r->answer = c->answer, r->correct = polar_answer_equal(c->answer, c->q->answer);
+    if (c->fallback && polar_answer_last_number(text, c->fallback_answer, sizeof c->fallback_answer))
+        r->fallback_answer = c->fallback_answer, r->fallback_correct = polar_answer_equal(c->fallback_answer, c->q->answer);
+    return POLAR_OK;
+}
+
+/* Texts and answers of a question's runs, owned until its line is written. */
+typedef struct {
+    char *text, *answer, *fallback, *program;
+} run_strings;
+
+static int keep_strings(polar_eval_run *r, run_strings *k, const polar_program *p) {
+    k->text = strdup(r->text);
+    k->answer = r->answer ? strdup(r->answer) : NULL;
+    k->fallback = r->fallback_answer ? strdup(r->fallback_answer) : NULL;
+    int n = polar_program_format(p, NULL, 0);
+    if (n >= 0 && (k->program = malloc((size_t)n + 1))) polar_program_format(p, k->program, (size_t)n + 1);
+    if (!k->text || (r->answer && !k->answer) || (r->fallback_answer && !k->fallback) || !k->program) return 0;
+    r->text = k->text, r->answer = k->answer, r->fallback_answer = k->fallback, r->program = k->program;
+    return 1;
+}
+
+static void free_strings(run_strings *k, int n) {
+    for (int i = 0; i < n; i++) free(k[i].text), free(k[i].answer), free(k[i].fallback), free(k[i].program);
+}
+
+static int evaluate(const char *cmd, const eval_args *a, prompt_style style, polar_model *m, polar_tokenizer *tok,
+                    const polar_dataset *data, int first, int count, const polar_question *const *shots,
+                    int n_shots) {
+    polar_error err;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int D = info.arch.n_layers, n_fixed = 0, auto_mode = !strcmp(a->program, "auto"), rc = 1;
+    polar_candidate programs[MAX_PROGRAMS];
+    polar_program base = {0};
+    if (!auto_mode && (rc = fixed_programs(cmd, a, D, programs, &n_fixed))) return rc;
+    rc = 1;
+    unsigned char *done = calloc((size_t)count, 1);
+    int n_runs_max = (auto_mode ? a->k : n_fixed) + a->samples;
+    polar_eval_run *runs = calloc((size_t)n_runs_max + 1, sizeof *runs);
+    run_strings *kept = calloc((size_t)n_runs_max + 1, sizeof *kept);
+    int n_done = 0, max_prompt = 0, cap_len = 4 * D;
+    FILE *f = NULL;
+    polar_session *s = NULL;
+    eval_ctx c = {.tok = tok, .style = style, .fallback = a->fallback != NULL, .max_new = a->max_new};
+    c.acc = (text_acc){.tok = tok, .stop_at_box = style != STYLE_MC, .stop_id = -1, .arch = &info.arch};
+    if (!done || !runs || !kept || polar_program_parse("base", D, 0, &base, &err) != POLAR_OK) {
+        fprintf(stderr, "polar %s: error: out of memory\n", cmd);
+        goto done;
+    }
+    if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto done;
+    /* One session for every question: its context fits the longest prompt. */
+    for (int i = 0; i < count; i++) {
+        char *text;
+        int *ids, n;
+        if (done[i]) continue;
+        if (question_prompt(tok, style, polar_dataset_get(data, first + i), shots, n_shots, &text, &ids, &n, &err) !=
+            POLAR_OK) {
+            rc = fail_status(cmd, &err);
+            goto done;
+        }
+        max_prompt = n > max_prompt ? n : max_prompt;
+        polar_free(text), polar_free(ids);
+    }
+    for (int i = 0; i < n_fixed; i++) cap_len = programs[i].program.n > cap_len ? programs[i].program.n : cap_len;
+    polar_device device;
+    if (!parse_device(cmd, a->device_text, &device)) {
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    polar_session_opts so = {.max_ctx = max_prompt + a->max_new + 1,
+                             .max_program_len = cap_len,
+                             .n_threads = a->threads,
+                             .device = device,
+                             .share_prompt = device != POLAR_DEVICE_CUDA};
+    if (n_done < count && polar_session_create(m, &base, &so, &s, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    c.s = s;
+    c.out = malloc((size_t)a->max_new * sizeof *c.out);
+    if (style == STYLE_CHAT) c.stop_id = c.acc.stop_id = polar_tokenizer_end_of_turn(tok);
+    if (!c.out) goto done;
+    double t_start = polar_time_ms();
+    int done_before = n_done;
+    for (int i = 0; i < count; i++) {
+        if (done[i]) continue;
+        const polar_question *q = polar_dataset_get(data, first + i);
+        char *text = NULL;
+        int *ids = NULL, n_ids = 0, n_prog = n_fixed, n_runs = 0;
+        polar_candidate predicted[MAX_PROGRAMS];
+        polar_candidate *list = programs;
+        polar_status st = question_prompt(tok, style, q, shots, n_shots, &text, &ids, &n_ids, &err);
+        if (st == POLAR_OK && auto_mode) {
+            polar_decode_opts o = polar_decode_defaults();
+            auto_timing tm;
+            if (predict_programs(cmd, D, a->predictor, a->encoder, q->question, &o, predicted, a->k, &n_prog, &tm)) {
+                polar_free(text), polar_free(ids);
+                goto done;
+            }
+            list = predicted;
+        }
+        c.q = q;
+        for (int p = 0; st == POLAR_OK && p < n_prog; p++) {
+            st = run_one(&c, &list[p].program, ids, n_ids, 0, 1, 0, &runs[n_runs], &err);
+            if (st == POLAR_OK && !keep_strings(&runs[n_runs], &kept[n_runs], &list[p].program))
+                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
+            if (st == POLAR_OK) runs[n_runs++].sample = -1;
+        }
+        for (int k = 0; st == POLAR_OK && k < a->samples; k++) {
+            /* each (question, sample) its own stream: a resumed run draws the same */
+            uint64_t seed = a->seed * 1000003u + (uint64_t)(first + i) * 1009u + (uint64_t)k;
+            st = run_one(&c, &base, ids, n_ids, a->temperature, a->top_p, seed, &runs[n_runs], &err);
+            if (st == POLAR_OK && !keep_strings(&runs[n_runs], &kept[n_runs], &base))
+                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
+            if (st == POLAR_OK) runs[n_runs++].sample = k;
+        }
+        char *line = NULL;
+        if (st == POLAR_OK) {
+            polar_eval_record r = {.index = first + i,
+                                   .line = q->line,
+                                   .question = q->question,
+                                   .gold = q->answer,
+                                   .prompt = text,
+                                   .prompt_tokens = n_ids,
+                                   .runs = runs,
+                                   .n_runs = n_runs - a->samples,
+                                   .samples = runs + n_runs - a->samples,
+                                   .n_samples = a->samples};
+            st = polar_eval_record_json(&r, &line, &err);
+        }
+        free_strings(kept, n_runs);
+        memset(kept, 0, (size_t)n_runs * sizeof *kept);
+        if (auto_mode)
+            for (int p = 0; p < n_prog; p++) polar_program_free(&predicted[p].program);
+        polar_free(text), polar_free(ids);
+        if (st != POLAR_OK) {
+            fprintf(stderr, "polar %s: error: question %d: %s\n", cmd, first + i, err.msg);
+            goto done;
+        }
+        fprintf(f, "%s\n", line);
+        fflush(f);
+        polar_free(line);
+        n_done++;
+        if (!a->quiet) progress_line(cmd, n_done, count, done_before, t_start);
+    }
+    rc = 0;
+done:
+    if (f && fclose(f) && !rc) {
+        fprintf(stderr, "polar %s: error: %s: write failed\n", cmd, a->out);
+        rc = 1;
+    }
+    for (int i = 0; i < n_fixed; i++) polar_program_free(&programs[i].program);
+    polar_program_free(&base);
+    polar_session_free(s);
+    text_acc_free(&c.acc);
+    free(c.out), free(done), free(runs), free(kept);
+    return rc;
+}
+
+/* The summary of a results file: table on stdout, JSON and SVG when asked. */
+static int summarise(const char *cmd, const char *results, const char *summary, const char *plot) {
+    polar_error err;
+    char *json = NULL, *table = NULL;
+    if (polar_eval_summary(results, summary ? &json : NULL, &table, &err) != POLAR_OK) return fail_status(cmd, &err);
+    fputs(table, stdout);
+    int rc = 0;
+    if (summary) {
+        FILE *f = fopen(summary, "w");
+        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
+            fprintf(stderr, "polar %s: error: %s: cannot write the summary\n", cmd, summary);
+            rc = 1;
+        }
+    }
+    polar_free(json), polar_free(table);
+    if (!rc && plot && polar_eval_plot(results, plot, &err) != POLAR_OK) rc = fail_status(cmd, &err);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *cmd = "eval";
+    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64, .temperature = 0.7f, .top_p = 1};
+    cli_opt opts[] = {
+        {"--model", OPT_STR, &a.model, 0},           {"--data", OPT_STR, &a.data, 0},
+        {"--format", OPT_STR, &a.format, 0},         {"--question-field", OPT_STR, &a.qfield, 0},
+        {"--answer-field", OPT_STR, &a.afield, 0},   {"--start", OPT_INT, &a.start, 0},
+        {"--limit", OPT_INT, &a.limit, 0},           {"--style", OPT_STR, &a.style_text, 0},
+        {"--shots", OPT_INT, &a.shots, 0},           {"--shots-from", OPT_STR, &a.shots_from, 0},
+        {"--program", OPT_STR, &a.program, 0},       {"--programs", OPT_STR, &a.programs_file, 0},
+        {"--predictor", OPT_STR, &a.predictor, 0},   {"--encoder", OPT_STR, &a.encoder, 0},
+        {"-k", OPT_INT, &a.k, 0},                    {"--samples", OPT_INT, &a.samples, 0},
+        {"--temperature", OPT_FLOAT, &a.temperature, 0}, {"--top-p", OPT_FLOAT, &a.top_p, 0},
+        {"--seed", OPT_U64, &a.seed, 0},             {"--max-new", OPT_INT, &a.max_new, 0},
+        {"--fallback", OPT_STR, &a.fallback, 0},     {"--threads", OPT_INT, &a.threads, 0},
+        {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
+        {"--summary", OPT_STR, &a.summary, 0},       {"--plot", OPT_STR, &a.plot, 0},
+        {"--quiet", OPT_FLAG, &a.quiet, 0},          {"--summary-of", OPT_STR, &a.summary_of, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    if (a.summary_of) {
+        if (a.data || a.out) return fail_usage(cmd, "--summary-of takes only --summary and --plot");
+        return summarise(cmd, a.summary_of, a.summary, a.plot);
+    }
+    if (!a.data || !a.out) return fail_usage(cmd, "give --data FILE and -o RESULTS.jsonl");
+    prompt_style style;
+    if (!parse_style(cmd, a.style_text, &style)) return EXIT_USAGE;
+    int auto_mode = !strcmp(a.program, "auto");
+    if (a.programs_file && opts[10].seen) return fail_usage(cmd, "give --program or --programs, not both");
+    if (auto_mode != (a.predictor != NULL)) return fail_usage(cmd, "--program auto and --predictor go together");
+    if (a.k < 1 || a.k > MAX_PROGRAMS || (opts[14].seen && !auto_mode))
+        return fail_usage(cmd, "-k (1 to %d) goes with --program auto", MAX_PROGRAMS);
+    if (a.samples > 64) return fail_usage(cmd, "--samples must be at most 64");
+    if (a.samples && a.temperature <= 0) return fail_usage(cmd, "--samples needs --temperature > 0");
+    if (a.top_p <= 0 || a.top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
+    if (a.max_new < 1) return fail_usage(cmd, "--max-new must be >= 1");
+    if (a.fallback && strcmp(a.fallback, "last-number")) return fail_usage(cmd, "--fallback takes last-number");
+    if ((a.shots > 0) != (a.shots_from != NULL)) return fail_usage(cmd, "--shots N and --shots-from FILE go together");
+
+    polar_dataset *data = NULL, *shot_data = NULL;
+    int first, count, rc;
+    if ((rc = open_dataset(cmd, a.data, a.format, a.qfield, a.afield, a.start, a.limit, &data, &first, &count)))
+        return rc;
+    const polar_question *shots[64];
+    int n_shots = 0;
+    if (a.shots) {
+        int s0, sn;
+        if (a.shots > 64) rc = fail_usage(cmd, "--shots must be at most 64");
+        else if (!(rc = open_dataset(cmd, a.shots_from, NULL, NULL, NULL, 0, a.shots, &shot_data, &s0, &sn))) {
+            if (sn < a.shots) rc = fail_usage(cmd, "%s has %d questions, fewer than --shots %d", a.shots_from, sn, a.shots);
+            for (n_shots = 0; !rc && n_shots < a.shots; n_shots++) shots[n_shots] = polar_dataset_get(shot_data, n_shots);
+        }
+    }
+    if (!rc && style == STYLE_MC && polar_dataset_get(data, first)->n_choices == 0)
+        rc = fail_usage(cmd, "--style mc needs a multiple-choice data set");
+    char *default_model = NULL;
+    const char *model_path = a.model;
+    if (!rc && !model_path && !(model_path = default_model = find_default_model(cmd))) rc = 1;
+    polar_error err;
+    polar_model *m = NULL;
+    polar_tokenizer *tok = NULL;
+    if (!rc && (polar_model_load(model_path, &m, &err) != POLAR_OK ||
+                polar_tokenizer_load(model_path, &tok, &err) != POLAR_OK))
+        rc = fail_status(cmd, &err);
+    if (!rc) rc = evaluate(cmd, &a, style, m, tok, data, first, count, shots, n_shots);
+    if (!rc && (a.summary || a.plot || !a.quiet)) rc = summarise(cmd, a.out, a.summary, a.plot);
+    polar_tokenizer_free(tok);
+    polar_model_free(m);
+    polar_dataset_free(data);
+    polar_dataset_free(shot_data);
+    polar_free(default_model);
+    return rc;
+}

@@ -1,0 +1,149 @@
+#include "loop.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 1 once text holds a \boxed{ whose braces have closed. */
+static int boxed_closed(const char *text) {
+    const char *b = NULL;
+    for (const char *p = strstr(text, "\\boxed{"); p; p = strstr(p + 1, "\\boxed{")) b = p;
+    if (!b) return 0;
+    int depth = 0;
+    for (const char *p = b + 6; *p; p++) {
+        if (*p == '{') depth++;
+        else if (*p == '}' && --depth == 0) return 1;
+    }
+    return 0;
+}
+
+int text_acc_token(int token, void *user) {
+    text_acc *a = user;
+    const char *p;
+    size_t n;
+    if (token == a->stop_id || !polar_token_piece(a->tok, token, &p, &n)) return 0;
+    for (int i = 0; a->arch && i < a->arch->n_eos; i++)
+        if (token == a->arch->eos[i]) return 0;
+    if (a->len + n + 1 > a->cap) {
+        size_t cap = (a->len + n + 1) * 2;
+        char *t = realloc(a->text, cap);
+        if (!t) {
+            a->out_of_memory = 1;
+            return 1;
+        }
+        a->text = t, a->cap = cap;
+    }
+    memcpy(a->text + a->len, p, n);
+    a->len += n;
+    a->text[a->len] = 0;
+    return a->stop_at_box && boxed_closed(a->text);
+}
+
+void text_acc_reset(text_acc *a) {
+    a->len = 0, a->out_of_memory = 0;
+    if (a->text) a->text[0] = 0;
+}
+
+void text_acc_free(text_acc *a) {
+    free(a->text);
+    a->text = NULL, a->len = a->cap = 0;
+}
+
+int parse_style(const char *cmd, const char *text, prompt_style *out) {
+    if (!strcmp(text, "boxed")) *out = STYLE_BOXED;
+    else if (!strcmp(text, "chat")) *out = STYLE_CHAT;
+    else if (!strcmp(text, "mc")) *out = STYLE_MC;
+    else {
+        fail_usage(cmd, "--style must be boxed, chat or mc, got '%s'", text);
+        return 0;
+    }
+    return 1;
+}
+
+polar_status question_prompt(const polar_tokenizer *tok, prompt_style style, const polar_question *q,
+                             const polar_question *const *shots, int n_shots, char **text, int **ids, int *n,
+                             polar_error *err) {
+    char *user = NULL, *chat = NULL;
+    *text = NULL;
+    polar_status st = polar_prompt_format(style == STYLE_MC ? POLAR_PROMPT_MC : POLAR_PROMPT_BOXED, q, shots, n_shots,
+                                          &user, err);
+    if (st == POLAR_OK && style == STYLE_CHAT) st = polar_chat_prompt(tok, NULL, user, &chat, err);
+    if (st == POLAR_OK) {
+        const char *src = chat ? chat : user;
+        st = polar_tokenize(tok, src, strlen(src), chat != NULL, chat == NULL, ids, n, err);
+    }
+    if (st == POLAR_OK && chat) *text = chat, chat = NULL;
+    else if (st == POLAR_OK) *text = user, user = NULL;
+    polar_free(user);
+    polar_free(chat);
+    return st;
+}
+
+int open_dataset(const char *cmd, const char *path, const char *format, const char *qfield, const char *afield,
+                 int start, int limit, polar_dataset **out, int *first, int *count) {
+    polar_dataset_opts o = {.format = POLAR_DATA_AUTO, .question_field = qfield, .answer_field = afield};
+    if (format) {
+        static const polar_data_format all[] = {POLAR_DATA_AUTO,  POLAR_DATA_GSM8K, POLAR_DATA_ASDIV,
+                                                POLAR_DATA_MAWPS, POLAR_DATA_MMLU,  POLAR_DATA_JSONL};
+        int found = 0;
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (!strcmp(format, polar_data_format_name(all[i]))) o.format = all[i], found = 1;
+        if (!found) return fail_usage(cmd, "--format must be auto, gsm8k, asdiv, mawps, mmlu or jsonl, got '%s'", format);
+    }
+    polar_error err;
+    if (polar_dataset_load(path, &o, out, &err) != POLAR_OK) return fail_status(cmd, &err);
+    int size = polar_dataset_size(*out);
+    if (start >= size) {
+        polar_dataset_free(*out);
+        *out = NULL;
+        return fail_usage(cmd, "--start %d is past the %d questions of %s", start, size, path);
+    }
+    *first = start;
+    *count = limit && limit < size - start ? limit : size - start;
+    return 0;
+}
+
+FILE *resume_results(const char *cmd, const char *path, int first, int count, unsigned char *done, int *n_done) {
+    *n_done = 0;
+    FILE *f = fopen(path, "r+");
+    if (f) {
+        char *line = NULL;
+        size_t cap = 0;
+        long good = 0, lineno = 0;
+        ssize_t len;
+        while ((len = getline(&line, &cap, f)) > 0) {
+            lineno++;
+            if (line[len - 1] != '\n') break; /* torn: cut below */
+            long index = polar_eval_record_index(line);
+            if (index < 0) {
+                fprintf(stderr, "polar %s: error: %s:%ld: not a line polar %s wrote; give another -o\n", cmd, path,
+                        lineno, cmd);
+                free(line);
+                fclose(f);
+                return NULL;
+            }
+            if (index >= first && index < first + count && !done[index - first]) done[index - first] = 1, (*n_done)++;
+            good += len;
+        }
+        free(line);
+        int cut = ftruncate(fileno(f), good);
+        fclose(f);
+        if (cut) {
+            fprintf(stderr, "polar %s: error: %s: cannot cut off its torn last line\n", cmd, path);
+            return NULL;
+        }
+    }
+    f = fopen(path, "a");
+    if (!f) fprintf(stderr, "polar %s: error: %s: cannot open for writing\n", cmd, path);
+    return f;
+}
+
+void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms) {
+    if (!isatty(2)) return;
+    double s = (polar_time_ms() - t_start_ms) / 1000, rate = s > 0 ? (done - done_before) / s : 0;
+    long eta = rate > 0 ? (long)((total - done) / rate) : 0;
+    fprintf(stderr, "\rpolar %s: %d/%d questions, %.2f/s, ETA %ldm %02lds   ", cmd, done, total, rate, eta / 60,
+            eta % 60);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}

@@ -1,0 +1,54 @@
+/* What polar eval and polar search share: the generated text gathered token
+ * by token (stopping once a \boxed{} answer is complete), the prompt of a
+ * question in a style, results files that resume, and a progress line. */
+#ifndef POLAR_CLI_LOOP_H
+#define POLAR_CLI_LOOP_H
+
+#include <stdio.h>
+
+#include "args.h"
+
+typedef struct {
+    const polar_tokenizer *tok;
+    int stop_at_box;  /* stop generating once a \boxed{...} has closed */
+    int stop_id;      /* end of turn, or -1 */
+    const polar_arch *arch; /* its eos ids end the text without joining it (NULL: none) */
+    char *text;       /* the bytes so far, NUL-terminated */
+    size_t len, cap;
+    int out_of_memory;
+} text_acc;
+
+/* polar_token_cb: append the token's bytes; non-zero to stop. */
+int text_acc_token(int token, void *user);
+void text_acc_reset(text_acc *a);
+void text_acc_free(text_acc *a);
+
+typedef enum { STYLE_BOXED, STYLE_CHAT, STYLE_MC } prompt_style;
+
+/* "boxed" | "chat" | "mc"; prints a usage error and returns 0 otherwise. */
+int parse_style(const char *cmd, const char *text, prompt_style *out);
+
+/* The prompt ids of question q (with shots) in a style: boxed and mc raw
+ * (BOS when the tokenizer wants it), chat through the model's template.
+ * *text gets the prompt's text (release both with polar_free). */
+polar_status question_prompt(const polar_tokenizer *tok, prompt_style style, const polar_question *q,
+                             const polar_question *const *shots, int n_shots, char **text, int **ids, int *n,
+                             polar_error *err);
+
+/* The data set of --data with --format / --question-field / --answer-field,
+ * and the slice [start, start + limit) of it (limit 0: to the end). Returns
+ * an exit status, having printed any error. */
+int open_dataset(const char *cmd, const char *path, const char *format, const char *qfield, const char *afield,
+                 int start, int limit, polar_dataset **out, int *first, int *count);
+
+/* Open a results file for appending after marking done[i] for the complete
+ * lines of questions first..first+count-1 already in it; a torn last line
+ * (a run killed mid-write) is cut off. A line that is not one of ours stops
+ * with an error rather than append to someone else's file. NULL after
+ * printing the error. */
+FILE *resume_results(const char *cmd, const char *path, int first, int count, unsigned char *done, int *n_done);
+
+/* "\rpolar CMD: 12/300 questions, 0.80/s, ETA 6m 5s" on stderr (a terminal only). */
+void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms);
+
+#endif

@@ -1,0 +1,163 @@
+/* The findings of a polar search run, from its labels file alone: how many
+ * questions have a valid program, how many base-wrong questions a program
+ * fixes, how short the shortest valid programs are against D, and what
+ * valid programs are made of in PoLar's segment form (single-layer
+ * segments, skips, repeats), with the depth distribution as SVG. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../loader/json.h"
+#include "../runtime/error.h"
+#include "eval.h"
+
+enum { MAX_LEN = 1024 };
+
+typedef struct {
+    int questions, with_valid, base_correct, fixed, n_valid_programs, codec_rejected;
+    long shortest_sum, segments, single, skips, repeats, keeps;
+    int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
+} labels_stats;
+
+/* A JSON array of ints into layers (at most MAX_LEN); its length, or -1. */
+static int read_path(const json_value *v, int *layers) {
+    if (!v || v->type != JSON_ARRAY || v->len > MAX_LEN) return -1;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->items[i]->type != JSON_NUMBER || !v->items[i]->is_integer || v->items[i]->number < 0) return -1;
+        layers[i] = (int)v->items[i]->number;
+    }
+    return (int)v->len;
+}
+
+/* The depth: the longest path 0..n-1 (the search's root) in the line. */
+static int base_depth(const json_value *root) {
+    const json_value *best = json_get(root, "best_transitions");
+    int layers[MAX_LEN], D = 0;
+    for (size_t i = 0; best && best->type == JSON_ARRAY && i < best->len; i++) {
+        int n = read_path(json_get(best->items[i], "path"), layers), base = n > 0;
+        for (int k = 0; base && k < n; k++) base = layers[k] == k;
+        if (base && n > D) D = n;
+    }
+    return D;
+}
+
+static void add_valid(labels_stats *s, const int *layers, int n, int D) {
+    polar_program p = {n, (int *)layers};
+    unsigned char seg[MAX_LEN];
+    int ops[MAX_LEN];
+    polar_error err;
+    s->n_valid_programs++;
+    s->valid_count[n]++;
+    s->max_len = n > s->max_len ? n : s->max_len;
+    if (D > MAX_LEN || polar_program_to_segments(&p, D, 4, seg, ops, &err) != POLAR_OK) {
+        s->codec_rejected++;
+        return;
+    }
+    for (int i = 0; i < D; i++) {
+        if (!seg[i]) continue;
+        int len = 1;
+        while (i + len < D && !seg[i + len]) len++;
+        s->segments++, s->single += len == 1;
+        s->skips += ops[i] == 0, s->keeps += ops[i] == 1, s->repeats += ops[i] == 2;
+    }
+}
+
+static polar_status read_labels(const char *path, int *n_layers, labels_stats *s, polar_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return polar_fail(err, POLAR_ERR_IO, "%s: cannot open the labels file", path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    long lineno = 0;
+    polar_status st = POLAR_OK;
+    int layers[MAX_LEN];
+    while (st == POLAR_OK && (got = getline(&line, &cap, f)) > 0) {
+        lineno++;
+        if (polar_eval_record_index(line) < 0) continue; /* torn: the search resumes it */
+        json_doc *doc;
+        char what[600];
+        snprintf(what, sizeof what, "%.500s:%ld", path, lineno);
+        if ((st = json_parse(line, (size_t)got, what, &doc, err)) != POLAR_OK) break;
+        const json_value *root = json_root(doc), *valid = json_get(root, "final_valid_transitions"),
+                         *init = json_get(root, "initial_score");
+        if (!valid || valid->type != JSON_ARRAY || !init || init->type != JSON_NUMBER) {
+            json_free(doc);
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: no final_valid_transitions or initial_score: not a polar "
+                            "search line", path, lineno);
+            break;
+        }
+        if (!*n_layers) *n_layers = base_depth(root);
+        int D = *n_layers, shortest = 0;
+        s->questions++;
+        s->base_correct += init->number == 1.0;
+        for (size_t i = 0; i < valid->len; i++) {
+            int n = read_path(valid->items[i], layers);
+            if (n <= 0) continue;
+            add_valid(s, layers, n, D);
+            shortest = !shortest || n < shortest ? n : shortest;
+        }
+        if (shortest) {
+            s->with_valid++, s->fixed += init->number != 1.0;
+            s->shortest_sum += shortest, s->shortest_count[shortest]++;
+        }
+        json_free(doc);
+    }
+    free(line);
+    fclose(f);
+    if (st == POLAR_OK && !s->questions) st = polar_fail(err, POLAR_ERR_FORMAT, "%s: no search lines", path);
+    return st;
+}
+
+static double share(long a, long b) { return b ? (double)a / b : 0; }
+
+polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,
+                                  const char *svg_path, polar_error *err) {
+    labels_stats *s = calloc(1, sizeof *s);
+    if (!s) return polar_fail(err, POLAR_ERR_NOMEM, "labels: out of memory");
+    int D = n_layers;
+    polar_status st = read_labels(labels_path, &D, s, err);
+    sbuf j = {0}, t = {0}, g = {0};
+    int base_wrong = s->questions - s->base_correct, ok = 1;
+    double mean_short = share(s->shortest_sum, s->with_valid);
+    if (st == POLAR_OK && json)
+        ok = sbuf_add(&j,
+                      "{\"questions\":%d,\"n_layers\":%d,\"with_valid_program\":%.6f,\"base_correct\":%.6f,"
+                      "\"base_wrong_fixed\":%.6f,\"mean_shortest_valid_length\":%.3f,"
+                      "\"mean_shortest_valid_length_over_D\":%.6f,\"valid_programs\":%d,\"codec_rejected\":%d,"
+                      "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
+                      "\"repeat_segments\":%.6f,\"keep_segments\":%.6f}",
+                      s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
+                      share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0, s->n_valid_programs,
+                      s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
+                      share(s->repeats, s->segments), share(s->keeps, s->segments));
+    if (st == POLAR_OK && table && ok)
+        ok = sbuf_add(&t,
+                      "%d questions, D = %d\n"
+                      "with a valid program:            %5.1f%%\n"
+                      "base program correct:            %5.1f%%\n"
+                      "base-wrong questions fixed:      %5.1f%% (%d of %d)\n"
+                      "shortest valid program:          %.2f layers on average (%.1f%% of D)\n"
+                      "valid programs:                  %d (%d not expressible as segments)\n"
+                      "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n",
+                      s->questions, D, 100 * share(s->with_valid, s->questions),
+                      100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
+                      base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->n_valid_programs, s->codec_rejected,
+                      s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),
+                      100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments));
+    if (st == POLAR_OK && svg_path && ok) {
+        ok = svg_begin(&g) && svg_axes(&g, 60, "Shortest valid program per question", "layers run", "questions") &&
+             svg_axes(&g, 510, "Every valid program", "layers run", "programs") &&
+             svg_histogram(&g, 60, s->shortest_count, s->max_len) &&
+             svg_histogram(&g, 510, s->valid_count, s->max_len) && sbuf_add(&g, "</svg>\n");
+        if (ok) st = svg_write(&g, svg_path, err);
+    }
+    if (st == POLAR_OK && !ok) st = polar_fail(err, POLAR_ERR_NOMEM, "labels: out of memory");
+    free(s), free(g.s);
+    if (st != POLAR_OK) {
+        free(j.s), free(t.s);
+        return st;
+    }
+    if (json) *json = j.s;
+    if (table) *table = t.s;
+    return POLAR_OK;
+}

@@ -1,0 +1,178 @@
+/* polar eval's results lines and summary, and polar search's labels summary,
+ * on hand-made records whose metrics are known. */
+#include <unistd.h>
+
+#include "harness.h"
+
+static char tmp_dir[] = "/tmp/polar-test-eval-XXXXXX";
+
+/* A run of a question: program text, answer (NULL: none), correct. */
+static polar_eval_run run(const char *program, int layers, const char *answer, int correct) {
+    polar_eval_run r = {.program = program, .executed_layers = layers, .sample = -1, .text = "...", .answer = answer,
+                        .correct = correct, .tokens = 3, .ms = 1.5};
+    return r;
+}
+
+static void write_line(FILE *f, long index, const polar_eval_run *runs, int n, const polar_eval_run *samples, int ns) {
+    polar_error err;
+    polar_eval_record r = {.index = index, .line = index + 1, .question = "q", .gold = "5", .prompt = "p",
+                           .prompt_tokens = 4, .runs = runs, .n_runs = n, .samples = samples, .n_samples = ns};
+    char *line = NULL;
+    CHECK_OK(polar_eval_record_json(&r, &line, &err));
+    if (line) fprintf(f, "%s\n", line);
+    polar_free(line);
+}
+
+/* The numbers after "key":[ in json. */
+static int curve(const char *json, const char *key, double *v, int max) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *p = strstr(json, pat);
+    int n = 0;
+    if (!p) return -1;
+    for (p += strlen(pat); *p && *p != ']' && n < max; n++) {
+        v[n] = strtod(p, (char **)&p);
+        if (*p == ',') p++;
+    }
+    return n;
+}
+
+static void summary_metrics(void) {
+    polar_error err;
+    char path[256];
+    snprintf(path, sizeof path, "%s/results.jsonl", tmp_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    /* q0: rank 1 right, ranks 2 and 3 agree on a wrong answer; q1: rank 2
+     * right, ranks 1 and 3 agree on a wrong one; q2: no answers; q3: ranks 2
+     * and 3 right as 10/2 and 5.0, which pool their votes against rank 1. */
+    polar_eval_run q0[3] = {run("base", 30, "5", 1), run("0-28", 29, "6", 0), run("0-27", 28, "6", 0)};
+    polar_eval_run q1[3] = {run("base", 30, "7", 0), run("0-28", 29, "5", 1), run("0-27", 28, "7", 0)};
+    polar_eval_run q2[3] = {run("base", 30, NULL, 0), run("0-28", 29, NULL, 0), run("0-27", 28, NULL, 0)};
+    polar_eval_run q3[3] = {run("base", 30, "4", 0), run("0-28", 29, "10/2", 1), run("0-27", 28, "5.0", 1)};
+    polar_eval_run s0[2] = {run("base", 30, "5", 1), run("base", 30, "5", 1)};
+    polar_eval_run s1[2] = {run("base", 30, "1", 0), run("base", 30, "5", 1)};
+    s0[0].sample = 0, s0[1].sample = 1, s1[0].sample = 0, s1[1].sample = 1;
+    write_line(f, 0, q0, 3, s0, 2);
+    write_line(f, 1, q1, 3, s1, 2);
+    write_line(f, 2, q2, 3, s1, 2);
+    write_line(f, 3, q3, 3, s0, 2);
+    fputs("{\"index\":4,\"line\":5,\"question\":\"torn", f); /* a run killed mid-line */
+    fclose(f);
+    char *json = NULL, *table = NULL;
+    CHECK_OK(polar_eval_summary(path, &json, &table, &err));
+    if (!json || !table) return;
+    double v[8];
+    CHECK(strstr(json, "\"questions\":4,"), "torn line skipped: %s", json);
+    CHECK(curve(json, "accuracy_by_rank", v, 8) == 3 && v[0] == 0.25 && v[1] == 0.5 && v[2] == 0.25,
+          "accuracy by rank %g %g %g", v[0], v[1], v[2]);
+    CHECK(curve(json, "pass_at_k", v, 8) == 3 && v[0] == 0.25 && v[1] == 0.75 && v[2] == 0.75, "pass@k %g %g %g",
+          v[0], v[1], v[2]);
+    /* k 1 and 2: q0 alone (ties go to rank 1); k 3: q3 alone (q0's two 6s outvote its right 5) */
+    CHECK(curve(json, "consensus_at_k", v, 8) == 3 && v[0] == 0.25 && v[1] == 0.25 && v[2] == 0.25,
+          "consensus@k %g %g %g", v[0], v[1], v[2]);
+    CHECK(curve(json, "base_sampling_pass_at_k", v, 8) == 2 && v[0] == 0.5 && v[1] == 1.0, "sampling pass@k %g %g",
+          v[0], v[1]);
+    CHECK(strstr(json, "\"accuracy_by_program\":{\"base\":0.250000,\"0-28\":0.500000,\"0-27\":0.250000}"),
+          "per program: %s", json);
+    CHECK(strstr(json, "\"depth_histogram\":{\"28\":4,\"29\":4,\"30\":4}") && strstr(json, "\"unique_depths\":3"),
+          "depths: %s", json);
+    CHECK(strstr(table, "4 questions, 3 program(s) each, 2 base sample(s)"), "table: %s", table);
+    polar_free(json), polar_free(table);
+    char svg[256];
+    snprintf(svg, sizeof svg, "%s/plot.svg", tmp_dir);
+    CHECK_OK(polar_eval_plot(path, svg, &err));
+    FILE *g = fopen(svg, "r");
+    char buf[64] = "";
+    CHECK(g && fgets(buf, sizeof buf, g) && !strncmp(buf, "<svg ", 5), "plot: %s", buf);
+    if (g) fclose(g);
+}
+
+/* q3 at k = 3: 10/2 and 5.0 pool two votes against 4's one. */
+static void consensus_pools_equal_answers(void) {
+    polar_error err;
+    char path[256];
+    snprintf(path, sizeof path, "%s/pool.jsonl", tmp_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    polar_eval_run q[3] = {run("base", 30, "4", 0), run("0-28", 29, "10/2", 1), run("0-27", 28, "5.0", 1)};
+    write_line(f, 0, q, 3, NULL, 0);
+    fclose(f);
+    char *json = NULL;
+    double v[8];
+    CHECK_OK(polar_eval_summary(path, &json, NULL, &err));
+    CHECK(json && curve(json, "consensus_at_k", v, 8) == 3 && v[0] == 0 && v[1] == 0 && v[2] == 1,
+          "consensus %s", json ? json : "");
+    polar_free(json);
+}
+
+static void record_lines(void) {
+    polar_error err;
+    polar_eval_run r = run("0-5,6-7x2", 10, "\\frac{1}{2}", 1);
+    r.text = "bad \xff byte, \"quoted\"\nnew line \xe2\x82"; /* cut mid-character */
+    polar_eval_record rec = {.index = 12, .line = 13, .question = "Q?", .gold = "1/2", .prompt = "P", .runs = &r,
+                             .n_runs = 1};
+    char *line = NULL;
+    CHECK_OK(polar_eval_record_json(&rec, &line, &err));
+    if (!line) return;
+    CHECK(!strncmp(line, "{\"index\":12,\"line\":13,", 22), "%s", line);
+    CHECK(strstr(line, "\"text\":\"bad \\ufffd byte, \\\"quoted\\\"\\nnew line \\ufffd\\ufffd\""), "escapes: %s", line);
+    CHECK(polar_eval_record_index(line) == 12, "index of a whole line");
+    line[strlen(line) - 1] = 0;
+    CHECK(polar_eval_record_index(line) == -1, "a torn line has no index");
+    CHECK(polar_eval_record_index("{\"other\":1}") == -1, "a foreign line has no index");
+    polar_free(line);
+    char *q = polar_json_quote("a\"b\\c\x01");
+    CHECK(q && !strcmp(q, "\"a\\\"b\\\\c\\u0001\""), "quote: %s", q ? q : "");
+    polar_free(q);
+}
+
+static void labels_summary(void) {
+    polar_error err;
+    char path[256], svg[256];
+    snprintf(path, sizeof path, "%s/labels.jsonl", tmp_dir);
+    snprintf(svg, sizeof svg, "%s/labels.svg", tmp_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    /* D = 6. q0: base right, one valid shorter program (skip of layer 5);
+     * q1: base wrong, fixed by a repeat of layer 2; q2: nothing valid. */
+    fputs("{\"index\":0,\"question\":\"a\",\"gt_ans\":\"1\",\"initial_score\":1,"
+          "\"final_valid_transitions\":[[0,1,2,3,4,5],[0,1,2,3,4]],\"final_invalid_transitions\":[],"
+          "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":1,\"length\":6}]}\n", f);
+    fputs("{\"index\":1,\"question\":\"b\",\"gt_ans\":\"2\",\"initial_score\":0,"
+          "\"final_valid_transitions\":[[0,1,2,2,3,4,5]],\"final_invalid_transitions\":[[0,1,2,3,4,5]],"
+          "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":0,\"length\":6}]}\n", f);
+    fputs("{\"index\":2,\"question\":\"c\",\"gt_ans\":\"3\",\"initial_score\":0,"
+          "\"final_valid_transitions\":[],\"final_invalid_transitions\":[[0,1,2,3,4,5]],"
+          "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":0,\"length\":6}]}\n", f);
+    fclose(f);
+    char *json = NULL, *table = NULL;
+    CHECK_OK(polar_labels_summary(path, 0, &json, &table, svg, &err));
+    if (!json || !table) return;
+    CHECK(strstr(json, "\"questions\":3,\"n_layers\":6,\"with_valid_program\":0.666667,\"base_correct\":0.333333,"
+                       "\"base_wrong_fixed\":0.500000,\"mean_shortest_valid_length\":6.000"),
+          "%s", json);
+    CHECK(strstr(json, "\"valid_programs\":3,\"codec_rejected\":0"), "%s", json);
+    CHECK(strstr(table, "base-wrong questions fixed:       50.0% (1 of 2)"), "%s", table);
+    polar_free(json), polar_free(table);
+    CHECK(access(svg, R_OK) == 0, "no plot written");
+    /* a file that is not labels */
+    snprintf(path, sizeof path, "%s/notlabels.jsonl", tmp_dir);
+    f = fopen(path, "w");
+    fputs("{\"index\":0,\"other\":1}\n", f);
+    fclose(f);
+    CHECK(polar_labels_summary(path, 0, &json, NULL, NULL, &err) == POLAR_ERR_FORMAT && strstr(err.msg, ":1:"),
+          "not labels: %s", err.msg);
+}
+
+int main(void) {
+    if (!mkdtemp(tmp_dir)) return 1;
+    RUN(record_lines);
+    RUN(summary_metrics);
+    RUN(consensus_pools_equal_answers);
+    RUN(labels_summary);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+    if (system(cmd)) return 1;
+    TEST_EXIT();
+}
