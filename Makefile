@@ -40,8 +40,9 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
-           predictor/search.c predictor/train_ops.c predictor/train.c predictor/optim.c
-CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c bench/bench.c
+           predictor/search.c predictor/train_ops.c predictor/train.c predictor/optim.c \
+           predictor/labels.c
+CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/train.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
            test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
            test_train

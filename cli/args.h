@@ -44,5 +44,6 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #endif

@@ -14,6 +14,9 @@ static void usage(FILE *f) {
             "  polar tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"
             "  polar predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
             "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"
+            "  polar train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"
+            "            [--batch 128] [--lr 5e-4] [--warmup 10] [--orig-weight 0.3] [--max-paths 50] [--dropout 0.1]\n"
+            "            [--seed S] [--log FILE]   (default encoder: the model's first quarter of layers)\n"
             "  polar mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
             "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"
             "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"
@@ -42,6 +45,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "predict") == 0) return cmd_predict(argc - 2, argv + 2);
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

@@ -440,6 +440,35 @@ int polar_trainer_steps(const polar_trainer *t);
 polar_status polar_train_loss(const polar_predictor *p, const polar_train_example *ex, int n, double *loss,
                               polar_error *err);
 
+/* One question's training examples, from polar search labels. */
+typedef struct {
+    char *question;
+    int n;                    /* examples */
+    unsigned char *seg_start; /* [n, D] */
+    int *ops;                 /* [n, D] */
+    float *weight;            /* [n] */
+} polar_label_question;
+
+typedef struct {
+    int n_layers;                /* D */
+    polar_label_question *q;     /* questions with at least one example, in file order */
+    int n, cap;
+    int lines;                   /* questions read */
+    int no_examples;             /* questions that gave none (no valid program, or all rejected) */
+    int programs;                /* valid programs taken (after the max_paths choice) */
+    int rejected;                /* ... that the segment form cannot express (skipped) */
+    int capped;                  /* valid programs left out by the max_paths choice */
+} polar_train_labels;
+
+/* Read `polar search` JSONL files (fields question, final_valid_transitions)
+ * into examples as the reference does: per question at most max_paths (50)
+ * valid programs, a seeded choice; each in segment form (rejects counted and
+ * skipped); weight 1, or orig_weight (0.3) for the base program 0..D-1 when
+ * the question has a shorter valid program. A torn last line is ignored. */
+polar_status polar_train_labels_load(const char *const *paths, int n_paths, int n_layers, int max_paths,
+                                     float orig_weight, uint64_t seed, polar_train_labels *out, polar_error *err);
+void polar_train_labels_free(polar_train_labels *l);
+
 /* ---------------------------------------------------------- program search */
 
 #define POLAR_SEARCH_MAX_DEPTH 256
