@@ -448,6 +448,48 @@ static void bad_batches(void) {
     polar_predictor_free(p);
 }
 
+/* Labels -> examples: the base program weighted 0.3 only beside a shorter
+ * valid program, at most max_paths per question, rejects counted, questions
+ * without examples and a torn last line left out. */
+static void labels_to_examples(void) {
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/polar-labels-%d.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,2,3,4,5],[0,1,2,4,5]]}\n", f);
+    fputs("{\"question\":\"b\",\"final_valid_transitions\":[[0,1,2,3,4,5],[0,1,2,2,3,4,5]]}\n", f);
+    fputs("{\"question\":\"c\",\"final_valid_transitions\":[]}\n", f);
+    fputs("{\"question\":\"d\",\"final_valid_transitions\":[[0,2,1,3,4,5],[1,2],[2,3],[3,4],[4,5],[0,5]]}\n", f);
+    fputs("{\"question\":\"e\",\"final_valid_transitions\":[[0,1]", f);
+    fclose(f);
+    const char *files[1] = {path};
+    polar_train_labels l;
+    polar_error err;
+    CHECK_OK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l, &err));
+    CHECK(l.lines == 4 && l.n == 3 && l.no_examples == 1, "%d lines, %d questions, %d without examples", l.lines, l.n,
+          l.no_examples);
+    if (l.n == 3) {
+        CHECK(!strcmp(l.q[0].question, "a") && l.q[0].n == 2, "question a");
+        CHECK(l.q[0].weight[0] == 0.3f && l.q[0].weight[1] == 1.0f, "base beside a shorter program: 0.3");
+        CHECK(l.q[1].n == 2 && l.q[1].weight[0] == 1.0f, "base beside a longer program only: 1");
+        CHECK(l.q[1].seg_start[6 + 2] == 1 && l.q[1].ops[6 + 2] == 2, "layer 2 repeated: a repeat segment");
+        CHECK(l.q[2].n + l.rejected == 3 && l.capped == 3, "d: 3 of 6 taken, %d rejected", l.rejected);
+    }
+    CHECK(l.programs == 7, "programs taken %d", l.programs);
+    polar_train_labels l2;
+    CHECK_OK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l2, &err));
+    CHECK(l.n == 3 && l2.n == 3 && l2.q[2].n == l.q[2].n && !memcmp(l2.q[2].ops, l.q[2].ops, 6 * l.q[2].n * sizeof(int)),
+          "the same seed, the same choice");
+    polar_train_labels_free(&l2);
+    polar_train_labels_free(&l);
+    f = fopen(path, "w");
+    fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,9]]}\n", f);
+    fclose(f);
+    CHECK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l, &err) == POLAR_ERR_FORMAT && strstr(err.msg, ":1:"),
+          "a layer past D: %s", err.msg);
+    unlink(path);
+}
+
 int main(void) {
     RUN(op_linear);
     RUN(op_layernorm);
@@ -460,5 +502,6 @@ int main(void) {
     RUN(schedule_and_adamw);
     RUN(save_and_load);
     RUN(bad_batches);
+    RUN(labels_to_examples);
     TEST_EXIT();
 }
