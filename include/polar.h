@@ -372,6 +372,103 @@ polar_status polar_program_to_segments(const polar_program *p, int D, int kmax, 
 polar_status polar_segments_to_program(const unsigned char *seg_start, const int *ops, int D, polar_program *out,
                                        polar_error *err);
 
+/* ------------------------------------------------------ predictor training */
+
+/* The predictor's shape: D layers, width d, heads, feed-forward width, d_q. */
+typedef struct {
+    int n_layers, d_model, heads, ff, input_dim;
+} polar_predictor_shape;
+
+/* The reference's shape: d 256, 4 heads, ff 1024. */
+polar_predictor_shape polar_predictor_default_shape(int n_layers, int input_dim);
+
+/* A fresh predictor with PyTorch's default initialisation (Linear: uniform
+ * +-1/sqrt(fan_in); attention in-projections Xavier-uniform with zero
+ * biases; embedding N(0, 1); LayerNorm 1, 0; the second encoder layer a copy
+ * of the first, as nn.TransformerEncoder makes it), from a seeded stream. */
+polar_status polar_predictor_create(const polar_predictor_shape *s, uint64_t seed, polar_predictor **out,
+                                    polar_error *err);
+
+/* Write the weights (f32) under the reference names, the head count in the
+ * metadata: the file polar_predictor_load reads. */
+polar_status polar_predictor_save(const polar_predictor *p, const char *path, polar_error *err);
+
+/* One training example: a question's token states and one program's segment
+ * form (polar_program_to_segments). Nothing is copied. */
+typedef struct {
+    const float *h;                 /* [T, d_q] */
+    int T;                          /* 1..512 */
+    const unsigned char *seg_start; /* [D] */
+    const int *ops;                 /* [D]: 0..2 at segment starts, -1 elsewhere */
+    float weight;                   /* >= 0; normalised to mean 1 in each batch */
+} polar_train_example;
+
+typedef struct {
+    double lr;            /* peak learning rate (5e-4) */
+    int warmup;           /* steps of linear warm-up from 0 (10) */
+    int total_steps;      /* cosine decay to 0 over the steps after the warm-up */
+    double beta1, beta2;  /* AdamW (0.9, 0.999) */
+    double eps;           /* (1e-8) */
+    double weight_decay;  /* (0) */
+    float dropout;        /* on attention weights and in the encoder layers (0.1); 0: off */
+    uint64_t seed;        /* dropout masks: the same seed, the same run */
+} polar_train_opts;
+
+/* The reference's recipe for a run of total_steps optimizer steps. */
+polar_train_opts polar_train_defaults(int total_steps);
+
+/* Training loss of a batch (the reference's): per example, BCE-with-logits
+ * of the segment-start logits over positions 1..D-1 (mean) plus the cross
+ * entropy of the op logits at segment starts (mean over them); the batch
+ * loss is mean(w * loss) with w the weights over (their mean + 1e-8). */
+typedef struct polar_trainer polar_trainer;
+
+/* A trainer updates p's weights in place (p stays on the CPU). */
+polar_status polar_trainer_create(polar_predictor *p, const polar_train_opts *o, polar_trainer **out,
+                                  polar_error *err);
+void polar_trainer_free(polar_trainer *t);
+
+/* One AdamW step on a batch of n examples (training mode: dropout on),
+ * OpenMP over the examples. *loss: the batch loss before the step. */
+polar_status polar_train_step(polar_trainer *t, const polar_train_example *ex, int n, double *loss, polar_error *err);
+
+/* Learning rate of the trainer's next step, and steps taken. */
+double polar_trainer_lr(const polar_trainer *t);
+int polar_trainer_steps(const polar_trainer *t);
+
+/* The batch loss in evaluation mode (no dropout, no gradient). */
+polar_status polar_train_loss(const polar_predictor *p, const polar_train_example *ex, int n, double *loss,
+                              polar_error *err);
+
+/* One question's training examples, from polar search labels. */
+typedef struct {
+    char *question;
+    int n;                    /* examples */
+    unsigned char *seg_start; /* [n, D] */
+    int *ops;                 /* [n, D] */
+    float *weight;            /* [n] */
+} polar_label_question;
+
+typedef struct {
+    int n_layers;                /* D */
+    polar_label_question *q;     /* questions with at least one example, in file order */
+    int n, cap;
+    int lines;                   /* questions read */
+    int no_examples;             /* questions that gave none (no valid program, or all rejected) */
+    int programs;                /* valid programs taken (after the max_paths choice) */
+    int rejected;                /* ... that the segment form cannot express (skipped) */
+    int capped;                  /* valid programs left out by the max_paths choice */
+} polar_train_labels;
+
+/* Read `polar search` JSONL files (fields question, final_valid_transitions)
+ * into examples as the reference does: per question at most max_paths (50)
+ * valid programs, a seeded choice; each in segment form (rejects counted and
+ * skipped); weight 1, or orig_weight (0.3) for the base program 0..D-1 when
+ * the question has a shorter valid program. A torn last line is ignored. */
+polar_status polar_train_labels_load(const char *const *paths, int n_paths, int n_layers, int max_paths,
+                                     float orig_weight, uint64_t seed, polar_train_labels *out, polar_error *err);
+void polar_train_labels_free(polar_train_labels *l);
+
 /* ---------------------------------------------------------- program search */
 
 #define POLAR_SEARCH_MAX_DEPTH 256

@@ -325,13 +325,19 @@ static size_t tensor_bytes(const st_write_tensor *t) {
 }
 
 polar_status st_write(const char *path, const st_write_tensor *t, size_t n, polar_error *err) {
-    /* Header: {"name":{"dtype":"BF16","shape":[..],"data_offsets":[b,e]},...}
+    return st_write_meta(path, t, n, NULL, err);
+}
+
+polar_status st_write_meta(const char *path, const st_write_tensor *t, size_t n, const char *metadata,
+                           polar_error *err) {
+    /* Header: {"__metadata__":{..},"name":{"dtype":"BF16","shape":[..],"data_offsets":[b,e]},...}
      * padded with spaces so the data section starts 8-byte aligned. */
-    size_t cap = 256 + n * 256, len = 0, offset = 0;
+    size_t cap = 256 + n * 256 + (metadata ? strlen(metadata) : 0), len = 0, offset = 0;
     for (size_t i = 0; i < n; i++) cap += strlen(t[i].name) * 6;
     char *hdr = malloc(cap);
     if (!hdr) return polar_fail(err, POLAR_ERR_NOMEM, "%s: out of memory writing header", path);
     len += (size_t)snprintf(hdr + len, cap - len, "{");
+    if (metadata) len += (size_t)snprintf(hdr + len, cap - len, "\"__metadata__\":%s%s", metadata, n ? "," : "");
     for (size_t i = 0; i < n; i++) {
         size_t bytes = tensor_bytes(&t[i]);
         len += (size_t)json_escape(t[i].name, hdr + len, cap - len);

@@ -62,5 +62,8 @@ typedef struct {
 } st_write_tensor;
 
 polar_status st_write(const char *path, const st_write_tensor *t, size_t n, polar_error *err);
+/* The same with a "__metadata__" entry: metadata is a JSON object of strings. */
+polar_status st_write_meta(const char *path, const st_write_tensor *t, size_t n, const char *metadata,
+                           polar_error *err);
 
 #endif

@@ -32,6 +32,16 @@ struct polar_predictor {
     void *cuda;                       /* device copy and workspaces, or NULL */
 };
 
+/* One tensor under its reference name; cols 0: a vector. The order of
+ * pred_tensor_refs is the order of the tensors in storage. */
+#define PRED_TENSORS (7 + 12 * PRED_BLOCKS + 4)
+typedef struct {
+    char name[64];
+    const float **dst;
+    int rows, cols;
+} pred_ref;
+int pred_tensor_refs(polar_predictor *p, pred_ref *r); /* fills PRED_TENSORS entries for p's shape */
+
 /* Run on the device copy (predictor/cuda.c). */
 polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err);
 void pred_cuda_free(void *state);

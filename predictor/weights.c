@@ -10,13 +10,7 @@
 #include "../runtime/error.h"
 #include "predictor.h"
 
-typedef struct {
-    char name[64];
-    const float **dst;
-    int rows, cols; /* cols 0: a vector */
-} pred_ref;
-
-static int pred_refs(polar_predictor *p, pred_ref *r) {
+int pred_tensor_refs(polar_predictor *p, pred_ref *r) {
     int n = 0, d = p->d;
 #define REF(nm, ptr, R, C)                                    \
     do {                                                      \
@@ -98,8 +92,8 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
             st = polar_fail(err, POLAR_ERR_FORMAT, "%s: d_model %lld is not divisible by %d heads", path, (long long)d,
                             p->heads);
     }
-    pred_ref refs[7 + 12 * PRED_BLOCKS + 4];
-    int n = st == POLAR_OK ? pred_refs(p, refs) : 0;
+    pred_ref refs[PRED_TENSORS];
+    int n = st == POLAR_OK ? pred_tensor_refs(p, refs) : 0;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
     if (p) p->storage_floats = total;

@@ -114,15 +114,15 @@ expect auto_needs_prompt 2 "give --prompt" $P run --tokens 1 --program auto --pr
 expect k_needs_auto 2 "go with --program auto" $P run --prompt hi -k 3
 
 # Every subcommand answers --help on stdout; --version.
-for c in run tokenize predict eval search mkmodel bench; do
+for c in run tokenize predict eval search train mkmodel bench; do
     expect_out "help_$c" "polar $c " $P $c --help
 done
 expect_out version "polar " $P --version
 
-# polar eval and polar search on the default model, 5 MAWPS questions
-# (tests/data/mawps5.jsonl: CI has no ../shared). Greedy programs and seeded
-# samples are deterministic, so a run stopped after 3 questions and resumed
-# must summarise exactly like one run over all 5.
+# polar eval and polar search on the default model, MAWPS questions from
+# tests/data/mawps5.jsonl (CI has no ../shared). Greedy programs and seeded
+# samples are deterministic, so a run stopped after 2 questions and resumed
+# must summarise exactly like one run over all 4.
 Q=tests/data/mawps5.jsonl
 printf 'base\n# a skip program\n0-13,16-29\n' >"$D/progs.txt"
 EV="--data $Q --programs $D/progs.txt --max-new 4 --samples 2 --temperature 0.8 --seed 3 --fallback last-number"
@@ -160,6 +160,30 @@ if [ "$(wc -l <"$D/labels.jsonl")" -eq 2 ] && grep -q '"gt_ans":' "$D/labels.jso
 else
     echo "FAIL cli_search_fields: $(head -c 300 "$D/labels.jsonl")"
 fi
+
+# polar train: a few labelled questions -> a predictor polar predict loads; bad labels in one line.
+L=$D/train_labels.jsonl
+for i in 1 2 3 4 5 6 7; do
+    printf '{"question":"What is %d + %d?","gt_ans":"%d","initial_score":1,"final_valid_transitions":[[%s],[%s]],"best_transitions":[]}\n' \
+        "$i" "$i" "$((2 * i))" "$(seq -s, 0 29)" "$(seq -s, 0 $((20 + i)))" >>"$L"
+done
+printf '{"question":"torn' >>"$L"
+if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -o "$D/trained.safetensors" \
+    --log "$D/train.jsonl" >"$D/out" 2>"$D/err" && [ "$(grep -c '"val_loss"' "$D/train.jsonl")" -eq 2 ] &&
+    grep -q "labels: 7 questions, 7 with examples; 14 valid programs" "$D/err"; then
+    echo "PASS cli_train"
+else
+    echo "FAIL cli_train: $(head -c 300 "$D/err") $(head -c 300 "$D/train.jsonl")"
+fi
+expect_out train_predict '"programs":[{"program":[' $P predict --predictor "$D/trained.safetensors" --encoder "$M@0-1" --question "What is 2+2?" --json
+expect train_no_labels 2 "--labels FILE... is required" $P train --model "$M" -o "$D/x.safetensors"
+expect train_no_out 2 "-o FILE is required" $P train --model "$M" --labels "$L"
+expect train_missing 1 "cannot open the labels file" $P train --model "$M" --labels "$D/none.jsonl" -o "$D/x.safetensors"
+printf '{"question":"q","final_valid_transitions":[[0,1,40]]}\n' >"$D/deep.jsonl"
+expect train_deep 1 "runs a layer outside 0..29" $P train --model "$M" --labels "$D/deep.jsonl" -o "$D/x.safetensors"
+printf '{"question":"q"}\n' >"$D/nolabels.jsonl"
+expect train_not_labels 1 "not a polar search line" $P train --model "$M" --labels "$D/nolabels.jsonl" -o "$D/x.safetensors"
+expect train_bad_lr 2 "--lr must be" $P train --model "$M" --labels "$L" -o "$D/x.safetensors" --lr fast
 
 # The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
 # can; --device cuda runs on a GPU or says in one line why it cannot.

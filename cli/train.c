@@ -1,0 +1,277 @@
+/* polar train: the PoLar predictor trained on polar search labels with the
+ * reference's recipe. The encoder is frozen, so each question's token states
+ * are computed once, up front, and every epoch reuses them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+
+#define MAX_LABEL_FILES 64
+#define MAX_QUESTION_TOKENS 512 /* the reference truncates questions here */
+
+typedef struct {
+    float *h; /* [T, d_q] */
+    int T;
+} features;
+
+/* --labels takes every following argument up to the next option. */
+static int take_labels(int *argc, char **argv, const char **files, int *n_files) {
+    int out = 0;
+    *n_files = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--labels")) {
+            argv[out++] = argv[i];
+            continue;
+        }
+        while (i + 1 < *argc && strncmp(argv[i + 1], "--", 2) && strcmp(argv[i + 1], "-o")) {
+            if (*n_files == MAX_LABEL_FILES) return 0;
+            files[(*n_files)++] = argv[++i];
+        }
+    }
+    *argc = out;
+    return 1;
+}
+
+/* Token states of every question through the encoder PATH[@PROGRAM]. */
+static int encode_all(const char *cmd, const char *spec, const char *default_program, const polar_train_labels *l,
+                      int *dq, features *f) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", spec);
+    char *at = strrchr(path, '@');
+    const char *prog_text = default_program ? default_program : "base";
+    if (at) *at = 0, prog_text = at + 1;
+    polar_error err;
+    polar_model *m = NULL;
+    polar_tokenizer *tok = NULL;
+    polar_session *s = NULL;
+    polar_program prog = {0};
+    int rc = 1;
+    if (polar_model_load(path, &m, &err) != POLAR_OK || polar_tokenizer_load(path, &tok, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    *dq = info.arch.hidden;
+    polar_session_opts so = {.max_ctx = MAX_QUESTION_TOKENS};
+    if (polar_program_parse(prog_text, info.arch.n_layers, 0, &prog, &err) != POLAR_OK ||
+        polar_session_create(m, &prog, &so, &s, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    double t0 = polar_time_ms();
+    for (int i = 0; i < l->n; i++) {
+        int *ids = NULL, n = 0;
+        const char *q = l->q[i].question;
+        if (polar_tokenize(tok, q, strlen(q), 0, 1, &ids, &n, &err) != POLAR_OK) {
+            rc = fail_status(cmd, &err);
+            goto done;
+        }
+        n = n > MAX_QUESTION_TOKENS ? MAX_QUESTION_TOKENS : n;
+        f[i].T = n;
+        f[i].h = n ? malloc((size_t)n * info.arch.hidden * sizeof(float)) : NULL;
+        polar_status st = !n ? POLAR_ERR_ARG : !f[i].h ? POLAR_ERR_NOMEM : polar_encode(s, ids, n, f[i].h, &err);
+        polar_free(ids);
+        if (st != POLAR_OK) {
+            if (!n) snprintf(err.msg, sizeof err.msg, "question %d gives no tokens", i);
+            else if (!f[i].h) snprintf(err.msg, sizeof err.msg, "out of memory for the question features");
+            err.code = st;
+            rc = fail_status(cmd, &err);
+            goto done;
+        }
+        if (isatty(2)) fprintf(stderr, "\rencoding questions: %d of %d", i + 1, l->n);
+    }
+    if (isatty(2)) fprintf(stderr, "\n");
+    fprintf(stderr, "encoded %d questions with %s@%s in %.1f s\n", l->n, path, prog_text, (polar_time_ms() - t0) / 1e3);
+    rc = 0;
+done:
+    polar_program_free(&prog);
+    polar_session_free(s);
+    polar_tokenizer_free(tok);
+    polar_model_free(m);
+    return rc;
+}
+
+/* Examples of questions [q0, q1) in file order. */
+static polar_train_example *examples_of(const polar_train_labels *l, const features *f, int q0, int q1, int *n) {
+    int total = 0, D = l->n_layers;
+    for (int i = q0; i < q1; i++) total += l->q[i].n;
+    polar_train_example *ex = malloc((size_t)(total ? total : 1) * sizeof *ex);
+    *n = 0;
+    for (int i = q0; ex && i < q1; i++)
+        for (int k = 0; k < l->q[i].n; k++)
+            ex[(*n)++] = (polar_train_example){f[i].h, f[i].T, l->q[i].seg_start + (size_t)k * D,
+                                               l->q[i].ops + (size_t)k * D, l->q[i].weight[k]};
+    return ex;
+}
+
+/* The reference's validation loss: the mean of the batch losses. */
+static int val_loss(const char *cmd, const polar_predictor *p, const polar_train_example *ex, int n, int batch,
+                    double *out) {
+    double sum = 0;
+    int nb = 0;
+    for (int i = 0; i < n; i += batch, nb++) {
+        double l;
+        polar_error err;
+        if (polar_train_loss(p, ex + i, n - i < batch ? n - i : batch, &l, &err) != POLAR_OK) return fail_status(cmd, &err);
+        sum += l;
+    }
+    *out = nb ? sum / nb : 0;
+    return 0;
+}
+
+static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, polar_train_example *tr, int n_tr,
+                        const polar_train_example *va, int n_va, int epochs, int batch, uint64_t seed, const char *out,
+                        FILE *log) {
+    int *order = malloc((size_t)n_tr * sizeof *order);
+    polar_train_example *b = malloc((size_t)batch * sizeof *b);
+    if (!order || !b) {
+        free(order), free(b);
+        return fail_usage(cmd, "out of memory for %d examples", n_tr);
+    }
+    polar_rng rng;
+    polar_rng_seed(&rng, seed ^ 0x5eed5eedull);
+    double best = 1e300;
+    int rc = 0, steps_per_epoch = (n_tr + batch - 1) / batch;
+    for (int e = 0; e < epochs && rc == 0; e++) {
+        for (int i = 0; i < n_tr; i++) order[i] = i;
+        for (int i = n_tr - 1; i > 0; i--) { /* Fisher-Yates */
+            int j = (int)(polar_rng_uniform(&rng) * (i + 1)), x = order[i];
+            order[i] = order[j], order[j] = x;
+        }
+        double sum = 0, t0 = polar_time_ms();
+        for (int s = 0; s < steps_per_epoch && rc == 0; s++) {
+            int n = n_tr - s * batch < batch ? n_tr - s * batch : batch;
+            for (int k = 0; k < n; k++) b[k] = tr[order[s * batch + k]];
+            double l, lr = polar_trainer_lr(t);
+            polar_error err;
+            if (polar_train_step(t, b, n, &l, &err) != POLAR_OK) {
+                rc = fail_status(cmd, &err);
+                break;
+            }
+            sum += l;
+            if (isatty(2))
+                fprintf(stderr, "\repoch %d/%d step %d/%d loss %.4f lr %.2e %.1f ex/s ", e + 1, epochs, s + 1,
+                        steps_per_epoch, l, lr, (double)(s * batch + n) / ((polar_time_ms() - t0) / 1e3));
+        }
+        if (rc) break;
+        double secs = (polar_time_ms() - t0) / 1e3, vl = 0;
+        if (isatty(2)) fprintf(stderr, "\n");
+        if (n_va && (rc = val_loss(cmd, p, va, n_va, batch, &vl))) break;
+        int better = !n_va || vl < best;
+        polar_error err;
+        if (better && polar_predictor_save(p, out, &err) != POLAR_OK) {
+            rc = fail_status(cmd, &err);
+            break;
+        }
+        if (n_va && better) best = vl;
+        fprintf(log, "{\"epoch\":%d,\"train_loss\":%.6f,", e + 1, sum / steps_per_epoch);
+        if (n_va) fprintf(log, "\"val_loss\":%.6f,\"best\":%s,", vl, better ? "true" : "false");
+        fprintf(log, "\"steps\":%d,\"lr\":%.6g,\"seconds\":%.2f,\"examples_per_s\":%.1f}\n", polar_trainer_steps(t),
+                polar_trainer_lr(t), secs, n_tr / secs);
+        fflush(log);
+    }
+    free(order);
+    free(b);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *cmd = "train", *files[MAX_LABEL_FILES], *model_arg = NULL, *encoder = NULL, *out = NULL,
+               *log_path = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1";
+    int n_files = 0, epochs = 10, batch = 128, warmup = 10, max_paths = 50;
+    uint64_t seed = 42;
+    if (!take_labels(&argc, argv, files, &n_files)) return fail_usage(cmd, "more than %d labels files", MAX_LABEL_FILES);
+    cli_opt opts[] = {
+        {"--model", OPT_STR, &model_arg, 0},     {"--encoder", OPT_STR, &encoder, 0},
+        {"-o", OPT_STR, &out, 0},                {"--log", OPT_STR, &log_path, 0},
+        {"--epochs", OPT_INT, &epochs, 0},       {"--batch", OPT_INT, &batch, 0},
+        {"--lr", OPT_STR, &lr_text, 0},          {"--warmup", OPT_INT, &warmup, 0},
+        {"--orig-weight", OPT_STR, &ow_text, 0}, {"--max-paths", OPT_INT, &max_paths, 0},
+        {"--dropout", OPT_STR, &drop_text, 0},   {"--seed", OPT_U64, &seed, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    char *end1, *end2, *end3;
+    double lr = strtod(lr_text, &end1), ow = strtod(ow_text, &end2), drop = strtod(drop_text, &end3);
+    if (!n_files) return fail_usage(cmd, "--labels FILE... is required (polar search output)");
+    if (!out) return fail_usage(cmd, "-o FILE is required (the predictor to write)");
+    if (epochs < 1 || batch < 1 || max_paths < 1) return fail_usage(cmd, "--epochs, --batch and --max-paths must be >= 1");
+    if (*end1 || !(lr > 0 && lr < 1)) return fail_usage(cmd, "--lr must be a number in (0, 1), got '%s'", lr_text);
+    if (*end2 || !(ow >= 0 && ow <= 1)) return fail_usage(cmd, "--orig-weight must be in [0, 1], got '%s'", ow_text);
+    if (*end3 || !(drop >= 0 && drop < 1)) return fail_usage(cmd, "--dropout must be in [0, 1), got '%s'", drop_text);
+    char *default_model = NULL;
+    const char *model_path = model_arg;
+    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
+    polar_error err;
+    polar_model *m = NULL;
+    if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
+        polar_free(default_model);
+        return fail_status(cmd, &err);
+    }
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    polar_model_free(m);
+    int D = info.arch.n_layers, rc = 1, dq = 0, n_tr = 0, n_va = 0;
+    /* Default encoder: the target model's first quarter of layers (a
+     * Qwen3-Embedding-0.6B folder is the reference's, when one is at hand). */
+    char default_program[32];
+    snprintf(default_program, sizeof default_program, "0-%d", (D + 3) / 4 - 1);
+    if (!encoder) encoder = getenv("POLAR_ENCODER");
+    int own_encoder = !encoder || !*encoder;
+    if (own_encoder) encoder = model_path;
+    polar_train_labels l;
+    features *f = NULL;
+    polar_train_example *tr = NULL, *va = NULL;
+    polar_predictor *p = NULL;
+    polar_trainer *t = NULL;
+    FILE *log = stdout;
+    if (polar_train_labels_load(files, n_files, D, max_paths, (float)ow, seed, &l, &err) != POLAR_OK) {
+        polar_free(default_model);
+        return fail_status(cmd, &err);
+    }
+    fprintf(stderr, "labels: %d questions, %d with examples; %d valid programs taken (%d over --max-paths left out), "
+            "%d not expressible as segments\n", l.lines, l.n, l.programs, l.capped, l.rejected);
+    if (!(f = calloc((size_t)l.n, sizeof *f))) {
+        rc = fail_usage(cmd, "out of memory");
+        goto done;
+    }
+    if ((rc = encode_all(cmd, encoder, own_encoder ? default_program : NULL, &l, &dq, f))) goto done;
+    /* the last sixth of the questions validate (the reference: 1250 of 1500) */
+    int q_val = l.n / 6, q_tr = l.n - q_val;
+    tr = examples_of(&l, f, 0, q_tr, &n_tr);
+    va = examples_of(&l, f, q_tr, l.n, &n_va);
+    polar_predictor_shape shape = polar_predictor_default_shape(D, dq);
+    int total = epochs * ((n_tr + batch - 1) / batch);
+    polar_train_opts o = polar_train_defaults(total);
+    o.lr = lr, o.warmup = warmup, o.dropout = (float)drop, o.seed = seed;
+    rc = 1;
+    if (!tr || !va || n_tr == 0) {
+        fprintf(stderr, "polar %s: error: no training examples in the first %d questions\n", cmd, q_tr);
+        goto done;
+    }
+    if (log_path && !(log = fopen(log_path, "w"))) {
+        fprintf(stderr, "polar %s: error: %s: cannot create the log\n", cmd, log_path);
+        log = stdout;
+        goto done;
+    }
+    if (polar_predictor_create(&shape, seed, &p, &err) != POLAR_OK || polar_trainer_create(p, &o, &t, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    fprintf(stderr, "training: %d examples (%d questions), validation: %d examples (%d questions); %d steps\n", n_tr, q_tr,
+            n_va, q_val, total);
+    rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, log);
+done:
+    if (log != stdout) fclose(log);
+    polar_trainer_free(t);
+    polar_predictor_free(p);
+    free(tr);
+    free(va);
+    for (int i = 0; f && i < l.n; i++) free(f[i].h);
+    free(f);
+    polar_train_labels_free(&l);
+    polar_free(default_model);
+    return rc;
+}

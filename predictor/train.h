@@ -1,0 +1,37 @@
+/* Predictor training internals: the ops with their backward passes
+ * (train_ops.c) and the whole network's batch gradient (train.c). */
+#ifndef POLAR_PREDICTOR_TRAIN_H
+#define POLAR_PREDICTOR_TRAIN_H
+
+#include <stddef.h>
+
+#include "polar.h"
+#include "predictor.h"
+
+#define TR_LN_EPS 1e-5f /* PyTorch's LayerNorm default */
+
+void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols);
+void tr_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int n, int rows,
+                   int cols);
+void tr_dropout_fwd(float *y, unsigned char *keep, const float *x, size_t n, float p, polar_rng *rng);
+void tr_dropout_bwd(float *dx, const float *dy, const unsigned char *keep, size_t n, float p);
+void tr_relu_fwd(float *x, size_t n);
+void tr_relu_bwd(float *dh, const float *y, size_t n);
+void tr_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *w, const float *b, int n, int d);
+void tr_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
+                      const float *rstd, const float *w, int n, int d);
+void tr_attn_fwd(float *ctx, float *P, float *Pd, const float *Q, const float *K, const float *V, int nq, int nk, int d,
+                 int heads, float p, polar_rng *rng);
+void tr_attn_bwd(float *dQ, float *dK, float *dV, const float *dctx, const float *P, const float *Pd, const float *Q,
+                 const float *K, const float *V, int nq, int nk, int d, int heads, float p, float *scratch);
+double tr_example_loss(const float *seg, const float *op, const unsigned char *seg_start, const int *ops, int D,
+                       float *dseg, float *dop, float gscale);
+
+/* The batch loss (polar.h) and, when grad is not NULL, its gradient
+ * (p->storage_floats floats laid out as p->storage, overwritten). Dropout
+ * masks come from (seed, step, example index), so any thread count gives the
+ * same masks. */
+polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example *ex, int n, float dropout,
+                             uint64_t seed, uint64_t step, float *grad, double *loss, polar_error *err);
+
+#endif

@@ -1,0 +1,225 @@
+/* Training ops of the predictor: each forward keeps what its backward needs,
+ * each backward accumulates (+=) into the gradients it is given, so an input
+ * used twice (self-attention's q, k and v, a residual) just receives twice.
+ * Single-threaded: the trainer runs one example per thread. f32 storage;
+ * dot products vectorised with `omp simd` reductions. */
+#include <math.h>
+#include <string.h>
+
+#include "train.h"
+
+/* y[n, rows] = x[n, cols] . W[rows, cols]^T + b */
+void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * cols;
+        for (int r = 0; r < rows; r++) {
+            const float *wr = w + (size_t)r * cols;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int c = 0; c < cols; c++) acc += wr[c] * xt[c];
+            y[(size_t)t * rows + r] = acc + (b ? b[r] : 0.0f);
+        }
+    }
+}
+
+/* dx[n, cols] += dy[n, rows] . W; dW[rows, cols] += dy^T . x; db[rows] += sum_t dy.
+ * dx may be NULL (the input is data, not a result). */
+void tr_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int n, int rows,
+                   int cols) {
+    for (int t = 0; t < n; t++) {
+        const float *dyt = dy + (size_t)t * rows, *xt = x + (size_t)t * cols;
+        float *dxt = dx ? dx + (size_t)t * cols : NULL;
+        for (int r = 0; r < rows; r++) {
+            float g = dyt[r];
+            if (g == 0.0f) continue; /* ReLU and dropout zeros: nothing to add */
+            const float *wr = w + (size_t)r * cols;
+            float *dwr = dw + (size_t)r * cols;
+#pragma omp simd
+            for (int c = 0; c < cols; c++) dwr[c] += g * xt[c];
+            if (dxt) {
+#pragma omp simd
+                for (int c = 0; c < cols; c++) dxt[c] += g * wr[c];
+            }
+            if (db) db[r] += g;
+        }
+    }
+}
+
+/* Dropout with probability p (PyTorch's: kept values scaled by 1/(1-p)).
+ * keep[n] records the mask; p == 0 keeps everything and draws nothing. */
+void tr_dropout_fwd(float *y, unsigned char *keep, const float *x, size_t n, float p, polar_rng *rng) {
+    float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        keep[i] = p > 0.0f ? polar_rng_uniform(rng) >= p : 1;
+        y[i] = keep[i] ? x[i] * scale : 0.0f;
+    }
+}
+
+/* dx[n] += dy * keep / (1 - p) */
+void tr_dropout_bwd(float *dx, const float *dy, const unsigned char *keep, size_t n, float p) {
+    float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    for (size_t i = 0; i < n; i++)
+        if (keep[i]) dx[i] += dy[i] * scale;
+}
+
+/* In place; the output alone tells where the input was positive. */
+void tr_relu_fwd(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+/* dh[n] *= (y > 0), y the ReLU's output */
+void tr_relu_bwd(float *dh, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(y[i] > 0.0f)) dh[i] = 0.0f;
+}
+
+/* y[n, d] = (x - mean) / sqrt(var + eps) * w + b per row (biased variance,
+ * PyTorch's LayerNorm); mean[n], rstd[n] kept. */
+void tr_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *w, const float *b, int n, int d) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * d;
+        float *yt = y + (size_t)t * d;
+        float m = 0.0f, v = 0.0f;
+        for (int i = 0; i < d; i++) m += xt[i];
+        m /= (float)d;
+        for (int i = 0; i < d; i++) v += (xt[i] - m) * (xt[i] - m);
+        v /= (float)d;
+        float r = 1.0f / sqrtf(v + TR_LN_EPS);
+        for (int i = 0; i < d; i++) yt[i] = (xt[i] - m) * r * w[i] + b[i];
+        mean[t] = m;
+        rstd[t] = r;
+    }
+}
+
+/* With xh = (x - mean) rstd and g = dy * w:
+ * dx += rstd (g - mean(g) - xh mean(g xh)); dw += dy xh; db += dy. */
+void tr_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
+                      const float *rstd, const float *w, int n, int d) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * d, *dyt = dy + (size_t)t * d;
+        float *dxt = dx + (size_t)t * d, m = mean[t], r = rstd[t];
+        float sg = 0.0f, sgx = 0.0f;
+        for (int i = 0; i < d; i++) {
+            float xh = (xt[i] - m) * r, g = dyt[i] * w[i];
+            sg += g;
+            sgx += g * xh;
+            dw[i] += dyt[i] * xh;
+            db[i] += dyt[i];
+        }
+        sg /= (float)d;
+        sgx /= (float)d;
+        for (int i = 0; i < d; i++) {
+            float xh = (xt[i] - m) * r;
+            dxt[i] += r * (dyt[i] * w[i] - sg - xh * sgx);
+        }
+    }
+}
+
+/* The attention core after the projections, per head h of width dh = d / heads:
+ *   P_h[nq, nk] = softmax(Q_h K_h^T / sqrt(dh)), Pd_h = dropout(P_h), ctx_h[nq, dh] = Pd_h V_h
+ * Q[nq, d], K and V [nk, d], P and Pd [heads, nq, nk]; Pd may be P when p == 0. */
+void tr_attn_fwd(float *ctx, float *P, float *Pd, const float *Q, const float *K, const float *V, int nq, int nk, int d,
+                 int heads, float p, polar_rng *rng) {
+    int dh = d / heads;
+    float scale = 1.0f / sqrtf((float)dh), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < nq; i++) {
+            const float *q = Q + (size_t)i * d + (size_t)h * dh;
+            float *pr = P + ((size_t)h * nq + i) * nk, *pd = Pd + ((size_t)h * nq + i) * nk;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < nk; j++) {
+                const float *k = K + (size_t)j * d + (size_t)h * dh;
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int c = 0; c < dh; c++) s += q[c] * k[c];
+                pr[j] = s * scale;
+                mx = fmaxf(mx, pr[j]);
+            }
+            for (int j = 0; j < nk; j++) sum += (pr[j] = expf(pr[j] - mx));
+            for (int j = 0; j < nk; j++) pr[j] /= sum;
+            if (p > 0.0f)
+                for (int j = 0; j < nk; j++) pd[j] = polar_rng_uniform(rng) >= p ? pr[j] * keep_scale : 0.0f;
+            else if (pd != pr)
+                memcpy(pd, pr, (size_t)nk * sizeof *pd);
+            float *o = ctx + (size_t)i * d + (size_t)h * dh;
+            memset(o, 0, (size_t)dh * sizeof *o);
+            for (int j = 0; j < nk; j++) {
+                const float *v = V + (size_t)j * d + (size_t)h * dh;
+                float a = pd[j];
+#pragma omp simd
+                for (int c = 0; c < dh; c++) o[c] += a * v[c];
+            }
+        }
+}
+
+/* Backward of tr_attn_fwd (all three += ):
+ *   dPd = dctx_h V_h^T, dV_h += Pd_h^T dctx_h, dP = dPd * (kept) / (1 - p),
+ *   dS = P (dP - sum_j P dP), dQ_h += dS K_h / sqrt(dh), dK_h += dS^T Q_h / sqrt(dh).
+ * A dropped weight is exactly 0 in Pd; a kept one that is 0 has P = 0 and so dS = 0
+ * whatever dP says. scratch: nk floats. */
+void tr_attn_bwd(float *dQ, float *dK, float *dV, const float *dctx, const float *P, const float *Pd, const float *Q,
+                 const float *K, const float *V, int nq, int nk, int d, int heads, float p, float *scratch) {
+    int dh = d / heads;
+    float scale = 1.0f / sqrtf((float)dh), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    float *dp = scratch;
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < nq; i++) {
+            const float *pr = P + ((size_t)h * nq + i) * nk, *pd = Pd + ((size_t)h * nq + i) * nk;
+            const float *go = dctx + (size_t)i * d + (size_t)h * dh, *q = Q + (size_t)i * d + (size_t)h * dh;
+            float dot = 0.0f;
+            for (int j = 0; j < nk; j++) {
+                const float *v = V + (size_t)j * d + (size_t)h * dh;
+                float *dv = dV + (size_t)j * d + (size_t)h * dh;
+                float s = 0.0f, a = pd[j];
+#pragma omp simd reduction(+ : s)
+                for (int c = 0; c < dh; c++) s += go[c] * v[c];
+#pragma omp simd
+                for (int c = 0; c < dh; c++) dv[c] += a * go[c];
+                dp[j] = p > 0.0f ? (pd[j] != 0.0f ? s * keep_scale : 0.0f) : s;
+                dot += pr[j] * dp[j];
+            }
+            float *dq = dQ + (size_t)i * d + (size_t)h * dh;
+            for (int j = 0; j < nk; j++) {
+                float ds = pr[j] * (dp[j] - dot) * scale;
+                if (ds == 0.0f) continue;
+                const float *k = K + (size_t)j * d + (size_t)h * dh;
+                float *dk = dK + (size_t)j * d + (size_t)h * dh;
+#pragma omp simd
+                for (int c = 0; c < dh; c++) {
+                    dq[c] += ds * k[c];
+                    dk[c] += ds * q[c];
+                }
+            }
+        }
+}
+
+/* One example's loss from its logits seg[D], op[D, 3] and targets
+ * seg_start[D], ops[D] (-1: no op label):
+ *   BCE-with-logits over positions 1..D-1 (mean) + cross entropy of the op
+ *   logits where ops >= 0 (mean over them; 0 when there are none).
+ * dseg[D], dop[D, 3] (when not NULL) get d(loss)/d(logit) times gscale. */
+double tr_example_loss(const float *seg, const float *op, const unsigned char *seg_start, const int *ops, int D,
+                       float *dseg, float *dop, float gscale) {
+    double bce = 0.0, ce = 0.0;
+    int n_ops = 0;
+    for (int i = 0; i < D; i++) n_ops += ops[i] >= 0;
+    double pos_scale = D > 1 ? 1.0 / (D - 1) : 0.0, op_scale = 1.0 / (n_ops > 0 ? n_ops : 1);
+    if (dseg) dseg[0] = 0.0f;
+    for (int i = 1; i < D; i++) {
+        double s = seg[i], y = seg_start[i] ? 1.0 : 0.0;
+        bce += fmax(s, 0.0) - s * y + log1p(exp(-fabs(s)));
+        if (dseg) dseg[i] = (float)((1.0 / (1.0 + exp(-s)) - y) * pos_scale * gscale);
+    }
+    for (int i = 0; i < D; i++) {
+        const float *o = op + 3 * i;
+        if (dop) dop[3 * i] = dop[3 * i + 1] = dop[3 * i + 2] = 0.0f;
+        if (ops[i] < 0) continue;
+        double mx = fmax(o[0], fmax(o[1], o[2])), z = 0.0;
+        for (int k = 0; k < 3; k++) z += exp(o[k] - mx);
+        ce += mx + log(z) - o[ops[i]];
+        if (dop)
+            for (int k = 0; k < 3; k++)
+                dop[3 * i + k] = (float)((exp(o[k] - mx) / z - (k == ops[i])) * op_scale * gscale);
+    }
+    return bce * pos_scale + ce * op_scale;
+}

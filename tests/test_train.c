@@ -1,0 +1,507 @@
+/* Predictor training: every op's backward and the whole network's gradient
+ * against central finite differences, dropout repeatable from its seed,
+ * the training forward equal to the inference forward, AdamW and the
+ * learning-rate schedule, save -> load, bad batches.
+ *
+ * Finite differences run in f32 (the code under test is f32): step 1e-2 for
+ * single ops, 1e-3 for the network. An entry passes when
+ * |numeric - analytic| <= 2e-3 * max(1, max |analytic| of that tensor) for
+ * the ops; the network passes per tensor when ||numeric - analytic|| <=
+ * 1e-2 ||analytic|| + 1e-4 (a step may cross a ReLU kink, so single entries
+ * are not held to a bound). */
+#include <unistd.h>
+
+#include "../predictor/train.h"
+#include "harness.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define OP_TOL 2e-3
+
+static float urand(polar_rng *r) { return (float)(2.0 * polar_rng_uniform(r) - 1.0); }
+static void fill(float *x, size_t n, float scale, polar_rng *r) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * urand(r);
+}
+static double dotd(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Compare analytic gradient an[n] with central differences of f over x[n]. */
+typedef double (*scalar_fn)(void *ctx);
+static double fd_max_err(scalar_fn f, void *ctx, float *x, const float *an, size_t n, float h) {
+    double worst = 0, amax = 1;
+    for (size_t i = 0; i < n; i++) amax = fmax(amax, fabs(an[i]));
+    for (size_t i = 0; i < n; i++) {
+        float keep = x[i];
+        x[i] = keep + h;
+        double up = f(ctx);
+        x[i] = keep - h;
+        double dn = f(ctx);
+        x[i] = keep;
+        worst = fmax(worst, fabs((up - dn) / (2.0 * h) - an[i]) / amax);
+    }
+    return worst;
+}
+
+/* ------------------------------------------------------------------ ops */
+
+typedef struct {
+    int n, rows, cols;
+    float *x, *w, *b, *y, *R;
+} lin_ctx;
+static double lin_loss(void *c) {
+    lin_ctx *k = c;
+    tr_linear_fwd(k->y, k->x, k->w, k->b, k->n, k->rows, k->cols);
+    return dotd(k->y, k->R, (size_t)k->n * k->rows);
+}
+
+static void op_linear(void) {
+    polar_rng r;
+    polar_rng_seed(&r, 1);
+    lin_ctx k = {3, 5, 7, NULL, NULL, NULL, NULL, NULL};
+    float x[21], w[35], b[5], y[15], R[15], dx[21] = {0}, dw[35] = {0}, db[5] = {0};
+    k.x = x, k.w = w, k.b = b, k.y = y, k.R = R;
+    fill(x, 21, 1, &r), fill(w, 35, 1, &r), fill(b, 5, 1, &r), fill(R, 15, 1, &r);
+    tr_linear_bwd(dx, dw, db, R, x, w, 3, 5, 7);
+    double e = fmax(fd_max_err(lin_loss, &k, x, dx, 21, 1e-2f),
+                    fmax(fd_max_err(lin_loss, &k, w, dw, 35, 1e-2f), fd_max_err(lin_loss, &k, b, db, 5, 1e-2f)));
+    CHECK(e <= OP_TOL, "linear: max relative error %g", e);
+    printf("  linear: %.1e\n", e);
+}
+
+typedef struct {
+    int n, d;
+    float *x, *w, *b, *y, *mean, *rstd, *R;
+} ln_ctx;
+static double ln_loss(void *c) {
+    ln_ctx *k = c;
+    tr_layernorm_fwd(k->y, k->mean, k->rstd, k->x, k->w, k->b, k->n, k->d);
+    return dotd(k->y, k->R, (size_t)k->n * k->d);
+}
+
+static void op_layernorm(void) {
+    polar_rng r;
+    polar_rng_seed(&r, 2);
+    float x[24], w[8], b[8], y[24], R[24], mean[3], rstd[3], dx[24] = {0}, dw[8] = {0}, db[8] = {0};
+    ln_ctx k = {3, 8, x, w, b, y, mean, rstd, R};
+    fill(x, 24, 2, &r), fill(w, 8, 1, &r), fill(b, 8, 1, &r), fill(R, 24, 1, &r);
+    ln_loss(&k);
+    tr_layernorm_bwd(dx, dw, db, R, x, mean, rstd, w, 3, 8);
+    double e = fmax(fd_max_err(ln_loss, &k, x, dx, 24, 1e-2f),
+                    fmax(fd_max_err(ln_loss, &k, w, dw, 8, 1e-2f), fd_max_err(ln_loss, &k, b, db, 8, 1e-2f)));
+    CHECK(e <= OP_TOL, "layernorm: max relative error %g", e);
+    printf("  layernorm: %.1e\n", e);
+}
+
+/* ReLU then dropout (a fixed mask from a fixed seed): inputs kept away from 0. */
+typedef struct {
+    float *x, *y, *z, *R;
+    unsigned char *keep;
+    float p;
+} rd_ctx;
+static double rd_loss(void *c) {
+    rd_ctx *k = c;
+    polar_rng r;
+    polar_rng_seed(&r, 99);
+    memcpy(k->y, k->x, 16 * sizeof(float));
+    tr_relu_fwd(k->y, 16);
+    tr_dropout_fwd(k->z, k->keep, k->y, 16, k->p, &r);
+    return dotd(k->z, k->R, 16);
+}
+
+static void op_relu_dropout(void) {
+    polar_rng r;
+    polar_rng_seed(&r, 3);
+    float x[16], y[16], z[16], R[16], dx[16] = {0};
+    unsigned char keep[16];
+    for (int i = 0; i < 16; i++) x[i] = (i % 2 ? 1 : -1) * (0.2f + 0.05f * i);
+    fill(R, 16, 1, &r);
+    rd_ctx k = {x, y, z, R, keep, 0.25f};
+    rd_loss(&k);
+    int dropped = 0;
+    for (int i = 0; i < 16; i++) dropped += !keep[i];
+    tr_dropout_bwd(dx, R, keep, 16, k.p);
+    tr_relu_bwd(dx, y, 16);
+    double e = fd_max_err(rd_loss, &k, x, dx, 16, 1e-2f);
+    CHECK(e <= OP_TOL && dropped > 0 && dropped < 16, "relu+dropout: error %g, %d of 16 dropped", e, dropped);
+    printf("  relu + dropout (%d of 16 dropped): %.1e\n", dropped, e);
+}
+
+/* Cross-shaped attention (nq 3, nk 5, d 8, 2 heads), dropout 0 and 0.3. */
+typedef struct {
+    float *Q, *K, *V, *ctx, *P, *Pd, *R, p;
+} at_ctx;
+static double at_loss(void *c) {
+    at_ctx *k = c;
+    polar_rng r;
+    polar_rng_seed(&r, 7);
+    tr_attn_fwd(k->ctx, k->P, k->Pd, k->Q, k->K, k->V, 3, 5, 8, 2, k->p, &r);
+    return dotd(k->ctx, k->R, 24);
+}
+
+static void op_attention(void) {
+    for (int drop = 0; drop < 2; drop++) {
+        polar_rng r;
+        polar_rng_seed(&r, 4);
+        float Q[24], K[40], V[40], ctx[24], P[30], Pd[30], R[24], dQ[24] = {0}, dK[40] = {0}, dV[40] = {0}, s[5];
+        fill(Q, 24, 1.5f, &r), fill(K, 40, 1.5f, &r), fill(V, 40, 1, &r), fill(R, 24, 1, &r);
+        at_ctx k = {Q, K, V, ctx, P, drop ? Pd : P, R, drop ? 0.3f : 0.0f};
+        at_loss(&k);
+        tr_attn_bwd(dQ, dK, dV, R, P, k.Pd, Q, K, V, 3, 5, 8, 2, k.p, s);
+        double e = fmax(fd_max_err(at_loss, &k, Q, dQ, 24, 1e-2f),
+                        fmax(fd_max_err(at_loss, &k, K, dK, 40, 1e-2f), fd_max_err(at_loss, &k, V, dV, 40, 1e-2f)));
+        CHECK(e <= OP_TOL, "attention (dropout %g): max relative error %g", k.p, e);
+        printf("  attention, dropout %.1f: %.1e\n", k.p, e);
+    }
+}
+
+typedef struct {
+    float *seg, *op;
+    unsigned char *st;
+    int *ops;
+} loss_ctx;
+static double loss_fn(void *c) {
+    loss_ctx *k = c;
+    return tr_example_loss(k->seg, k->op, k->st, k->ops, 6, NULL, NULL, 1);
+}
+
+static void op_loss(void) {
+    polar_rng r;
+    polar_rng_seed(&r, 5);
+    float seg[6], op[18], dseg[6], dop[18];
+    unsigned char st[6] = {1, 0, 1, 1, 0, 0};
+    int ops[6] = {1, -1, 0, 2, -1, -1};
+    fill(seg, 6, 3, &r), fill(op, 18, 3, &r);
+    loss_ctx k = {seg, op, st, ops};
+    double l = tr_example_loss(seg, op, st, ops, 6, dseg, dop, 1);
+    CHECK(dseg[0] == 0 && dop[3] == 0 && dop[4] == 0, "no gradient at position 0's seg or unlabeled ops");
+    double e = fmax(fd_max_err(loss_fn, &k, seg, dseg, 6, 1e-2f), fd_max_err(loss_fn, &k, op, dop, 18, 1e-2f));
+    CHECK(e <= OP_TOL, "loss: max relative error %g", e);
+    /* by hand: all-zero logits give log 2 + log 3 */
+    float z[18] = {0};
+    double l0 = tr_example_loss(z, z, st, ops, 6, NULL, NULL, 1);
+    CHECK(fabs(l0 - (log(2.0) + log(3.0))) < 1e-9, "zero logits: %g", l0);
+    printf("  loss %.4f: %.1e\n", l, e);
+}
+
+/* -------------------------------------------------------------- network */
+
+#define TD 6
+#define TDQ 8
+
+typedef struct {
+    polar_predictor *p;
+    polar_train_example ex[3];
+    float h[3][7 * TDQ];
+    unsigned char st[3][TD];
+    int ops[3][TD];
+} batch;
+
+static polar_predictor *tiny(uint64_t seed) {
+    polar_predictor_shape s = {TD, 16, 2, 32, TDQ};
+    polar_predictor *p = NULL;
+    polar_error err;
+    CHECK_OK(polar_predictor_create(&s, seed, &p, &err));
+    /* non-trivial norms and biases so their gradients are exercised */
+    polar_rng r;
+    polar_rng_seed(&r, seed + 1);
+    for (size_t i = 0; p && i < p->storage_floats; i++) p->storage[i] += 0.05f * urand(&r);
+    return p;
+}
+
+static void make_batch(batch *b, polar_predictor *p) {
+    static const char *progs[3] = {"0-5", "0-1,3-5x2", "0,2-3x2"};
+    static const int Ts[3] = {5, 3, 7};
+    static const float w[3] = {0.3f, 1.0f, 1.0f};
+    polar_rng r;
+    polar_rng_seed(&r, 11);
+    b->p = p;
+    for (int i = 0; i < 3; i++) {
+        polar_error err;
+        polar_program pr;
+        CHECK_OK(polar_program_parse(progs[i], TD, 0, &pr, &err));
+        CHECK_OK(polar_program_to_segments(&pr, TD, 4, b->st[i], b->ops[i], &err));
+        polar_program_free(&pr);
+        fill(b->h[i], (size_t)Ts[i] * TDQ, 1, &r);
+        b->ex[i] = (polar_train_example){b->h[i], Ts[i], b->st[i], b->ops[i], w[i]};
+    }
+}
+
+typedef struct {
+    batch *b;
+    float drop;
+} net_ctx;
+static double net_loss(void *c) {
+    net_ctx *k = c;
+    double l = 0;
+    polar_error err;
+    CHECK_OK(pred_batch_grad(k->b->p, k->b->ex, 3, k->drop, 5, 3, NULL, &l, &err));
+    return l;
+}
+
+#define NET_SAMPLES 32 /* entries checked per tensor */
+
+static double central(scalar_fn f, void *ctx, float *x, float h) {
+    float keep = *x;
+    *x = keep + h;
+    double up = f(ctx);
+    *x = keep - h;
+    double dn = f(ctx);
+    *x = keep;
+    return (up - dn) / (2.0 * h);
+}
+
+static void network_gradient(void) {
+    for (int drop = 0; drop < 2; drop++) {
+        batch b;
+        polar_predictor *p = tiny(21);
+        if (!p) return;
+        make_batch(&b, p);
+        net_ctx k = {&b, drop ? 0.1f : 0.0f};
+        float *g = malloc(p->storage_floats * sizeof *g);
+        double l;
+        polar_error err;
+        CHECK_OK(pred_batch_grad(p, b.ex, 3, k.drop, 5, 3, g, &l, &err));
+        CHECK(fabs(l - net_loss(&k)) == 0, "the loss with and without the gradient");
+        pred_ref refs[PRED_TENSORS];
+        polar_predictor q = *p;
+        int n = pred_tensor_refs(&q, refs);
+        double worst = 0;
+        const char *worst_name = "";
+        int checked = 0, kinks = 0;
+        for (int t = 0; t < n; t++) {
+            size_t off = (size_t)(*refs[t].dst - p->storage), cnt = (size_t)refs[t].rows * (refs[t].cols ? refs[t].cols : 1);
+            size_t stride = cnt > NET_SAMPLES ? cnt / NET_SAMPLES : 1;
+            double num2 = 0, den2 = 0;
+            for (size_t i = (size_t)t % stride; i < cnt; i += stride) {
+                float *x = p->storage + off + i;
+                double fd1 = central(net_loss, &k, x, 1e-3f), fd2 = central(net_loss, &k, x, 2e-3f), an = g[off + i];
+                /* a ReLU kink within the step: the two differences disagree beyond f32 noise */
+                if (fabs(fd1 - fd2) > 1e-4 + 0.02 * fabs(fd1)) {
+                    kinks++;
+                    continue;
+                }
+                num2 += (fd1 - an) * (fd1 - an);
+                den2 += an * an;
+                checked++;
+            }
+            double rel = sqrt(num2) / (sqrt(den2) + 1e-2);
+            CHECK(sqrt(num2) <= 1e-2 * sqrt(den2) + 1e-4, "%s (dropout %g): |fd - grad| %g, |grad| %g", refs[t].name,
+                  k.drop, sqrt(num2), sqrt(den2));
+            if (rel > worst) worst = rel, worst_name = refs[t].name;
+        }
+        CHECK(kinks < checked / 20, "%d entries skipped as kinks, %d checked", kinks, checked);
+        printf("  dropout %.1f: loss %.5f, %d tensors, %d entries (%d at kinks skipped), worst %s at %.1e relative\n",
+               k.drop, l, n, checked, kinks, worst_name, worst);
+        free(g);
+        polar_predictor_free(p);
+    }
+}
+
+/* Training mode without dropout computes what polar_predict_logits computes. */
+static void train_forward_matches_inference(void) {
+    batch b;
+    polar_predictor *p = tiny(31);
+    if (!p) return;
+    make_batch(&b, p);
+    polar_error err;
+    double want = 0, wsum = 0, got;
+    for (int i = 0; i < 3; i++) wsum += b.ex[i].weight;
+    for (int i = 0; i < 3; i++) {
+        float seg[TD], op[3 * TD];
+        CHECK_OK(polar_predict_logits(p, b.ex[i].h, b.ex[i].T, seg, op, &err));
+        want += b.ex[i].weight / (wsum / 3 + 1e-8) * tr_example_loss(seg, op, b.st[i], b.ops[i], TD, NULL, NULL, 1);
+    }
+    want /= 3;
+    CHECK_OK(polar_train_loss(p, b.ex, 3, &got, &err));
+    CHECK(fabs(got - want) <= 1e-5 * fabs(want), "eval loss %.7f, from the inference forward %.7f", got, want);
+    polar_predictor_free(p);
+}
+
+static void dropout_repeats(void) {
+    batch b;
+    polar_predictor *p = tiny(41);
+    if (!p) return;
+    make_batch(&b, p);
+    polar_error err;
+    double l1, l2, l3, l0;
+    float *g1 = malloc(p->storage_floats * sizeof *g1), *g2 = malloc(p->storage_floats * sizeof *g2);
+    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g1, &l1, &err));
+    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
+    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 78, 0, NULL, &l3, &err));
+    CHECK_OK(polar_train_loss(p, b.ex, 3, &l0, &err));
+    CHECK(l1 == l2 && !memcmp(g1, g2, p->storage_floats * sizeof *g1), "same seed: %.9f vs %.9f", l1, l2);
+    CHECK(l1 != l3 && l1 != l0, "another seed or no dropout differ: %g %g %g", l1, l3, l0);
+#ifdef _OPENMP
+    /* one thread: the same masks (seeded per example), sums in another order */
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
+    omp_set_num_threads(nt);
+    double dg = 0;
+    for (size_t i = 0; i < p->storage_floats; i++) dg = fmax(dg, fabs(g1[i] - g2[i]));
+    CHECK(fabs(l1 - l2) < 1e-12 && dg < 1e-6, "1 vs %d threads: loss %g, grad %g apart", nt, fabs(l1 - l2), dg);
+#endif
+    free(g1);
+    free(g2);
+    polar_predictor_free(p);
+}
+
+static void schedule_and_adamw(void) {
+    polar_predictor *p = tiny(51);
+    if (!p) return;
+    polar_error err;
+    polar_train_opts o = polar_train_defaults(100);
+    o.lr = 1e-2; /* a tiny network overfitting one batch */
+    polar_trainer *t = NULL;
+    CHECK_OK(polar_trainer_create(p, &o, &t, &err));
+    if (!t) return;
+    batch b;
+    make_batch(&b, p);
+    /* LambdaLR (in units of lr): 0 at the first step, 1 at the end of warm-up, half way down the cosine at 55, 0 at 100 */
+    double want[][2] = {{0, 0}, {5, 0.5}, {10, 1}, {55, 0.5}, {100, 0}};
+    double first = 0, last = 0;
+    for (int s = 0, k = 0; s <= 100; s++) {
+        if (k < 5 && s == (int)want[k][0]) {
+            CHECK(fabs(polar_trainer_lr(t) - o.lr * want[k][1]) < 1e-12, "lr at step %d: %g, want %g", s,
+                  polar_trainer_lr(t), o.lr * want[k][1]);
+            k++;
+        }
+        if (s == 100) break;
+        double l;
+        CHECK_OK(polar_train_step(t, b.ex, 3, &l, &err));
+        if (s == 0) first = l;
+        last = l;
+    }
+    CHECK(polar_trainer_steps(t) == 100, "steps %d", polar_trainer_steps(t));
+    double ev;
+    CHECK_OK(polar_train_loss(p, b.ex, 3, &ev, &err));
+    CHECK(ev < 0.3 * first, "100 steps on one batch: loss %.4f -> %.4f (eval %.4f)", first, last, ev);
+    printf("  100 AdamW steps on one batch: %.4f -> %.4f (eval %.4f)\n", first, last, ev);
+    polar_trainer_free(t);
+    polar_predictor_free(p);
+}
+
+static void save_and_load(void) {
+    polar_predictor *p = tiny(61), *q = NULL;
+    if (!p) return;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/polar-train-%d.safetensors", (int)getpid());
+    polar_error err;
+    CHECK_OK(polar_predictor_save(p, path, &err));
+    CHECK_OK(polar_predictor_load(path, &q, &err));
+    unlink(path);
+    if (!q) return;
+    CHECK(q->heads == 2 && q->D == TD && q->d == 16 && q->ff == 32 && q->dq == TDQ, "shape back");
+    CHECK(q->storage_floats == p->storage_floats &&
+              !memcmp(q->storage, p->storage, p->storage_floats * sizeof(float)),
+          "weights back bit for bit");
+    polar_predictor_free(q);
+    polar_predictor_free(p);
+    /* a fresh default-shape predictor: blocks start equal, norms 1, biases 0 */
+    polar_predictor_shape s = polar_predictor_default_shape(28, 64);
+    CHECK_OK(polar_predictor_create(&s, 1, &p, &err));
+    if (!p) return;
+    size_t blk = (size_t)(p->blocks[1].attn.in_w - p->blocks[0].attn.in_w);
+    CHECK(!memcmp(p->blocks[0].attn.in_w, p->blocks[1].attn.in_w, blk * sizeof(float)), "block 1 copies block 0");
+    CHECK(p->blocks[0].norm1_w[5] == 1 && p->blocks[0].norm2_b[3] == 0 && p->cross.in_b[7] == 0, "init constants");
+    float m = 0;
+    for (int i = 0; i < 256 * 64; i++) m = fmaxf(m, fabsf(p->q_proj_w[i]));
+    CHECK(m <= 1.0f / 8.0f && m > 0.12f, "q_proj in +-1/sqrt(64): max %g", m);
+    polar_predictor_free(p);
+}
+
+static void bad_batches(void) {
+    batch b;
+    polar_predictor *p = tiny(71);
+    if (!p) return;
+    make_batch(&b, p);
+    polar_error err;
+    double l;
+    polar_train_example e = b.ex[0];
+    int ops[TD] = {1, -1, 3, -1, -1, -1};
+    struct {
+        polar_train_example ex;
+        const char *why;
+    } bad[] = {
+        {{e.h, 0, e.seg_start, e.ops, 1}, "token states"},
+        {{e.h, 513, e.seg_start, e.ops, 1}, "token states"},
+        {{NULL, 5, e.seg_start, e.ops, 1}, "is empty"},
+        {{e.h, 5, e.seg_start, ops, 1}, "op 3 at layer 2"},
+        {{e.h, 5, e.seg_start, e.ops, NAN}, "weight"},
+        {{e.h, 5, e.seg_start, e.ops, -1}, "weight"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        polar_status st = polar_train_loss(p, &bad[i].ex, 1, &l, &err);
+        CHECK(st == POLAR_ERR_ARG && strstr(err.msg, bad[i].why), "case %zu: %s", i, err.msg);
+    }
+    CHECK(polar_train_loss(p, b.ex, 0, &l, &err) == POLAR_ERR_ARG, "empty batch");
+    polar_train_opts o = polar_train_defaults(0);
+    polar_trainer *t = NULL;
+    CHECK(polar_trainer_create(p, &o, &t, &err) == POLAR_ERR_ARG && !t, "zero steps: %s", err.msg);
+    polar_predictor_shape s = {TD, 15, 2, 32, TDQ};
+    polar_predictor *q = NULL;
+    CHECK(polar_predictor_create(&s, 1, &q, &err) == POLAR_ERR_ARG && !q, "d not divisible by heads: %s", err.msg);
+    polar_predictor_free(p);
+}
+
+/* Labels -> examples: the base program weighted 0.3 only beside a shorter
+ * valid program, at most max_paths per question, rejects counted, questions
+ * without examples and a torn last line left out. */
+static void labels_to_examples(void) {
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/polar-labels-%d.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,2,3,4,5],[0,1,2,4,5]]}\n", f);
+    fputs("{\"question\":\"b\",\"final_valid_transitions\":[[0,1,2,3,4,5],[0,1,2,2,3,4,5]]}\n", f);
+    fputs("{\"question\":\"c\",\"final_valid_transitions\":[]}\n", f);
+    fputs("{\"question\":\"d\",\"final_valid_transitions\":[[0,2,1,3,4,5],[1,2],[2,3],[3,4],[4,5],[0,5]]}\n", f);
+    fputs("{\"question\":\"e\",\"final_valid_transitions\":[[0,1]", f);
+    fclose(f);
+    const char *files[1] = {path};
+    polar_train_labels l;
+    polar_error err;
+    CHECK_OK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l, &err));
+    CHECK(l.lines == 4 && l.n == 3 && l.no_examples == 1, "%d lines, %d questions, %d without examples", l.lines, l.n,
+          l.no_examples);
+    if (l.n == 3) {
+        CHECK(!strcmp(l.q[0].question, "a") && l.q[0].n == 2, "question a");
+        CHECK(l.q[0].weight[0] == 0.3f && l.q[0].weight[1] == 1.0f, "base beside a shorter program: 0.3");
+        CHECK(l.q[1].n == 2 && l.q[1].weight[0] == 1.0f, "base beside a longer program only: 1");
+        CHECK(l.q[1].seg_start[6 + 2] == 1 && l.q[1].ops[6 + 2] == 2, "layer 2 repeated: a repeat segment");
+        CHECK(l.q[2].n + l.rejected == 3 && l.capped == 3, "d: 3 of 6 taken, %d rejected", l.rejected);
+    }
+    CHECK(l.programs == 7, "programs taken %d", l.programs);
+    polar_train_labels l2;
+    CHECK_OK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l2, &err));
+    CHECK(l.n == 3 && l2.n == 3 && l2.q[2].n == l.q[2].n && !memcmp(l2.q[2].ops, l.q[2].ops, 6 * l.q[2].n * sizeof(int)),
+          "the same seed, the same choice");
+    polar_train_labels_free(&l2);
+    polar_train_labels_free(&l);
+    f = fopen(path, "w");
+    fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,9]]}\n", f);
+    fclose(f);
+    CHECK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l, &err) == POLAR_ERR_FORMAT && strstr(err.msg, ":1:"),
+          "a layer past D: %s", err.msg);
+    unlink(path);
+}
+
+int main(void) {
+    RUN(op_linear);
+    RUN(op_layernorm);
+    RUN(op_relu_dropout);
+    RUN(op_attention);
+    RUN(op_loss);
+    RUN(network_gradient);
+    RUN(train_forward_matches_inference);
+    RUN(dropout_repeats);
+    RUN(schedule_and_adamw);
+    RUN(save_and_load);
+    RUN(bad_batches);
+    RUN(labels_to_examples);
+    TEST_EXIT();
+}
