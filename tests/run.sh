@@ -22,7 +22,7 @@ run() {
     passed=$((passed + p))
     failed=$((failed + f))
 }
-for t in test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
+for t in test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden test_cache \
     test_default_model test_tokenizer test_gguf test_predictor test_threads test_search; do
     run "$t" "$BUILD/tests/$t"
 done
