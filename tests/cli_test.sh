@@ -44,6 +44,11 @@ expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
 expect_out bench '"decode_time_vs_base":' $P bench --arch llama --program 0-1,2-3x2 --prompt-len 8 --gen 4 --reps 1 --json
+# POLAR_CPU picks the kernel level; a level this CPU cannot run is refused with one line, and the best one runs.
+expect_out bench_cpu_generic '"cpu_kernels":"generic"' env POLAR_CPU=generic $P bench --arch llama --prompt-len 4 --gen 2 \
+    --reps 1 --json
+expect bench_cpu_refused 0 "POLAR_CPU=sse9 refused (not a level" env POLAR_CPU=sse9 $P bench --arch llama --prompt-len 4 \
+    --gen 2 --reps 1
 expect_out help "polar run [--model PATH]" $P help
 expect_out mkmodel_moe "16 experts (top 4, width 32, shared 0)" $P mkmodel --arch qwen3_moe --experts 16 --top-k 4 --expert-ffn 32 --out "$D/moe"
 expect_out run_moe "executed layers: 6 of 4" $P run --model "$D/moe" --tokens 1,2 --program 0-1x2,2-3 --max-new 3

@@ -22,11 +22,15 @@ run() {
     passed=$((passed + p))
     failed=$((failed + f))
 }
-for t in test_json test_program test_safetensors test_config test_model test_kernels test_golden test_cache \
-    test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
+for t in test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
+    test_cache test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
     test_answer test_dataset test_eval test_train; do
     run "$t" "$BUILD/tests/$t"
 done
+# The NEON kernels under qemu-user, when make test found the cross tools.
+if [ -n "${POLAR_NEON_TEST:-}" ]; then
+    run test_simd_neon $POLAR_NEON_TEST
+fi
 run cli_test sh tests/cli_test.sh
 rm -f "$log"
 echo "$passed passed, $failed failed"

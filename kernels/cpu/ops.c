@@ -1,146 +1,69 @@
+/* The plain C kernels: the oracle every SIMD level is tested against, and
+ * the level that runs where no SIMD one applies. */
 #include "ops.h"
 
 #include <math.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels.h"
 
 void cpu_embed(float *out, const bf16 *table, int token, int hidden) {
     const bf16 *row = table + (size_t)token * hidden;
     for (int i = 0; i < hidden; i++) out[i] = bf16_to_f32(row[i]);
 }
 
-void cpu_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
+static void generic_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
     float inv = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = bf16_to_f32(w[i]) * (x[i] * inv);
 }
 
-/* Up to TB tokens share each pass over a weight row, so a row is read from
- * memory once per TB tokens; decode (T = 1) is a pure streaming GEMV. */
-#define TB 8
+static inline void put(float *dst, float s, float b, int accumulate) { *dst = accumulate ? *dst + (s + b) : s + b; }
 
-#if defined(__AVX512F__)
-static inline __m512 load16_bf16(const bf16 *p) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#endif
-
-static void dot_rows(float *acc, const float *x, const bf16 *wr, int nt, int cols) {
-    int j = 0;
-#if defined(__AVX512F__)
-    __m512 v[TB];
-    for (int t = 0; t < nt; t++) v[t] = _mm512_setzero_ps();
-    for (; j + 16 <= cols; j += 16) {
-        __m512 wv = load16_bf16(wr + j);
-        for (int t = 0; t < nt; t++) v[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)t * cols + j), v[t]);
+/* Each output is one sum run front to back over the columns. Four sums per
+ * pass (four tokens of a row, or for decode four rows) so the adds do not
+ * wait on one another; the row is read from memory once for all tokens. */
+static void generic_matmul_bf16(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                                int accumulate, int r0, int r1) {
+    int r = r0;
+    for (; T == 1 && r + 4 <= r1; r += 4) {
+        const bf16 *w0 = w + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int j = 0; j < cols; j++) {
+            s0 += bf16_to_f32(w0[j]) * x[j];
+            s1 += bf16_to_f32(w1[j]) * x[j];
+            s2 += bf16_to_f32(w2[j]) * x[j];
+            s3 += bf16_to_f32(w3[j]) * x[j];
+        }
+        const float s[4] = {s0, s1, s2, s3};
+        for (int i = 0; i < 4; i++) put(&y[r + i], s[i], bias ? bf16_to_f32(bias[r + i]) : 0.0f, accumulate);
     }
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_reduce_add_ps(v[t]);
-#else
-    for (int t = 0; t < nt; t++) acc[t] = 0.0f;
-#endif
-    for (; j < cols; j++) {
-        float wj = bf16_to_f32(wr[j]);
-        for (int t = 0; t < nt; t++) acc[t] += wj * x[(size_t)t * cols + j];
-    }
-}
-
-/* Row r of y for tokens t_begin..t_end-1, TB tokens per pass over the row. */
-static void matmul_row_tokens(float *y, const float *x, const bf16 *w, const bf16 *bias, int t_begin, int t_end,
-                              int rows, int cols, int r, int accumulate) {
-    const bf16 *wr = w + (size_t)r * cols;
-    float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
-    for (int t0 = t_begin; t0 < t_end; t0 += TB) {
-        int nt = t_end - t0 < TB ? t_end - t0 : TB;
-        float acc[TB];
-        dot_rows(acc, x + (size_t)t0 * cols, wr, nt, cols);
-        for (int t = 0; t < nt; t++) {
-            float *dst = &y[(size_t)(t0 + t) * rows + r];
-            *dst = accumulate ? *dst + (acc[t] + b) : acc[t] + b;
+    for (; r < r1; r++) {
+        const bf16 *wr = w + (size_t)r * cols;
+        float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            const float *x0 = x + (size_t)t * cols, *x1 = x0 + cols, *x2 = x1 + cols, *x3 = x2 + cols;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int j = 0; j < cols; j++) {
+                float wj = bf16_to_f32(wr[j]);
+                s0 += wj * x0[j];
+                s1 += wj * x1[j];
+                s2 += wj * x2[j];
+                s3 += wj * x3[j];
+            }
+            put(&y[(size_t)t * rows + r], s0, b, accumulate);
+            put(&y[(size_t)(t + 1) * rows + r], s1, b, accumulate);
+            put(&y[(size_t)(t + 2) * rows + r], s2, b, accumulate);
+            put(&y[(size_t)(t + 3) * rows + r], s3, b, accumulate);
+        }
+        for (; t < T; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float s = 0.0f;
+            for (int j = 0; j < cols; j++) s += bf16_to_f32(wr[j]) * xt[j];
+            put(&y[(size_t)t * rows + r], s, b, accumulate);
         }
     }
-}
-
-#if defined(__AVX512F__)
-/* Decode (one token): four rows at a time, four independent streams from
- * memory with their own accumulators; one core keeps more loads in flight. */
-static void gemv4(float *y, const float *x, const bf16 *w, const bf16 *bias, int r, int cols, int accumulate) {
-    const bf16 *w0 = w + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= cols; j += 16) {
-        __m512 xv = _mm512_loadu_ps(x + j);
-        a0 = _mm512_fmadd_ps(load16_bf16(w0 + j), xv, a0);
-        a1 = _mm512_fmadd_ps(load16_bf16(w1 + j), xv, a1);
-        a2 = _mm512_fmadd_ps(load16_bf16(w2 + j), xv, a2);
-        a3 = _mm512_fmadd_ps(load16_bf16(w3 + j), xv, a3);
-    }
-    float acc[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
-                    _mm512_reduce_add_ps(a3)};
-    const bf16 *rows4[4] = {w0, w1, w2, w3};
-    for (int k = 0; k < 4; k++) {
-        for (int jj = j; jj < cols; jj++) acc[k] += bf16_to_f32(rows4[k][jj]) * x[jj];
-        float b = bias ? bf16_to_f32(bias[r + k]) : 0.0f;
-        y[r + k] = accumulate ? y[r + k] + (acc[k] + b) : acc[k] + b;
-    }
-}
-#endif
-
-#if defined(__AVX512F__)
-/* Prefill: a 4-row x 4-token tile of y in 16 accumulators, so each weight
- * load serves four tokens and each activation load four rows. */
-static void tile4x4(float *y, const float *x, const bf16 *w, const bf16 *bias, int t0, int r0, int rows, int cols,
-                    int accumulate) {
-    __m512 acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int t = 0; t < 4; t++) acc[i][t] = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= cols; j += 16) {
-        __m512 wv[4], xv[4];
-        for (int i = 0; i < 4; i++) wv[i] = load16_bf16(w + (size_t)(r0 + i) * cols + j);
-        for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + (size_t)(t0 + t) * cols + j);
-        for (int i = 0; i < 4; i++)
-            for (int t = 0; t < 4; t++) acc[i][t] = _mm512_fmadd_ps(wv[i], xv[t], acc[i][t]);
-    }
-    for (int i = 0; i < 4; i++) {
-        const bf16 *wr = w + (size_t)(r0 + i) * cols;
-        float b = bias ? bf16_to_f32(bias[r0 + i]) : 0.0f;
-        for (int t = 0; t < 4; t++) {
-            float sum = _mm512_reduce_add_ps(acc[i][t]);
-            for (int jj = j; jj < cols; jj++) sum += bf16_to_f32(wr[jj]) * x[(size_t)(t0 + t) * cols + jj];
-            float *dst = &y[(size_t)(t0 + t) * rows + r0 + i];
-            *dst = accumulate ? *dst + (sum + b) : sum + b;
-        }
-    }
-}
-#endif
-
-void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
-                int accumulate, int n_threads) {
-#if defined(__AVX512F__)
-    if (T >= 4) {
-        int T4 = T / 4 * 4, R4 = rows / 4 * 4;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int g = 0; g < R4 / 4; g++) {
-            for (int t0 = 0; t0 < T4; t0 += 4) tile4x4(y, x, w, bias, t0, 4 * g, rows, cols, accumulate);
-            for (int r = 4 * g; r < 4 * g + 4 && T4 < T; r++) /* tokens past the last full tile */
-                matmul_row_tokens(y, x, w, bias, T4, T, rows, cols, r, accumulate);
-        }
-        for (int r = R4; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, T, rows, cols, r, accumulate);
-        return;
-    }
-    if (T == 1) {
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int g = 0; g < rows / 4; g++) gemv4(y, x, w, bias, 4 * g, cols, accumulate);
-        for (int r = rows / 4 * 4; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, 1, rows, cols, r, accumulate);
-        return;
-    }
-#endif
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int r = 0; r < rows; r++) matmul_row_tokens(y, x, w, bias, 0, T, rows, cols, r, accumulate);
 }
 
 void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos) {
@@ -151,7 +74,7 @@ void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int 
     }
 }
 
-void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
+static void generic_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
     int half = head_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
@@ -163,7 +86,7 @@ void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_
     }
 }
 
-void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+static void generic_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
                         int n_heads, int n_kv, int hd, float *scores) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     const float *qh = q + (size_t)h * hd;
@@ -193,7 +116,7 @@ void cpu_round_bf16(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
-void cpu_swiglu(float *g, const float *u, int n) {
+static void generic_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
@@ -229,3 +152,13 @@ void cpu_route(const float *logits, int n, int k, int norm, int *idx, float *wei
             weight[i - 1] = tw;
         }
 }
+
+const cpu_kernels cpu_kernels_generic = {
+    .name = "generic",
+    .matmul_bf16 = generic_matmul_bf16,
+    .row_block = 4,
+    .rmsnorm = generic_rmsnorm,
+    .rope = generic_rope,
+    .attention_head = generic_attention_head,
+    .swiglu = generic_swiglu,
+};

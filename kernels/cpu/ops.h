@@ -1,6 +1,9 @@
 /* CPU reference kernels: f32 math over bf16 weights, following Hugging Face
  * transformers' modeling code. These are the oracle for every GPU kernel.
- * Shapes are given next to every argument; matrices are row-major. */
+ * Shapes are given next to every argument; matrices are row-major.
+ * cpu_matmul, cpu_rmsnorm, cpu_rope, cpu_attention_head and cpu_swiglu run
+ * the SIMD level picked at start-up (kernels.h, dispatch.c; POLAR_CPU
+ * overrides it); the plain C of ops.c is what every level is tested against. */
 #ifndef POLAR_CPU_OPS_H
 #define POLAR_CPU_OPS_H
 

@@ -1,0 +1,106 @@
+/* Which CPU kernels run: the best level the CPU reports, chosen once, and
+ * the cpu_* entry points of ops.h that call through it. */
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "ops.h"
+
+static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "neon"};
+
+const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why) {
+    const char *dummy;
+    if (!why) why = &dummy;
+    *why = "not built for this target";
+    switch (level) {
+    case CPU_GENERIC:
+        return &cpu_kernels_generic;
+#if defined(__x86_64__)
+    case CPU_AVX2:
+        __builtin_cpu_init();
+        if (!__builtin_cpu_supports("avx2")) return *why = "CPU lacks avx2", NULL;
+        if (!__builtin_cpu_supports("fma")) return *why = "CPU lacks fma", NULL;
+        return &cpu_kernels_avx2;
+    case CPU_AVX512:
+        __builtin_cpu_init();
+        if (!__builtin_cpu_supports("avx512f")) return *why = "CPU lacks avx512f", NULL;
+        if (!__builtin_cpu_supports("avx512bw")) return *why = "CPU lacks avx512bw", NULL;
+        if (!__builtin_cpu_supports("avx512vl")) return *why = "CPU lacks avx512vl", NULL;
+        return &cpu_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+    case CPU_NEON: /* baseline on aarch64 */
+        return &cpu_kernels_neon;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+/* Written once by pthread_once and only read afterwards: the one piece of
+ * process-wide state, a fact about the CPU rather than about any model. */
+static const cpu_kernels *active;
+static pthread_once_t active_once = PTHREAD_ONCE_INIT;
+
+static void choose(void) {
+    const char *want = getenv("POLAR_CPU");
+    if (want && *want) {
+        int level = -1;
+        for (int l = 0; l < CPU_N_LEVELS; l++)
+            if (!strcmp(want, level_names[l])) level = l;
+        const char *why = "not a level (generic|avx2|avx512|neon)";
+        if (level >= 0 && (active = cpu_kernels_for((cpu_level)level, &why))) return;
+        for (int l = CPU_N_LEVELS - 1; !active; l--) active = cpu_kernels_for((cpu_level)l, NULL);
+        fprintf(stderr, "polar: POLAR_CPU=%s refused (%s); using %s kernels\n", want, why, active->name);
+        return;
+    }
+    for (int l = CPU_N_LEVELS - 1; !active; l--) active = cpu_kernels_for((cpu_level)l, NULL);
+}
+
+const cpu_kernels *cpu_kernels_active(void) {
+    pthread_once(&active_once, choose);
+    return active;
+}
+
+
+/* Each thread gets one contiguous range of rows, a multiple of the level's
+ * row block, so it streams its share of the weights front to back. */
+void cpu_matmul_with(const cpu_kernels *k, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
+                     int cols, int accumulate, int n_threads) {
+    int blocks = (rows + k->row_block - 1) / k->row_block;
+    if (n_threads > blocks) n_threads = blocks;
+    if (n_threads <= 1) {
+        k->matmul_bf16(y, x, w, bias, T, rows, cols, accumulate, 0, rows);
+        return;
+    }
+#pragma omp parallel num_threads(n_threads)
+    {
+        int n = omp_get_num_threads(), id = omp_get_thread_num();
+        int r0 = (int)((long)blocks * id / n) * k->row_block, r1 = (int)((long)blocks * (id + 1) / n) * k->row_block;
+        if (r1 > rows) r1 = rows;
+        if (r0 < r1) k->matmul_bf16(y, x, w, bias, T, rows, cols, accumulate, r0, r1);
+    }
+}
+
+void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                int accumulate, int n_threads) {
+    cpu_matmul_with(cpu_kernels_active(), y, x, w, bias, T, rows, cols, accumulate, n_threads);
+}
+
+void cpu_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
+    cpu_kernels_active()->rmsnorm(out, x, w, n, eps);
+}
+
+void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
+    cpu_kernels_active()->rope(x, cs, sn, n_heads, head_dim);
+}
+
+void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+                        int n_heads, int n_kv, int hd, float *scores) {
+    cpu_kernels_active()->attention_head(out, q, k_cache, v_cache, pos, h, n_heads, n_kv, hd, scores);
+}
+
+void cpu_swiglu(float *g, const float *u, int n) { cpu_kernels_active()->swiglu(g, u, n); }

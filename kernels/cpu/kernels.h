@@ -1,0 +1,55 @@
+/* The CPU kernel table: one set of function pointers per instruction-set
+ * level, each in its own translation unit compiled with that level's flags
+ * (ops.c plain C, ops_avx2.c, ops_avx512.c, ops_neon.c). dispatch.c picks
+ * one at start-up from what the CPU reports, and the cpu_* functions of
+ * ops.h call through it, so callers never see the level.
+ *
+ * The plain C table is the oracle: every other level is tested against it.
+ * Within one level a matmul output element is summed in the same order
+ * whatever T, the row range or the thread split, so decode and prefill
+ * agree bit for bit on every level. */
+#ifndef POLAR_CPU_KERNELS_H
+#define POLAR_CPU_KERNELS_H
+
+#include "bf16.h"
+
+typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_NEON, CPU_N_LEVELS } cpu_level;
+
+typedef struct cpu_kernels {
+    const char *name; /* as POLAR_CPU spells it */
+    /* Rows r0..r1-1 of cpu_matmul's y for all T tokens, on the calling
+     * thread (cpu_matmul splits rows among threads in row_block multiples).
+     * Quantized weights (GGUF blocks kept in memory) will add one entry per
+     * block format with this shape and `const void *w`, e.g. matmul_q8_0. */
+    void (*matmul_bf16)(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                        int accumulate, int r0, int r1);
+    int row_block;
+    void (*rmsnorm)(float *out, const float *x, const bf16 *w, int n, float eps);
+    void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
+    void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+                           int n_heads, int n_kv, int hd, float *scores);
+    void (*swiglu)(float *g, const float *u, int n);
+} cpu_kernels;
+
+/* One table per level; only those built for the target exist. */
+extern const cpu_kernels cpu_kernels_generic;
+#if defined(__x86_64__)
+extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+extern const cpu_kernels cpu_kernels_neon;
+#endif
+
+/* The table the cpu_* functions use: the best level this CPU runs, or the
+ * one POLAR_CPU names (generic|avx2|avx512|neon) when the CPU can run it. */
+const cpu_kernels *cpu_kernels_active(void);
+
+/* The table of a level, or NULL with *why set ("not built for this target",
+ * "CPU lacks avx512f") when this machine cannot run it. */
+const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why);
+
+/* cpu_matmul through a given table (the tests compare levels with it). */
+void cpu_matmul_with(const cpu_kernels *k, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
+                     int cols, int accumulate, int n_threads);
+
+#endif

@@ -1,0 +1,239 @@
+/* AVX-512 kernels, 16 f32 lanes. This file alone is compiled with
+ * -mavx512f -mavx512bw -mavx512vl; dispatch.c calls it only on a CPU that
+ * reports all three. The same algorithms as ops_avx2.c at twice the width
+ * (no bf16 dot-product instructions: they would round the activations to
+ * bf16, and these kernels keep f32 inputs and f32 sums). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* bf16 is the top half of an f32: widen 16 of them with a 16-bit shift. */
+INLINE __m512 load16_bf16(const bf16 *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The lanes summed in a fixed order (halves, then quarters, ...). */
+INLINE float hsum16(__m512 v) {
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x as exp8 in ops_avx2.c: n ln2 + r, Taylor to r^7, 2^n in the exponent
+ * field, x clamped to [-87.33, 88.37] so n is a normal exponent. */
+INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(88.37f), _mm512_max_ps(_mm512_set1_ps(-87.33f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* An R-row x NT-token tile of y: one accumulator per output element, fed 16
+ * columns at a time, then hsum16 and the scalar tail, in every tile shape
+ * (decode and prefill agree bit for bit). next: the R rows to prefetch
+ * while these stream (decode), or NULL. R * NT <= 16 of the 32 registers. */
+INLINE void tile(float *y, const float *x, const bf16 *w, const bf16 *bias, int rows, int cols, int accumulate, int r,
+                 int t0, const int R, const int NT, const bf16 *next) {
+    __m512 acc[8][4];
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < NT; t++) acc[i][t] = _mm512_setzero_ps();
+    const float *xt = x + (size_t)t0 * cols;
+    const bf16 *wr = w + (size_t)r * cols;
+    int j = 0;
+    for (; j + 16 <= cols; j += 16) {
+        __m512 xv[4];
+        for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_ps(xt + (size_t)t * cols + j);
+        if (next && (j & 31) == 0) /* a line of each of the next R rows */
+            for (int i = 0; i < R; i++) _mm_prefetch((const char *)(next + (size_t)i * cols + j), _MM_HINT_T0);
+        for (int i = 0; i < R; i++) {
+            __m512 wv = load16_bf16(wr + (size_t)i * cols + j);
+            for (int t = 0; t < NT; t++) acc[i][t] = _mm512_fmadd_ps(wv, xv[t], acc[i][t]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
+        for (int t = 0; t < NT; t++) {
+            float s = hsum16(acc[i][t]);
+            for (int jj = j; jj < cols; jj++) s += bf16_to_f32(wr[(size_t)i * cols + jj]) * xt[(size_t)t * cols + jj];
+            float *dst = &y[(size_t)(t0 + t) * rows + r + i];
+            *dst = accumulate ? *dst + (s + b) : s + b;
+        }
+    }
+}
+
+/* Decode: 8 rows per pass, the next 8 prefetched (as in ops_avx2.c, where
+ * it was measured). Prefill: 4 rows x 4 tokens. */
+static void avx512_matmul_bf16(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                               int accumulate, int r0, int r1) {
+    int r = r0;
+    if (T == 1) {
+        for (; r + 8 <= r1; r += 8) {
+            const bf16 *next = r + 16 <= rows ? w + (size_t)(r + 8) * cols : NULL;
+            tile(y, x, w, bias, rows, cols, accumulate, r, 0, 8, 1, next);
+        }
+        for (; r < r1; r++) tile(y, x, w, bias, rows, cols, accumulate, r, 0, 1, 1, NULL);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 4, NULL);
+        if (T - t == 3) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 3, NULL);
+        if (T - t == 2) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 2, NULL);
+        if (T - t == 1) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 1, NULL);
+    }
+    for (; r < r1; r++)
+        for (int t = 0; t < T; t++) tile(y, x, w, bias, rows, cols, accumulate, r, t, 1, 1, NULL);
+}
+
+static void avx512_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    float ss = hsum16(acc);
+    for (; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    __m512 iv = _mm512_set1_ps(inv);
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(load16_bf16(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), iv)));
+    for (; i < n; i++) out[i] = bf16_to_f32(w[i]) * (x[i] * inv);
+}
+
+/* Multiplies and subtracts as ops.c writes them (no FMA): the same bits. */
+static void avx512_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        int i = 0;
+        for (; i + 16 <= half; i += 16) {
+            __m512 a = _mm512_loadu_ps(v + i), b = _mm512_loadu_ps(v + i + half);
+            __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+            _mm512_storeu_ps(v + i, _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)));
+            _mm512_storeu_ps(v + i + half, _mm512_add_ps(_mm512_mul_ps(b, c), _mm512_mul_ps(a, s)));
+        }
+        for (; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + half] = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+INLINE float dot(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    float s = hsum16(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void avx512_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos,
+                                  int h, int n_heads, int n_kv, int hd, float *scores) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
+    const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
+        const float *k0 = kb + (size_t)j * kv_dim;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            __m512 qv = _mm512_loadu_ps(qh + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + kv_dim + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * (size_t)kv_dim + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * (size_t)kv_dim + i), a3);
+        }
+        float s[4] = {hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3)};
+        for (int u = 0; u < 4; u++) {
+            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+            scores[j + u] = s[u] * scale;
+        }
+    }
+    for (; j < n; j++) scores[j] = dot(qh, kb + (size_t)j * kv_dim, hd) * scale;
+    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+
+    __m512 mv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + j), mv));
+        _mm512_storeu_ps(scores + j, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    float sum = hsum16(sv);
+    for (; j < n; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    for (j = 0; j < n; j++) scores[j] /= sum;
+
+    /* out = sum_j p_j v_j, 64 outputs at a time held in registers over j */
+    float *oh = out + (size_t)h * hd;
+    int i = 0;
+    for (; i + 64 <= hd; i += 64) {
+        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (j = 0; j < n; j++) {
+            const float *vj = vb + (size_t)j * kv_dim + i;
+            __m512 p = _mm512_set1_ps(scores[j]);
+            o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj), o0);
+            o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16), o1);
+            o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 32), o2);
+            o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 48), o3);
+        }
+        _mm512_storeu_ps(oh + i, o0);
+        _mm512_storeu_ps(oh + i + 16, o1);
+        _mm512_storeu_ps(oh + i + 32, o2);
+        _mm512_storeu_ps(oh + i + 48, o3);
+    }
+    for (; i + 16 <= hd; i += 16) {
+        __m512 o = _mm512_setzero_ps();
+        for (j = 0; j < n; j++)
+            o = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(vb + (size_t)j * kv_dim + i), o);
+        _mm512_storeu_ps(oh + i, o);
+    }
+    for (; i < hd; i++) {
+        float o = 0.0f;
+        for (j = 0; j < n; j++) o += scores[j] * vb[(size_t)j * kv_dim + i];
+        oh[i] = o;
+    }
+}
+
+static void avx512_swiglu(float *g, const float *u, int n) {
+    int i = 0;
+    __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+const cpu_kernels cpu_kernels_avx512 = {
+    .name = "avx512",
+    .matmul_bf16 = avx512_matmul_bf16,
+    .row_block = 8,
+    .rmsnorm = avx512_rmsnorm,
+    .rope = avx512_rope,
+    .attention_head = avx512_attention_head,
+    .swiglu = avx512_swiglu,
+};

@@ -1,0 +1,225 @@
+/* NEON kernels (aarch64, where NEON is baseline), 4 f32 lanes. Built only
+ * for aarch64 targets; the same algorithms as ops_avx2.c. */
+#include <arm_neon.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* bf16 is the top half of an f32: widen 4 of them with a 16-bit shift. */
+INLINE float32x4_t load4_bf16(const bf16 *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+
+/* The lanes summed in a fixed order: (0 + 1) + (2 + 3). */
+INLINE float hsum4(float32x4_t v) { return vaddvq_f32(v); }
+
+/* e^x as exp8 in ops_avx2.c: n ln2 + r, Taylor to r^7, 2^n in the exponent
+ * field, x clamped to [-87.33, 88.37] so n is a normal exponent (FMAX and
+ * FMIN return NaN when an input is NaN). */
+INLINE float32x4_t exp4(float32x4_t x) {
+    x = vminq_f32(vdupq_n_f32(88.37f), vmaxq_f32(vdupq_n_f32(-87.33f), x));
+    float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f)); /* ln2 in two parts: n * hi is exact */
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.0f / 5040);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 720), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 120), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 24), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 6), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+/* An R-row x NT-token tile of y: one accumulator per output element, fed 4
+ * columns at a time, then hsum4 and the scalar tail, in every tile shape
+ * (decode and prefill agree bit for bit). next: the R rows to prefetch
+ * while these stream (decode), or NULL. R * NT <= 16 of the 32 registers. */
+INLINE void tile(float *y, const float *x, const bf16 *w, const bf16 *bias, int rows, int cols, int accumulate, int r,
+                 int t0, const int R, const int NT, const bf16 *next) {
+    float32x4_t acc[8][4];
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < NT; t++) acc[i][t] = vdupq_n_f32(0.0f);
+    const float *xt = x + (size_t)t0 * cols;
+    const bf16 *wr = w + (size_t)r * cols;
+    int j = 0;
+    for (; j + 4 <= cols; j += 4) {
+        float32x4_t xv[4];
+        for (int t = 0; t < NT; t++) xv[t] = vld1q_f32(xt + (size_t)t * cols + j);
+        if (next && (j & 31) == 0) /* a line of each of the next R rows */
+            for (int i = 0; i < R; i++) __builtin_prefetch(next + (size_t)i * cols + j);
+        for (int i = 0; i < R; i++) {
+            float32x4_t wv = load4_bf16(wr + (size_t)i * cols + j);
+            for (int t = 0; t < NT; t++) acc[i][t] = vfmaq_f32(acc[i][t], wv, xv[t]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
+        for (int t = 0; t < NT; t++) {
+            float s = hsum4(acc[i][t]);
+            for (int jj = j; jj < cols; jj++) s += bf16_to_f32(wr[(size_t)i * cols + jj]) * xt[(size_t)t * cols + jj];
+            float *dst = &y[(size_t)(t0 + t) * rows + r + i];
+            *dst = accumulate ? *dst + (s + b) : s + b;
+        }
+    }
+}
+
+/* Decode: 8 rows per pass, the next 8 prefetched (as in ops_avx2.c, where
+ * it was measured). Prefill: 4 rows x 4 tokens. */
+static void neon_matmul_bf16(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+                             int accumulate, int r0, int r1) {
+    int r = r0;
+    if (T == 1) {
+        for (; r + 8 <= r1; r += 8) {
+            const bf16 *next = r + 16 <= rows ? w + (size_t)(r + 8) * cols : NULL;
+            tile(y, x, w, bias, rows, cols, accumulate, r, 0, 8, 1, next);
+        }
+        for (; r < r1; r++) tile(y, x, w, bias, rows, cols, accumulate, r, 0, 1, 1, NULL);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 4, NULL);
+        if (T - t == 3) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 3, NULL);
+        if (T - t == 2) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 2, NULL);
+        if (T - t == 1) tile(y, x, w, bias, rows, cols, accumulate, r, t, 4, 1, NULL);
+    }
+    for (; r < r1; r++)
+        for (int t = 0; t < T; t++) tile(y, x, w, bias, rows, cols, accumulate, r, t, 1, 1, NULL);
+}
+
+static void neon_rmsnorm(float *out, const float *x, const bf16 *w, int n, float eps) {
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(x + i);
+        acc = vfmaq_f32(acc, v, v);
+    }
+    float ss = hsum4(acc);
+    for (; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    float32x4_t iv = vdupq_n_f32(inv);
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_f32(load4_bf16(w + i), vmulq_f32(vld1q_f32(x + i), iv)));
+    for (; i < n; i++) out[i] = bf16_to_f32(w[i]) * (x[i] * inv);
+}
+
+/* Multiplies and subtracts as ops.c writes them (no FMA): the same bits. */
+static void neon_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        int i = 0;
+        for (; i + 4 <= half; i += 4) {
+            float32x4_t a = vld1q_f32(v + i), b = vld1q_f32(v + i + half);
+            float32x4_t c = vld1q_f32(cs + i), s = vld1q_f32(sn + i);
+            vst1q_f32(v + i, vsubq_f32(vmulq_f32(a, c), vmulq_f32(b, s)));
+            vst1q_f32(v + i + half, vaddq_f32(vmulq_f32(b, c), vmulq_f32(a, s)));
+        }
+        for (; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + half] = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+INLINE float dot(const float *a, const float *b, int n) {
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) acc = vfmaq_f32(acc, vld1q_f32(a + i), vld1q_f32(b + i));
+    float s = hsum4(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void neon_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+                                int n_heads, int n_kv, int hd, float *scores) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
+    const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
+        const float *k0 = kb + (size_t)j * kv_dim;
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        int i = 0;
+        for (; i + 4 <= hd; i += 4) {
+            float32x4_t qv = vld1q_f32(qh + i);
+            a0 = vfmaq_f32(a0, qv, vld1q_f32(k0 + i));
+            a1 = vfmaq_f32(a1, qv, vld1q_f32(k0 + kv_dim + i));
+            a2 = vfmaq_f32(a2, qv, vld1q_f32(k0 + 2 * (size_t)kv_dim + i));
+            a3 = vfmaq_f32(a3, qv, vld1q_f32(k0 + 3 * (size_t)kv_dim + i));
+        }
+        float s[4] = {hsum4(a0), hsum4(a1), hsum4(a2), hsum4(a3)};
+        for (int u = 0; u < 4; u++) {
+            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+            scores[j + u] = s[u] * scale;
+        }
+    }
+    for (; j < n; j++) scores[j] = dot(qh, kb + (size_t)j * kv_dim, hd) * scale;
+    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+
+    float32x4_t mv = vdupq_n_f32(mx), sv = vdupq_n_f32(0.0f);
+    for (j = 0; j + 4 <= n; j += 4) {
+        float32x4_t e = exp4(vsubq_f32(vld1q_f32(scores + j), mv));
+        vst1q_f32(scores + j, e);
+        sv = vaddq_f32(sv, e);
+    }
+    float sum = hsum4(sv);
+    for (; j < n; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    for (j = 0; j < n; j++) scores[j] /= sum;
+
+    /* out = sum_j p_j v_j, 16 outputs at a time held in registers over j */
+    float *oh = out + (size_t)h * hd;
+    int i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
+        for (j = 0; j < n; j++) {
+            const float *vj = vb + (size_t)j * kv_dim + i;
+            float32x4_t p = vdupq_n_f32(scores[j]);
+            o0 = vfmaq_f32(o0, p, vld1q_f32(vj));
+            o1 = vfmaq_f32(o1, p, vld1q_f32(vj + 4));
+            o2 = vfmaq_f32(o2, p, vld1q_f32(vj + 8));
+            o3 = vfmaq_f32(o3, p, vld1q_f32(vj + 12));
+        }
+        vst1q_f32(oh + i, o0);
+        vst1q_f32(oh + i + 4, o1);
+        vst1q_f32(oh + i + 8, o2);
+        vst1q_f32(oh + i + 12, o3);
+    }
+    for (; i + 4 <= hd; i += 4) {
+        float32x4_t o = vdupq_n_f32(0.0f);
+        for (j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(scores[j]), vld1q_f32(vb + (size_t)j * kv_dim + i));
+        vst1q_f32(oh + i, o);
+    }
+    for (; i < hd; i++) {
+        float o = 0.0f;
+        for (j = 0; j < n; j++) o += scores[j] * vb[(size_t)j * kv_dim + i];
+        oh[i] = o;
+    }
+}
+
+static void neon_swiglu(float *g, const float *u, int n) {
+    int i = 0;
+    float32x4_t one = vdupq_n_f32(1.0f);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t gv = vld1q_f32(g + i);
+        float32x4_t e = exp4(vnegq_f32(gv));
+        vst1q_f32(g + i, vmulq_f32(vdivq_f32(gv, vaddq_f32(one, e)), vld1q_f32(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+const cpu_kernels cpu_kernels_neon = {
+    .name = "neon",
+    .matmul_bf16 = neon_matmul_bf16,
+    .row_block = 8,
+    .rmsnorm = neon_rmsnorm,
+    .rope = neon_rope,
+    .attention_head = neon_attention_head,
+    .swiglu = neon_swiglu,
+};
