@@ -1,7 +1,8 @@
 /* Test helper: write a model as a GGUF file the way llama.cpp's converter
  * lays it out (F32 tensors, Llama q/k rows permuted per head for
  * adjacent-pair RoPE, llama3 scaling as rope_freqs.weight), with optional
- * corruptions for the bad-input tests. */
+ * corruptions for the bad-input tests. GGUF_Q8_0_FILE writes the matrices
+ * that may stay quantized as Q8_0 blocks (d = max|x|/127 as f16). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -15,8 +16,43 @@
 
 typedef enum {
     GGUF_OK_FILE, GGUF_BAD_MAGIC, GGUF_BAD_VERSION, GGUF_HUGE_COUNT, GGUF_HUGE_STRING, GGUF_UNKNOWN_TYPE,
-    GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR
+    GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR,
+    GGUF_Q8_0_FILE,   /* a valid file with Q8_0 matrices */
+    GGUF_Q8_0_BAD_ROW /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
 } gguf_fault;
+
+/* f32 -> IEEE half, nearest (ties away); tiny values flush to zero. */
+static uint16_t gw_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    int e = (int)((u >> 23) & 0xFF) - 127 + 15;
+    uint32_t man = u & 0x7FFFFFu;
+    if (e <= 0) return sign;
+    if (e >= 31) return sign | 0x7C00u;
+    uint32_t h = ((uint32_t)e << 10 | man >> 13) + ((man >> 12) & 1u);
+    return (uint16_t)(sign | h);
+}
+
+/* n f32 (n % 32 == 0) -> Q8_0 blocks into out (n / 32 * 34 bytes). */
+static void gw_q8_0(const float *x, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += 34) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        uint16_t h = gw_f16(amax / 127.0f);
+        float d = f16_to_f32(h);
+        out[0] = (unsigned char)(h & 0xFF), out[1] = (unsigned char)(h >> 8);
+        for (int i = 0; i < 32; i++) {
+            float q = d > 0 ? roundf(x[i] / d) : 0;
+            out[2 + i] = (unsigned char)(signed char)(q > 127 ? 127 : q < -127 ? -127 : q);
+        }
+    }
+}
+
+/* Whether ref i goes out as Q8_0. */
+static int gw_is_q8(const tensor_ref *r, gguf_fault fault) {
+    return (fault == GGUF_Q8_0_FILE || fault == GGUF_Q8_0_BAD_ROW) && r->wtype && r->cols % 32 == 0 && !r->experts;
+}
 
 static void gw_u32(FILE *f, uint32_t v) { fwrite(&v, 4, 1, f); }
 static void gw_u64(FILE *f, uint64_t v) { fwrite(&v, 8, 1, f); }
@@ -108,17 +144,19 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
         int is_rope = i == k;
         gw_str(f, is_rope ? "rope_freqs.weight" : refs[i].gguf_name);
         int cols = is_rope ? half : refs[i].cols, rows = is_rope ? 1 : refs[i].rows, ex = is_rope ? 0 : refs[i].experts;
+        int q8 = !is_rope && gw_is_q8(&refs[i], fault);
         gw_u32(f, (cols ? 2 : 1) + (ex ? 1 : 0));
-        gw_u64(f, (uint64_t)(cols ? cols : rows));
+        gw_u64(f, (uint64_t)(cols ? cols : rows) + (q8 && fault == GGUF_Q8_0_BAD_ROW && i == 0));
         if (cols) gw_u64(f, (uint64_t)rows);
         if (ex) gw_u64(f, (uint64_t)ex);
         rows *= ex ? ex : 1;
-        gw_u32(f, fault == GGUF_UNKNOWN_TYPE && i == 1 ? 12 : GGML_F32);
+        gw_u32(f, fault == GGUF_UNKNOWN_TYPE && i == 1 ? 12 : q8 ? GGML_Q8_0 : GGML_F32);
         uint64_t off = offset;
         if (fault == GGUF_OFFSET_PAST_END && i == n_tensors - 1) off += (uint64_t)1 << 32;
         if (fault == GGUF_MISALIGNED && i == 1) off += 4;
         gw_u64(f, off);
-        offset += ((uint64_t)rows * (cols ? cols : 1) * 4 + 31) / 32 * 32;
+        uint64_t bytes = q8 ? (uint64_t)rows * cols / 32 * 34 : (uint64_t)rows * (cols ? cols : 1) * 4;
+        offset += (bytes + 31) / 32 * 32;
     }
     long pos = ftell(f);
     for (; pos % 32; pos++) fputc(0, f);
@@ -138,8 +176,16 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             free(b);
             if (refs[i].rope_permuted && !strcmp(a->arch, "llama")) permute_rows(v, refs[i].rows, refs[i].cols, a->head_dim);
         }
-        fwrite(v, 4, cnt, f);
-        for (size_t pad = cnt * 4; pad % 32; pad++) fputc(0, f);
+        size_t bytes = cnt * 4;
+        if (i < k && gw_is_q8(&refs[i], fault)) {
+            unsigned char *q = malloc(cnt / 32 * 34);
+            gw_q8_0(v, cnt, q);
+            fwrite(q, 1, bytes = cnt / 32 * 34, f);
+            free(q);
+        } else {
+            fwrite(v, 4, cnt, f);
+        }
+        for (size_t pad = bytes; pad % 32; pad++) fputc(0, f);
         free(v);
     }
     fclose(f);

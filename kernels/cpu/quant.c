@@ -1,0 +1,176 @@
+/* Quantized weights: block sizes, activation quantization, dequantization,
+ * the plain C block dot products (the oracle) and the threaded matmul that
+ * runs the active level's dot product over a row range. */
+#include "quant.h"
+
+#include <math.h>
+#include <omp.h>
+
+#include "kernels.h"
+#include "ops.h"
+
+static const struct {
+    const char *name;
+    size_t block_bytes;
+} wtypes[CPU_W_N] = {{"bf16", 0}, {"q8_0", 34}, {"q4_0", 18}, {"q4_1", 20}};
+
+size_t cpu_wtype_block_bytes(cpu_wtype t) { return (unsigned)t < CPU_W_N ? wtypes[t].block_bytes : 0; }
+
+size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols) {
+    if (t == CPU_W_BF16) return cols * sizeof(bf16);
+    return cols / CPU_QK * cpu_wtype_block_bytes(t);
+}
+
+const char *cpu_wtype_name(cpu_wtype t) { return (unsigned)t < CPU_W_N ? wtypes[t].name : "unknown"; }
+
+/* Block scales are little-endian f16 at any byte offset. */
+static inline float load_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
+    for (int b = 0; b < n / CPU_QK; b++, x += CPU_QK) {
+        float amax = 0.0f;
+        for (int i = 0; i < CPU_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int finite = 1;
+        for (int i = 0; i < CPU_QK; i++) finite &= isfinite(x[i]) != 0; /* fmaxf drops NaN */
+        cpu_q8_block *o = &out[b];
+        if (!finite) { /* NaN out, as the f32 product would give; no float->int of NaN */
+            o->d = o->s = NAN;
+            for (int i = 0; i < CPU_QK; i++) o->q[i] = 0;
+            continue;
+        }
+        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < CPU_QK; i++) {
+            int q = (int)lrintf(x[i] * id);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            o->q[i] = (int8_t)q;
+            sum += q;
+        }
+        o->d = d;
+        o->s = d * (float)sum;
+    }
+}
+
+void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n) {
+    const uint8_t *b = w;
+    switch (t) {
+    case CPU_W_BF16:
+        for (int i = 0; i < n; i++) out[i] = bf16_to_f32((bf16)(b[2 * i] | b[2 * i + 1] << 8));
+        break;
+    case CPU_W_Q8_0: /* d, 32 int8: x = d * q */
+        for (int k = 0; k < n / CPU_QK; k++, b += 34)
+            for (int i = 0; i < 32; i++) out[32 * k + i] = load_f16(b) * (float)(int8_t)b[2 + i];
+        break;
+    case CPU_W_Q4_0: /* d, 16 bytes: x = d * (nibble - 8); low nibbles are elements 0..15 */
+        for (int k = 0; k < n / CPU_QK; k++, b += 18)
+            for (int i = 0; i < 16; i++) {
+                out[32 * k + i] = load_f16(b) * (float)((b[2 + i] & 0xF) - 8);
+                out[32 * k + i + 16] = load_f16(b) * (float)((b[2 + i] >> 4) - 8);
+            }
+        break;
+    case CPU_W_Q4_1: /* d, m, 16 bytes: x = d * nibble + m */
+        for (int k = 0; k < n / CPU_QK; k++, b += 20)
+            for (int i = 0; i < 16; i++) {
+                out[32 * k + i] = load_f16(b) * (float)(b[4 + i] & 0xF) + load_f16(b + 2);
+                out[32 * k + i + 16] = load_f16(b) * (float)(b[4 + i] >> 4) + load_f16(b + 2);
+            }
+        break;
+    default:
+        break;
+    }
+}
+
+void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden) {
+    if (t == CPU_W_BF16) {
+        cpu_embed(out, table, token, hidden);
+        return;
+    }
+    cpu_dequantize_row(t, (const uint8_t *)table + (size_t)token * cpu_wtype_row_bytes(t, (size_t)hidden), out, hidden);
+}
+
+/* ---------------------------------------------- plain C dot products */
+
+static float dot_q8_0(const void *w, const cpu_q8_block *x, int nb) {
+    const uint8_t *b = w;
+    float sum = 0.0f;
+    for (int k = 0; k < nb; k++, b += 34) {
+        int isum = 0;
+        for (int i = 0; i < 32; i++) isum += (int8_t)b[2 + i] * x[k].q[i];
+        sum += load_f16(b) * x[k].d * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q4_0(const void *w, const cpu_q8_block *x, int nb) {
+    const uint8_t *b = w;
+    float sum = 0.0f;
+    for (int k = 0; k < nb; k++, b += 18) {
+        int isum = 0;
+        for (int i = 0; i < 16; i++)
+            isum += ((b[2 + i] & 0xF) - 8) * x[k].q[i] + ((b[2 + i] >> 4) - 8) * x[k].q[i + 16];
+        sum += load_f16(b) * x[k].d * (float)isum;
+    }
+    return sum;
+}
+
+/* sum (d*q + m) * xd*xq = d*xd * sum(q*xq) + m * xs */
+static float dot_q4_1(const void *w, const cpu_q8_block *x, int nb) {
+    const uint8_t *b = w;
+    float sum = 0.0f;
+    for (int k = 0; k < nb; k++, b += 20) {
+        int isum = 0;
+        for (int i = 0; i < 16; i++) isum += (b[4 + i] & 0xF) * x[k].q[i] + (b[4 + i] >> 4) * x[k].q[i + 16];
+        sum += load_f16(b) * x[k].d * (float)isum + load_f16(b + 2) * x[k].s;
+    }
+    return sum;
+}
+
+const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N] = {NULL, dot_q8_0, dot_q4_0, dot_q4_1};
+
+/* ------------------------------------------------------------- matmul */
+
+/* Rows r0..r1-1 for all T tokens: each weight row is read once and dotted
+ * with every token's blocks while it is in cache. */
+static void matmul_rows(float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, cpu_dot_q_fn dot,
+                        const bf16 *bias, int T, int rows, int nb, int accumulate, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * row_bytes;
+        float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
+        for (int t = 0; t < T; t++) {
+            float s = dot(wr, xq + (size_t)t * nb, nb);
+            float *dst = &y[(size_t)t * rows + r];
+            *dst = accumulate ? *dst + (s + b) : s + b;
+        }
+    }
+}
+
+void cpu_matmul_q_with(const cpu_kernels *k, float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias,
+                       int T, int rows, int cols, int accumulate, int n_threads, cpu_q8_block *xq) {
+    if (t == CPU_W_BF16 || (unsigned)t >= CPU_W_N) {
+        cpu_matmul_with(k, y, x, w, bias, T, rows, cols, accumulate, n_threads);
+        return;
+    }
+    int nb = cols / CPU_QK;
+    for (int i = 0; i < T; i++) cpu_quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
+    cpu_dot_q_fn dot = k->dot_q[t];
+    size_t row_bytes = cpu_wtype_row_bytes(t, (size_t)cols);
+    /* 16-row blocks: whole cache lines of every row block per thread */
+    int blocks = (rows + 15) / 16;
+    if (n_threads > blocks) n_threads = blocks;
+    if (n_threads <= 1) {
+        matmul_rows(y, xq, w, row_bytes, dot, bias, T, rows, nb, accumulate, 0, rows);
+        return;
+    }
+#pragma omp parallel num_threads(n_threads)
+    {
+        int n = omp_get_num_threads(), id = omp_get_thread_num();
+        int r0 = (int)((long)blocks * id / n) * 16, r1 = (int)((long)blocks * (id + 1) / n) * 16;
+        if (r1 > rows) r1 = rows;
+        if (r0 < r1) matmul_rows(y, xq, w, row_bytes, dot, bias, T, rows, nb, accumulate, r0, r1);
+    }
+}
+
+void cpu_matmul_q(float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias, int T, int rows, int cols,
+                  int accumulate, int n_threads, cpu_q8_block *xq) {
+    cpu_matmul_q_with(cpu_kernels_active(), y, x, w, t, bias, T, rows, cols, accumulate, n_threads, xq);
+}

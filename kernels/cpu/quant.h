@@ -1,0 +1,64 @@
+/* GGUF block formats kept quantized in memory (Q8_0, Q4_0, Q4_1: 32
+ * weights a block, ggml's layouts) and the matmul that reads them.
+ *
+ * As ggml's vec_dot does for these types, the activations are quantized
+ * per 32-block to int8 (cpu_q8_block) and each block's dot product is an
+ * integer sum scaled by the two block scales; so a quantized matmul is not
+ * the f32 matmul of the dequantized weights: each activation is off by at
+ * most half its block's step (max|x| / 254). The plain C dot products
+ * (quant.c) are the oracle; kernels.h's tables point at one per level. */
+#ifndef POLAR_CPU_QUANT_H
+#define POLAR_CPU_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bf16.h"
+
+/* How a weight matrix is stored; the values of the block types are not
+ * ggml's (see loader/gguf.h for those). */
+typedef enum { CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_N } cpu_wtype;
+
+#define CPU_QK 32 /* weights per block, every block type here */
+
+/* One 32-block of activations: x[i] ~= d * q[i]; s = d * sum(q) (Q4_1's
+ * offset term needs it). */
+typedef struct {
+    float d, s;
+    int8_t q[CPU_QK];
+} cpu_q8_block;
+
+/* Bytes of one block of t (0 for bf16), and of a row of cols weights
+ * (cols a multiple of 32 for the block types). */
+size_t cpu_wtype_block_bytes(cpu_wtype t);
+size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols);
+const char *cpu_wtype_name(cpu_wtype t);
+
+/* x[n] (n a multiple of 32) -> n/32 blocks. Plain C on every level, so all
+ * levels see the same integers. A block holding inf or NaN gets d = NaN. */
+void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n);
+
+/* n weights (a multiple of 32) of a row of type t -> f32, by the format's
+ * definition. bf16 rows are widened. */
+void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n);
+
+/* The dot product of nb weight blocks of a row with nb activation blocks. */
+typedef float (*cpu_dot_q_fn)(const void *w, const cpu_q8_block *x, int nb);
+
+/* Plain C dot products, indexed by cpu_wtype (the bf16 entry is NULL), and
+ * the AVX2 ones (x86-64 only; for CPUs with avx2 and fma). */
+extern const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N];
+#if defined(__x86_64__)
+extern const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N];
+#endif
+
+/* out[hidden] = row `token` of a table of type t, dequantized. */
+void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden);
+
+/* cpu_matmul over weights of type t: bf16 goes to cpu_matmul unchanged;
+ * block types quantize x (T tokens) once into xq (T * cols/32 blocks the
+ * caller provides) and split the rows among threads. */
+void cpu_matmul_q(float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias, int T, int rows, int cols,
+                  int accumulate, int n_threads, cpu_q8_block *xq);
+
+#endif
