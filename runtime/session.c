@@ -285,9 +285,9 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->attn_norm, a->hidden, eps);
     if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    cpu_matmul_q(s->q, s->xn, w->wq, w->t_wq, w->bq, T, qd, a->hidden, 0, nt, s->xq);
-    cpu_matmul_q(s->k, s->xn, w->wk, w->t_wk, w->bk, T, kvd, a->hidden, 0, nt, s->xq);
-    cpu_matmul_q(s->v, s->xn, w->wv, w->t_wv, w->bv, T, kvd, a->hidden, 0, nt, s->xq);
+    const cpu_q_out qkv[3] = {{s->q, w->wq, w->t_wq, w->bq, qd}, {s->k, w->wk, w->t_wk, w->bk, kvd},
+                              {s->v, w->wv, w->t_wv, w->bv, kvd}};
+    cpu_matmul_q_multi(qkv, 3, s->xn, T, a->hidden, 0, nt, s->xq);
     for (int t = 0; t < T; t++) {
         float *qt = s->q + (size_t)t * qd, *kt = s->k + (size_t)t * kvd;
         if (w->q_norm) {
@@ -319,8 +319,8 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
         return;
     }
     if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    cpu_matmul_q(s->gate, s->xn, w->w_gate, w->t_gate, NULL, T, a->ffn, a->hidden, 0, nt, s->xq);
-    cpu_matmul_q(s->up, s->xn, w->w_up, w->t_up, NULL, T, a->ffn, a->hidden, 0, nt, s->xq);
+    const cpu_q_out gate_up[2] = {{s->gate, w->w_gate, w->t_gate, NULL, a->ffn}, {s->up, w->w_up, w->t_up, NULL, a->ffn}};
+    cpu_matmul_q_multi(gate_up, 2, s->xn, T, a->hidden, 0, nt, s->xq);
     for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);
     if (round_in) cpu_round_bf16(s->gate, (size_t)T * a->ffn);
     cpu_matmul_q(s->x, s->gate, w->w_down, w->t_down, NULL, T, a->hidden, a->ffn, 1, nt, s->xq);

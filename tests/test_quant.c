@@ -124,39 +124,52 @@ static void dots_on_level(const cpu_kernels *k, const char *name) {
 }
 
 /* The matmul over rows and tokens: the same bits as each row's dot
- * product (plus bias, or added into y), whatever T and thread count. */
+ * product (plus bias, or added into y), whatever T (tiles of 1 and 4
+ * tokens, 4 and 2 rows, and their tails) and thread count; two outputs of
+ * different types from one input, as q/k/v run. */
 static void matmul_on_level(const cpu_kernels *k, const char *name) {
-    const int rows = 37, cols = 96, nb = cols / 32;
+    enum { COLS = 96, NB = COLS / 32, MAXT = 9 };
+    static const int Ts[] = {1, 3, 5, 9}, out_rows[2] = {37, 22};
     for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
-        for (int T = 1; T <= 3; T += 2)
-            for (int acc = 0; acc < 2; acc++) {
-                size_t rb = cpu_wtype_row_bytes((cpu_wtype)t, cols);
-                uint8_t *w = malloc(rows * rb);
-                float *wf = malloc((size_t)rows * cols * 4), *x = malloc((size_t)T * cols * 4);
-                float *y0 = malloc((size_t)T * rows * 4), *y1 = malloc((size_t)T * rows * 4), *y2 = malloc((size_t)T * rows * 4);
-                bf16 bias[37];
-                cpu_q8_block *xq = malloc((size_t)T * nb * sizeof *xq), *xq2 = malloc((size_t)T * nb * sizeof *xq2);
-                rand_blocks((cpu_wtype)t, rows * nb, w, wf);
-                for (int i = 0; i < T * cols; i++) x[i] = frand();
-                for (int i = 0; i < T * rows; i++) y0[i] = y1[i] = y2[i] = frand();
-                for (int r = 0; r < rows; r++) bias[r] = f32_to_bf16(frand());
-                const bf16 *bp = acc ? NULL : bias;
-                cpu_matmul_q_with(k, y1, x, w, (cpu_wtype)t, bp, T, rows, cols, acc, 1, xq);
-                cpu_matmul_q_with(k, y2, x, w, (cpu_wtype)t, bp, T, rows, cols, acc, 3, xq);
-                int bad = 0;
-                for (int tok = 0; tok < T; tok++) {
-                    cpu_quantize_q8(xq2, x + (size_t)tok * cols, cols);
-                    for (int r = 0; r < rows; r++) {
-                        float s = k->dot_q[t](w + r * rb, xq2, nb), b = bp ? bf16_to_f32(bias[r]) : 0.0f;
-                        size_t o = (size_t)tok * rows + r;
-                        float want = acc ? y0[o] + (s + b) : s + b;
-                        bad += y1[o] != want || y2[o] != want;
+        for (int ti = 0; ti < 4; ti++)
+            for (int acc = 0; acc < 2; acc++)
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    int T = Ts[ti];
+                    cpu_wtype types[2] = {(cpu_wtype)t, (cpu_wtype)(t % (CPU_W_N - 1) + 1)};
+                    uint8_t *w[2];
+                    float *y[2], *y0[2], x[MAXT * COLS];
+                    bf16 bias[37];
+                    cpu_q8_block xq[MAXT * NB], xq2[NB];
+                    cpu_q_out outs[2];
+                    for (int i = 0; i < T * COLS; i++) x[i] = frand();
+                    for (int r = 0; r < 37; r++) bias[r] = f32_to_bf16(frand());
+                    for (int o = 0; o < 2; o++) {
+                        size_t rb = cpu_wtype_row_bytes(types[o], COLS);
+                        float *wf = malloc((size_t)out_rows[o] * COLS * 4);
+                        w[o] = malloc(out_rows[o] * rb);
+                        rand_blocks(types[o], out_rows[o] * NB, w[o], wf);
+                        free(wf);
+                        y[o] = malloc((size_t)T * out_rows[o] * 4);
+                        y0[o] = malloc((size_t)T * out_rows[o] * 4);
+                        for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
+                        outs[o] = (cpu_q_out){y[o], w[o], types[o], acc || o ? NULL : bias, out_rows[o]};
                     }
+                    cpu_matmul_q_multi_with(k, outs, 2, x, T, COLS, acc, threads, xq);
+                    int bad = 0;
+                    for (int tok = 0; tok < T; tok++) {
+                        cpu_quantize_q8(xq2, x + (size_t)tok * COLS, COLS);
+                        for (int o = 0; o < 2; o++)
+                            for (int r = 0; r < out_rows[o]; r++) {
+                                size_t rb = cpu_wtype_row_bytes(types[o], COLS), i = (size_t)tok * out_rows[o] + r;
+                                float d = k->dot_q[types[o]](w[o] + r * rb, xq2, NB);
+                                float b = outs[o].bias ? bf16_to_f32(bias[r]) : 0.0f;
+                                bad += y[o][i] != (acc ? y0[o][i] + (d + b) : d + b);
+                            }
+                    }
+                    CHECK(!bad, "%s %s+%s T=%d acc=%d threads=%d: %d outputs differ from the row dot products", name,
+                          cpu_wtype_name(types[0]), cpu_wtype_name(types[1]), T, acc, threads, bad);
+                    for (int o = 0; o < 2; o++) free(w[o]), free(y[o]), free(y0[o]);
                 }
-                CHECK(!bad, "%s %s T=%d acc=%d: %d outputs differ from the row dot products", name,
-                      cpu_wtype_name((cpu_wtype)t), T, acc, bad);
-                free(w), free(wf), free(x), free(y0), free(y1), free(y2), free(xq), free(xq2);
-            }
 }
 
 static void levels(void) {

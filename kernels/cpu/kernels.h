@@ -32,25 +32,16 @@ typedef struct cpu_kernels {
     /* Block dot products by cpu_wtype (quant.h); a level without its own
      * points at the plain C ones or at another level it implies. */
     const cpu_dot_q_fn *dot_q;
+    const cpu_rows_q_fn *rows_q;
 } cpu_kernels;
 
 /* One table per level; only those built for the target exist. */
 extern const cpu_kernels cpu_kernels_generic;
 #if defined(__x86_64__)
 extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx512;
-
-/* cpu_matmul_q through a given table. */
-void cpu_matmul_q_with(const cpu_kernels *k, float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias,
-                       int T, int rows, int cols, int accumulate, int n_threads, cpu_q8_block *xq);
-
 #endif
 #if defined(__aarch64__)
 extern const cpu_kernels cpu_kernels_neon;
-
-/* cpu_matmul_q through a given table. */
-void cpu_matmul_q_with(const cpu_kernels *k, float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias,
-                       int T, int rows, int cols, int accumulate, int n_threads, cpu_q8_block *xq);
-
 #endif
 
 /* The table the cpu_* functions use: the best level this CPU runs, or the
@@ -65,9 +56,8 @@ const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why);
 void cpu_matmul_with(const cpu_kernels *k, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
                      int cols, int accumulate, int n_threads);
 
-
-/* cpu_matmul_q through a given table. */
-void cpu_matmul_q_with(const cpu_kernels *k, float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias,
-                       int T, int rows, int cols, int accumulate, int n_threads, cpu_q8_block *xq);
+/* cpu_matmul_q_multi through a given table. */
+void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
+                             int accumulate, int n_threads, cpu_q8_block *xq);
 
 #endif

@@ -223,4 +223,5 @@ const cpu_kernels cpu_kernels_neon = {
     .attention_head = neon_attention_head,
     .swiglu = neon_swiglu,
     .dot_q = cpu_dot_q_generic,
+    .rows_q = cpu_rows_q_generic,
 };

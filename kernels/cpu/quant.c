@@ -131,10 +131,10 @@ const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N] = {NULL, dot_q8_0, dot_q4_0, dot_q
 
 /* Rows r0..r1-1 for all T tokens: each weight row is read once and dotted
  * with every token's blocks while it is in cache. */
-static void matmul_rows(float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, cpu_dot_q_fn dot,
-                        const bf16 *bias, int T, int rows, int nb, int accumulate, int r0, int r1) {
+static void rows_with(cpu_dot_q_fn dot, float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes,
+                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r0, int r1) {
     for (int r = r0; r < r1; r++) {
-        const uint8_t *wr = w + (size_t)r * row_bytes;
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         float b = bias ? bf16_to_f32(bias[r]) : 0.0f;
         for (int t = 0; t < T; t++) {
             float s = dot(wr, xq + (size_t)t * nb, nb);
@@ -144,33 +144,69 @@ static void matmul_rows(float *y, const cpu_q8_block *xq, const uint8_t *w, size
     }
 }
 
-void cpu_matmul_q_with(const cpu_kernels *k, float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias,
-                       int T, int rows, int cols, int accumulate, int n_threads, cpu_q8_block *xq) {
-    if (t == CPU_W_BF16 || (unsigned)t >= CPU_W_N) {
-        cpu_matmul_with(k, y, x, w, bias, T, rows, cols, accumulate, n_threads);
+#define GENERIC_ROWS(name)                                                                                         \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,  \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                             \
+        rows_with(dot_##name, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                         \
+    }
+GENERIC_ROWS(q8_0)
+GENERIC_ROWS(q4_0)
+GENERIC_ROWS(q4_1)
+const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N] = {NULL, rows_q8_0, rows_q4_0, rows_q4_1};
+
+/* Row blocks of 16 (whole cache lines of every row block per thread) of
+ * the outputs one after another; a thread takes a contiguous range. */
+static void run_blocks(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const cpu_q8_block *xq, int T, int cols,
+                       int accumulate, long b0, long b1) {
+    long base = 0;
+    for (int i = 0; i < n_outs && base < b1; i++) {
+        const cpu_q_out *o = &outs[i];
+        long blocks = (o->rows + 15) / 16;
+        long lo = b0 > base ? b0 - base : 0, hi = b1 - base < blocks ? b1 - base : blocks;
+        if (lo < hi) {
+            int r0 = (int)lo * 16, r1 = (int)hi * 16 < o->rows ? (int)hi * 16 : o->rows;
+            k->rows_q[o->t](o->y, xq, o->w, cpu_wtype_row_bytes(o->t, (size_t)cols), o->bias, T, o->rows,
+                            cols / CPU_QK, accumulate, r0, r1);
+        }
+        base += blocks;
+    }
+}
+
+void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
+                             int accumulate, int n_threads, cpu_q8_block *xq) {
+    int quantized = 1;
+    for (int i = 0; i < n_outs; i++) quantized &= outs[i].t != CPU_W_BF16 && (unsigned)outs[i].t < CPU_W_N;
+    if (!quantized) { /* bf16 models keep their own matmul, bit for bit */
+        for (int i = 0; i < n_outs; i++) {
+            const cpu_q_out *o = &outs[i];
+            if (o->t == CPU_W_BF16) cpu_matmul_with(k, o->y, x, o->w, o->bias, T, o->rows, cols, accumulate, n_threads);
+            else cpu_matmul_q_multi_with(k, o, 1, x, T, cols, accumulate, n_threads, xq);
+        }
         return;
     }
     int nb = cols / CPU_QK;
     for (int i = 0; i < T; i++) cpu_quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
-    cpu_dot_q_fn dot = k->dot_q[t];
-    size_t row_bytes = cpu_wtype_row_bytes(t, (size_t)cols);
-    /* 16-row blocks: whole cache lines of every row block per thread */
-    int blocks = (rows + 15) / 16;
-    if (n_threads > blocks) n_threads = blocks;
+    long blocks = 0;
+    for (int i = 0; i < n_outs; i++) blocks += (outs[i].rows + 15) / 16;
+    if (n_threads > blocks) n_threads = (int)blocks;
     if (n_threads <= 1) {
-        matmul_rows(y, xq, w, row_bytes, dot, bias, T, rows, nb, accumulate, 0, rows);
+        run_blocks(k, outs, n_outs, xq, T, cols, accumulate, 0, blocks);
         return;
     }
 #pragma omp parallel num_threads(n_threads)
     {
         int n = omp_get_num_threads(), id = omp_get_thread_num();
-        int r0 = (int)((long)blocks * id / n) * 16, r1 = (int)((long)blocks * (id + 1) / n) * 16;
-        if (r1 > rows) r1 = rows;
-        if (r0 < r1) matmul_rows(y, xq, w, row_bytes, dot, bias, T, rows, nb, accumulate, r0, r1);
+        run_blocks(k, outs, n_outs, xq, T, cols, accumulate, blocks * id / n, blocks * (id + 1) / n);
     }
+}
+
+void cpu_matmul_q_multi(const cpu_q_out *outs, int n_outs, const float *x, int T, int cols, int accumulate,
+                        int n_threads, cpu_q8_block *xq) {
+    cpu_matmul_q_multi_with(cpu_kernels_active(), outs, n_outs, x, T, cols, accumulate, n_threads, xq);
 }
 
 void cpu_matmul_q(float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias, int T, int rows, int cols,
                   int accumulate, int n_threads, cpu_q8_block *xq) {
-    cpu_matmul_q_with(cpu_kernels_active(), y, x, w, t, bias, T, rows, cols, accumulate, n_threads, xq);
+    cpu_q_out o = {y, w, t, bias, rows};
+    cpu_matmul_q_multi(&o, 1, x, T, cols, accumulate, n_threads, xq);
 }

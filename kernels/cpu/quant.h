@@ -45,15 +45,41 @@ void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n);
 /* The dot product of nb weight blocks of a row with nb activation blocks. */
 typedef float (*cpu_dot_q_fn)(const void *w, const cpu_q8_block *x, int nb);
 
-/* Plain C dot products, indexed by cpu_wtype (the bf16 entry is NULL), and
- * the AVX2 ones (x86-64 only; for CPUs with avx2 and fma). */
+/* Rows r0..r1-1 of y[T, rows] (+ bias, or added into y) for all T tokens
+ * (T * nb activation blocks), on the calling thread; equal bit for bit to
+ * the same level's dot product of each row. */
+typedef void (*cpu_rows_q_fn)(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
+                              int T, int rows, int nb, int accumulate, int r0, int r1);
+
+/* Plain C dot products and row ranges, indexed by cpu_wtype (the bf16
+ * entries are NULL), and the AVX2 ones (x86-64 only; for CPUs with avx2 and
+ * fma). */
 extern const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N];
+extern const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N];
 #if defined(__x86_64__)
 extern const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N];
+extern const cpu_rows_q_fn cpu_rows_q_avx2[CPU_W_N];
 #endif
 
 /* out[hidden] = row `token` of a table of type t, dequantized. */
 void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden);
+
+/* One output of a matmul: y[T, rows] = x W^T (+ bias) with W rows x cols
+ * of type t. */
+typedef struct {
+    float *y;
+    const void *w;
+    cpu_wtype t;
+    const bf16 *bias;
+    int rows;
+} cpu_q_out;
+
+/* Several matmuls of one input x[T, cols] (q/k/v, gate/up) in one pass
+ * of the threads: x is quantized once and the outputs' rows are split
+ * among the threads together. Outputs of bf16 weights go through
+ * cpu_matmul unchanged. */
+void cpu_matmul_q_multi(const cpu_q_out *outs, int n_outs, const float *x, int T, int cols, int accumulate,
+                        int n_threads, cpu_q8_block *xq);
 
 /* cpu_matmul over weights of type t: bf16 goes to cpu_matmul unchanged;
  * block types quantize x (T tokens) once into xq (T * cols/32 blocks the
