@@ -51,7 +51,7 @@ $(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
-           kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c $(SIMD_SRC) \
+           kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
@@ -124,7 +124,7 @@ $(QWEN_TIKTOKEN):
 NEON_CC     ?= aarch64-linux-gnu-gcc
 QEMU_ARM64  ?= qemu-aarch64
 NEON_SYSROOT ?= /usr/aarch64-linux-gnu
-NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/ops_neon.c
+NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/ops_neon.c
 HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
                      command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
 NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd

@@ -283,9 +283,7 @@ static polar_status bind_safetensors(polar_model *m, const tensor_ref *r, polar_
 }
 
 /* The block format a GGUF type stays in, or CPU_W_BF16. */
-static cpu_wtype kept_type(ggml_type t) {
-    return t == GGML_Q8_0 ? CPU_W_Q8_0 : t == GGML_Q4_0 ? CPU_W_Q4_0 : t == GGML_Q4_1 ? CPU_W_Q4_1 : CPU_W_BF16;
-}
+static cpu_wtype kept_type(ggml_type t) { return cpu_wtype_kept(ggml_block_format(t)) ? ggml_block_format(t) : CPU_W_BF16; }
 
 /* Keep a quantized matrix in its blocks: in place in the mapping, or (q/k
  * of llama, whose rows must be unpermuted) in a copy the model owns. */

@@ -1,6 +1,8 @@
 /* GGUF block formats kept quantized (kernels/cpu/quant.h):
  * - dequantization of Q8_0, Q4_0, Q4_1 equals the format's definition,
  *   computed here from the integers and f16 scales written into each block;
+ *   every type (Q4_0 .. Q8_0, Q2_K .. Q6_K) equals gguf-py's dequantizer on
+ *   the random blocks of tests/golden/quant_blocks.bin, bit for bit;
  * - each level's block dot product against the f32 dot of the dequantized
  *   weights with the unquantized activations. The only error allowed is the
  *   activations' rounding to int8 (each x off by at most half its block's
@@ -9,7 +11,8 @@
  *   1e-5 of sum |w x| (the integer sums are exact, the f32 sum is reordered);
  * - the threaded matmul gives, within a level, the same bits as the single
  *   row dot products whatever T and the thread count;
- * - a random Llama written as a Q8_0 GGUF runs close to its bf16 load;
+ * - a random Llama written as a Q8_0 GGUF, and one as the Q4_K_M mix
+ *   (Q4_K + Q6_K), runs close to its bf16 load;
  *   malformed blocks are refused;
  * - the default model (Q4_1 layers, Q8_0 embedding/head) quantized against
  *   its dequantized (bf16) load: last-position logits of 3 prompts within
@@ -66,10 +69,10 @@ static void rand_blocks(cpu_wtype t, int nb, uint8_t *b, float *want) {
     }
 }
 
-static const ggml_type ggml_of[CPU_W_N] = {GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
+static const ggml_type ggml_of[CPU_W_Q4_1 + 1] = {GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
 
 static void dequantize_by_definition(void) {
-    for (int t = CPU_W_Q8_0; t < CPU_W_N; t++) {
+    for (int t = CPU_W_Q8_0; t <= CPU_W_Q4_1; t++) {
         uint8_t b[8 * 34];
         float want[256], got[256], got2[256];
         rand_blocks((cpu_wtype)t, 8, b, want);
@@ -83,44 +86,119 @@ static void dequantize_by_definition(void) {
     }
 }
 
+/* tests/golden/quant_blocks.bin (make_quant_blocks.py): random blocks of
+ * every GGUF block type and their values by gguf-py's dequantizer. */
+static struct {
+    cpu_wtype t;
+    int n; /* weights */
+    uint8_t *raw;
+    float *values;
+} fixture[16];
+static int n_fixture;
+static uint8_t *fixture_data;
+
+static int load_fixture(void) {
+    FILE *f = fopen(GOLDEN_DIR "/quant_blocks.bin", "rb");
+    if (!f) return 0;
+    fixture_data = malloc(1 << 16);
+    size_t len = fixture_data ? fread(fixture_data, 1, 1 << 16, f) : 0, at = 0;
+    fclose(f);
+    while (at + 16 <= len && n_fixture < 16) {
+        uint32_t h[4];
+        memcpy(h, fixture_data + at, 16);
+        size_t raw = (size_t)h[1] * h[3], n = (size_t)h[1] * h[2];
+        if (at + 16 + raw + 4 * n > len) return 0;
+        fixture[n_fixture].t = ggml_block_format((ggml_type)h[0]);
+        fixture[n_fixture].n = (int)n;
+        fixture[n_fixture].raw = fixture_data + at + 16;
+        fixture[n_fixture].values = malloc(4 * n);
+        memcpy(fixture[n_fixture].values, fixture_data + at + 16 + raw, 4 * n);
+        if (fixture[n_fixture].t == CPU_W_BF16 || h[3] != cpu_wtype_block_bytes(fixture[n_fixture].t)) return 0;
+        n_fixture++;
+        at += 16 + raw + 4 * n;
+    }
+    return at == len && n_fixture == 10;
+}
+
+/* Every block type dequantizes (kernels and loader) to exactly gguf-py's
+ * values: an implementation independent of ours. */
+static void gguf_py_blocks(void) {
+    CHECK(n_fixture == 10, "tests/golden/quant_blocks.bin: 10 types");
+    for (int i = 0; i < n_fixture; i++) {
+        float *got = malloc(4 * (size_t)fixture[i].n), *got2 = malloc(4 * (size_t)fixture[i].n);
+        cpu_dequantize_row(fixture[i].t, fixture[i].raw, got, fixture[i].n);
+        int bad = 0;
+        for (int g = 0; g <= GGML_BF16; g++)
+            if (ggml_block_format((ggml_type)g) == fixture[i].t) ggml_dequantize((ggml_type)g, fixture[i].raw, got2, (size_t)fixture[i].n);
+        for (int j = 0; j < fixture[i].n; j++) bad += got[j] != fixture[i].values[j] || got2[j] != fixture[i].values[j];
+        CHECK(!bad, "%s: %d of %d values differ from gguf-py's", cpu_wtype_name(fixture[i].t), bad, fixture[i].n);
+        free(got);
+        free(got2);
+    }
+}
+
 static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "neon"};
 
-/* One level's dot products, every type, several block counts. */
+/* A level's dot product of nb 32-blocks of weights w (values wf) with
+ * random activations, against the f32 dot and the plain C one. */
+static void check_dot(const cpu_kernels *k, const char *name, cpu_wtype t, const uint8_t *w, const float *wf, int nb) {
+    int n = 32 * nb;
+    float *x = calloc((size_t)n, 4);
+    cpu_q8_block *xq = malloc((size_t)nb * sizeof *xq);
+    for (int i = 0; i < n; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f); /* some outliers */
+    if (nb > 1)
+        for (int i = 32; i < 64; i++) x[i] = 0; /* an all-zero block: d = 0 */
+    cpu_quantize_q8(xq, x, n);
+    double ref = 0, mag = 0, bound = 0, mag_q = 0;
+    for (int b = 0; b < nb; b++) {
+        double wabs = 0;
+        for (int i = 32 * b; i < 32 * b + 32; i++) {
+            ref += (double)wf[i] * x[i];
+            mag += fabs((double)wf[i] * x[i]);
+            mag_q += fabs((double)wf[i] * xq[b].d * xq[b].q[i - 32 * b]);
+            wabs += fabs(wf[i]);
+        }
+        bound += xq[b].d * 0.5 * wabs;
+    }
+    float got = k->dot_q[t](w, xq, nb), plain = cpu_dot_q_plain(t, w, xq, nb);
+    double tol = bound * (1 + 1e-5) + 1e-5 * mag + 1e-30;
+    CHECK(fabs(got - ref) <= tol, "%s %s nb=%d: |%g - %g| > %g", name, cpu_wtype_name(t), nb, got, ref, tol);
+    CHECK(fabs(got - plain) <= 1e-5 * (mag_q + mag) + 1e-30, "%s %s nb=%d: %g vs plain C %g", name, cpu_wtype_name(t),
+          nb, got, plain);
+    free(x);
+    free(xq);
+}
+
+/* One level's dot products: Q8_0 / Q4_0 / Q4_1 on random blocks of
+ * several counts (int8 -128, zero blocks), every kept type on the
+ * gguf-py blocks. */
 static void dots_on_level(const cpu_kernels *k, const char *name) {
     static const int nbs[] = {1, 2, 3, 18, 48};
-    for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
+    for (int t = CPU_W_Q8_0; t <= CPU_W_Q4_1; t++)
         for (int c = 0; c < 5; c++) {
-            int nb = nbs[c], n = 32 * nb;
-            uint8_t *w = malloc((size_t)nb * 34);
-            float *wf = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
-            cpu_q8_block *xq = malloc((size_t)nb * sizeof *xq);
-            rand_blocks((cpu_wtype)t, nb, w, wf);
-            for (int i = 0; i < n; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f); /* some outliers */
-            if (nb > 1)
-                for (int i = 32; i < 64; i++) x[i] = 0; /* an all-zero block: d = 0 */
-            cpu_quantize_q8(xq, x, n);
-            double ref = 0, mag = 0, bound = 0, mag_q = 0;
-            for (int b = 0; b < nb; b++) {
-                double wabs = 0;
-                for (int i = 32 * b; i < 32 * b + 32; i++) {
-                    ref += (double)wf[i] * x[i];
-                    mag += fabs((double)wf[i] * x[i]);
-                    mag_q += fabs((double)wf[i] * xq[b].d * xq[b].q[i - 32 * b]);
-                    wabs += fabs(wf[i]);
-                }
-                bound += xq[b].d * 0.5 * wabs;
-            }
-            float got = k->dot_q[t](w, xq, nb), plain = cpu_dot_q_generic[t](w, xq, nb);
-            double tol = bound * (1 + 1e-5) + 1e-5 * mag + 1e-30;
-            CHECK(fabs(got - ref) <= tol, "%s %s nb=%d: |%g - %g| > %g", name, cpu_wtype_name((cpu_wtype)t), nb, got,
-                  ref, tol);
-            CHECK(fabs(got - plain) <= 1e-5 * (mag_q + mag) + 1e-30, "%s %s nb=%d: %g vs plain C %g", name,
-                  cpu_wtype_name((cpu_wtype)t), nb, got, plain);
+            uint8_t *w = malloc((size_t)nbs[c] * 34);
+            float *wf = malloc((size_t)nbs[c] * 32 * 4);
+            rand_blocks((cpu_wtype)t, nbs[c], w, wf);
+            check_dot(k, name, (cpu_wtype)t, w, wf, nbs[c]);
             free(w);
             free(wf);
-            free(x);
-            free(xq);
         }
+    for (int i = 0; i < n_fixture; i++)
+        if (cpu_wtype_kept(fixture[i].t)) check_dot(k, name, fixture[i].t, fixture[i].raw, fixture[i].values, fixture[i].n / 32);
+}
+
+/* rows x cols weights of a kept type t: random bytes with finite f16
+ * scales of realistic size (the fields make_quant_blocks.py sets). */
+static void rand_rows(cpu_wtype t, int rows, int cols, uint8_t *w) {
+    size_t bb = cpu_wtype_block_bytes(t), n = (size_t)rows * cols / (size_t)cpu_wtype_block_elems(t);
+    int first = t == CPU_W_Q6_K ? 208 : 0, second = t == CPU_W_Q4_1 || t == CPU_W_Q5_1 || t == CPU_W_Q4_K || t == CPU_W_Q5_K;
+    for (size_t b = 0; b < n; b++, w += bb) {
+        for (size_t i = 0; i < bb; i++) w[i] = (uint8_t)urand();
+        for (int f = 0; f <= second; f++) {
+            uint16_t h = rand_scale(1);
+            w[first + 2 * f] = (uint8_t)h, w[first + 2 * f + 1] = (uint8_t)(h >> 8);
+        }
+    }
 }
 
 /* The matmul over rows and tokens: the same bits as each row's dot
@@ -128,14 +206,14 @@ static void dots_on_level(const cpu_kernels *k, const char *name) {
  * tokens, 4 and 2 rows, and their tails) and thread count; two outputs of
  * different types from one input, as q/k/v run. */
 static void matmul_on_level(const cpu_kernels *k, const char *name) {
-    enum { COLS = 96, NB = COLS / 32, MAXT = 9 };
+    enum { COLS = 256, NB = COLS / 32, MAXT = 9 };
     static const int Ts[] = {1, 3, 5, 9}, out_rows[2] = {37, 22};
     for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
-        for (int ti = 0; ti < 4; ti++)
+        for (int ti = 0; ti < 4 && cpu_wtype_kept((cpu_wtype)t); ti++)
             for (int acc = 0; acc < 2; acc++)
                 for (int threads = 1; threads <= 3; threads += 2) {
                     int T = Ts[ti];
-                    cpu_wtype types[2] = {(cpu_wtype)t, (cpu_wtype)(t % (CPU_W_N - 1) + 1)};
+                    cpu_wtype types[2] = {(cpu_wtype)t, t == CPU_W_Q6_K ? CPU_W_Q4_K : CPU_W_Q6_K};
                     uint8_t *w[2];
                     float *y[2], *y0[2], x[MAXT * COLS];
                     bf16 bias[37];
@@ -145,10 +223,8 @@ static void matmul_on_level(const cpu_kernels *k, const char *name) {
                     for (int r = 0; r < 37; r++) bias[r] = f32_to_bf16(frand());
                     for (int o = 0; o < 2; o++) {
                         size_t rb = cpu_wtype_row_bytes(types[o], COLS);
-                        float *wf = malloc((size_t)out_rows[o] * COLS * 4);
                         w[o] = malloc(out_rows[o] * rb);
-                        rand_blocks(types[o], out_rows[o] * NB, w[o], wf);
-                        free(wf);
+                        rand_rows(types[o], out_rows[o], COLS, w[o]);
                         y[o] = malloc((size_t)T * out_rows[o] * 4);
                         y0[o] = malloc((size_t)T * out_rows[o] * 4);
                         for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
@@ -248,6 +324,61 @@ static void q8_0_gguf_model(void) {
     polar_model_free(b);
 }
 
+/* A random Llama (rows of whole 256-blocks) written as llama.cpp's Q4_K_M
+ * mix (Q6_K attn_v / ffn_down / embedding, Q4_K the rest): kept as blocks,
+ * each matrix dequantizing to its bf16 load, and the logits close to it. */
+static void k_quant_gguf_model(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL, *q = NULL, *b = NULL;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    a.hidden = 256, a.ffn = 512, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
+    CHECK_OK(polar_model_random(&a, 11, &m, &err));
+    char path[128];
+    snprintf(path, sizeof path, "%s/k.gguf", dir);
+    CHECK(m && gguf_write_model(m, path, GGUF_K_FILE), "write %s", path);
+    CHECK_OK(polar_model_load(path, &q, &err));
+    setenv("POLAR_GGUF_BF16", "1", 1);
+    CHECK_OK(polar_model_load(path, &b, &err));
+    unsetenv("POLAR_GGUF_BF16");
+    if (q && b) {
+        const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
+        CHECK(lq->t_wq == CPU_W_Q4_K && lq->t_wv == CPU_W_Q6_K && lq->t_down == CPU_W_Q6_K && lq->t_gate == CPU_W_Q4_K &&
+                  q->t_embed == CPU_W_Q6_K,
+              "kept as the Q4_K_M mix");
+        struct {
+            const void *w;
+            cpu_wtype t;
+            const bf16 *ref;
+            int rows, cols;
+        } mats[] = {{lq->wq, lq->t_wq, lb->wq, a.n_heads * a.head_dim, a.hidden},
+                    {lq->wv, lq->t_wv, lb->wv, a.n_kv_heads * a.head_dim, a.hidden},
+                    {lq->w_down, lq->t_down, lb->w_down, a.hidden, a.ffn}};
+        float *row = malloc((size_t)a.ffn * 4);
+        for (int i = 0; i < 3; i++) {
+            int bad = 0;
+            size_t rb = cpu_wtype_row_bytes(mats[i].t, (size_t)mats[i].cols);
+            for (int r = 0; r < mats[i].rows; r++) {
+                cpu_dequantize_row(mats[i].t, (const uint8_t *)mats[i].w + r * rb, row, mats[i].cols);
+                for (int j = 0; j < mats[i].cols; j++) bad += f32_to_bf16(row[j]) != mats[i].ref[(size_t)r * mats[i].cols + j];
+            }
+            CHECK(!bad, "matrix %d: %d weights differ from the bf16 load", i, bad);
+        }
+        free(row);
+        float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4), d = 0, mx = 0;
+        prompt_logits(q, "0-3,1", lgq);
+        prompt_logits(b, "0-3,1", lgb);
+        for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
+        CHECK(d <= 0.05f * mx, "quantized logits differ by %g (max |logit| %g)", d, mx);
+        printf("  random llama, Q4_K/Q6_K: max |logit diff| %.3g of max |logit| %.3g\n", d, mx);
+        free(lgq);
+        free(lgb);
+    }
+    polar_model_free(m);
+    polar_model_free(q);
+    polar_model_free(b);
+}
+
 static void malformed_blocks(void) {
     polar_error err;
     polar_arch a;
@@ -341,11 +472,14 @@ static void default_model_quantized(void) {
 }
 
 int main(void) {
+    if (!load_fixture()) printf("FAIL quant fixture: %s/quant_blocks.bin missing or malformed\n", GOLDEN_DIR);
     RUN(dequantize_by_definition);
+    RUN(gguf_py_blocks);
     RUN(levels);
     RUN(nonfinite_activations);
     if (!mkdtemp(dir)) return 1;
     RUN(q8_0_gguf_model);
+    RUN(k_quant_gguf_model);
     RUN(malformed_blocks);
     RUN(default_model_quantized);
     char cmd[256];

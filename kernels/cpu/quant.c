@@ -9,23 +9,6 @@
 #include "kernels.h"
 #include "ops.h"
 
-static const struct {
-    const char *name;
-    size_t block_bytes;
-} wtypes[CPU_W_N] = {{"bf16", 0}, {"q8_0", 34}, {"q4_0", 18}, {"q4_1", 20}};
-
-size_t cpu_wtype_block_bytes(cpu_wtype t) { return (unsigned)t < CPU_W_N ? wtypes[t].block_bytes : 0; }
-
-size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols) {
-    if (t == CPU_W_BF16) return cols * sizeof(bf16);
-    return cols / CPU_QK * cpu_wtype_block_bytes(t);
-}
-
-const char *cpu_wtype_name(cpu_wtype t) { return (unsigned)t < CPU_W_N ? wtypes[t].name : "unknown"; }
-
-/* Block scales are little-endian f16 at any byte offset. */
-static inline float load_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
-
 void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
     for (int b = 0; b < n / CPU_QK; b++, x += CPU_QK) {
         float amax = 0.0f;
@@ -51,35 +34,6 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
     }
 }
 
-void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n) {
-    const uint8_t *b = w;
-    switch (t) {
-    case CPU_W_BF16:
-        for (int i = 0; i < n; i++) out[i] = bf16_to_f32((bf16)(b[2 * i] | b[2 * i + 1] << 8));
-        break;
-    case CPU_W_Q8_0: /* d, 32 int8: x = d * q */
-        for (int k = 0; k < n / CPU_QK; k++, b += 34)
-            for (int i = 0; i < 32; i++) out[32 * k + i] = load_f16(b) * (float)(int8_t)b[2 + i];
-        break;
-    case CPU_W_Q4_0: /* d, 16 bytes: x = d * (nibble - 8); low nibbles are elements 0..15 */
-        for (int k = 0; k < n / CPU_QK; k++, b += 18)
-            for (int i = 0; i < 16; i++) {
-                out[32 * k + i] = load_f16(b) * (float)((b[2 + i] & 0xF) - 8);
-                out[32 * k + i + 16] = load_f16(b) * (float)((b[2 + i] >> 4) - 8);
-            }
-        break;
-    case CPU_W_Q4_1: /* d, m, 16 bytes: x = d * nibble + m */
-        for (int k = 0; k < n / CPU_QK; k++, b += 20)
-            for (int i = 0; i < 16; i++) {
-                out[32 * k + i] = load_f16(b) * (float)(b[4 + i] & 0xF) + load_f16(b + 2);
-                out[32 * k + i + 16] = load_f16(b) * (float)(b[4 + i] >> 4) + load_f16(b + 2);
-            }
-        break;
-    default:
-        break;
-    }
-}
-
 void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden) {
     if (t == CPU_W_BF16) {
         cpu_embed(out, table, token, hidden);
@@ -90,42 +44,16 @@ void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidd
 
 /* ---------------------------------------------- plain C dot products */
 
-static float dot_q8_0(const void *w, const cpu_q8_block *x, int nb) {
-    const uint8_t *b = w;
-    float sum = 0.0f;
-    for (int k = 0; k < nb; k++, b += 34) {
-        int isum = 0;
-        for (int i = 0; i < 32; i++) isum += (int8_t)b[2 + i] * x[k].q[i];
-        sum += load_f16(b) * x[k].d * (float)isum;
-    }
-    return sum;
-}
+#define PLAIN(name, type)                                                                                          \
+    static float dot_##name(const void *w, const cpu_q8_block *x, int nb) { return cpu_dot_q_plain(type, w, x, nb); }
+#define KEPT_TYPES(X) X(q8_0, CPU_W_Q8_0) X(q4_0, CPU_W_Q4_0) X(q4_1, CPU_W_Q4_1) X(q5_0, CPU_W_Q5_0) X(q5_1, CPU_W_Q5_1) \
+    X(q4_k, CPU_W_Q4_K) X(q5_k, CPU_W_Q5_K) X(q6_k, CPU_W_Q6_K)
+KEPT_TYPES(PLAIN)
 
-static float dot_q4_0(const void *w, const cpu_q8_block *x, int nb) {
-    const uint8_t *b = w;
-    float sum = 0.0f;
-    for (int k = 0; k < nb; k++, b += 18) {
-        int isum = 0;
-        for (int i = 0; i < 16; i++)
-            isum += ((b[2 + i] & 0xF) - 8) * x[k].q[i] + ((b[2 + i] >> 4) - 8) * x[k].q[i + 16];
-        sum += load_f16(b) * x[k].d * (float)isum;
-    }
-    return sum;
-}
-
-/* sum (d*q + m) * xd*xq = d*xd * sum(q*xq) + m * xs */
-static float dot_q4_1(const void *w, const cpu_q8_block *x, int nb) {
-    const uint8_t *b = w;
-    float sum = 0.0f;
-    for (int k = 0; k < nb; k++, b += 20) {
-        int isum = 0;
-        for (int i = 0; i < 16; i++) isum += (b[4 + i] & 0xF) * x[k].q[i] + (b[4 + i] >> 4) * x[k].q[i + 16];
-        sum += load_f16(b) * x[k].d * (float)isum + load_f16(b + 2) * x[k].s;
-    }
-    return sum;
-}
-
-const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N] = {NULL, dot_q8_0, dot_q4_0, dot_q4_1};
+const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N] = {
+    [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
+    [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
+};
 
 /* ------------------------------------------------------------- matmul */
 
@@ -144,15 +72,16 @@ static void rows_with(cpu_dot_q_fn dot, float *y, const cpu_q8_block *xq, const 
     }
 }
 
-#define GENERIC_ROWS(name)                                                                                         \
+#define GENERIC_ROWS(name, type)                                                                                       \
     static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,  \
                             int T, int rows, int nb, int accumulate, int r0, int r1) {                             \
         rows_with(dot_##name, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                         \
     }
-GENERIC_ROWS(q8_0)
-GENERIC_ROWS(q4_0)
-GENERIC_ROWS(q4_1)
-const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N] = {NULL, rows_q8_0, rows_q4_0, rows_q4_1};
+KEPT_TYPES(GENERIC_ROWS)
+const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N] = {
+    [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
+    [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+};
 
 /* Row blocks of 16 (whole cache lines of every row block per thread) of
  * the outputs one after another; a thread takes a contiguous range. */
@@ -175,11 +104,11 @@ static void run_blocks(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, 
 void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
                              int accumulate, int n_threads, cpu_q8_block *xq) {
     int quantized = 1;
-    for (int i = 0; i < n_outs; i++) quantized &= outs[i].t != CPU_W_BF16 && (unsigned)outs[i].t < CPU_W_N;
+    for (int i = 0; i < n_outs; i++) quantized &= cpu_wtype_kept(outs[i].t);
     if (!quantized) { /* bf16 models keep their own matmul, bit for bit */
         for (int i = 0; i < n_outs; i++) {
             const cpu_q_out *o = &outs[i];
-            if (o->t == CPU_W_BF16) cpu_matmul_with(k, o->y, x, o->w, o->bias, T, o->rows, cols, accumulate, n_threads);
+            if (!cpu_wtype_kept(o->t)) cpu_matmul_with(k, o->y, x, o->w, o->bias, T, o->rows, cols, accumulate, n_threads);
             else cpu_matmul_q_multi_with(k, o, 1, x, T, cols, accumulate, n_threads, xq);
         }
         return;

@@ -1,5 +1,6 @@
-/* GGUF block formats kept quantized in memory (Q8_0, Q4_0, Q4_1: 32
- * weights a block, ggml's layouts) and the matmul that reads them.
+/* GGUF block formats (ggml's layouts): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32
+ * weights a block) and Q4_K, Q5_K, Q6_K (256) kept quantized in memory, and
+ * the matmul that reads them; Q2_K and Q3_K only dequantized at load.
  *
  * As ggml's vec_dot does for these types, the activations are quantized
  * per 32-block to int8 (cpu_q8_block) and each block's dot product is an
@@ -17,9 +18,12 @@
 
 /* How a weight matrix is stored; the values of the block types are not
  * ggml's (see loader/gguf.h for those). */
-typedef enum { CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_N } cpu_wtype;
+typedef enum {
+    CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
+    CPU_W_Q2_K, CPU_W_Q3_K, CPU_W_N
+} cpu_wtype;
 
-#define CPU_QK 32 /* weights per block, every block type here */
+#define CPU_QK 32 /* activations per block; weights unpack 32 at a time */
 
 /* One 32-block of activations: x[i] ~= d * q[i]; s = d * sum(q) (Q4_1's
  * offset term needs it). */
@@ -28,22 +32,44 @@ typedef struct {
     int8_t q[CPU_QK];
 } cpu_q8_block;
 
-/* Bytes of one block of t (0 for bf16), and of a row of cols weights
- * (cols a multiple of 32 for the block types). */
+/* Bytes and weights of one block of t (bf16: 2 and 1), bytes of a row of
+ * cols weights (cols a multiple of the block), whether t stays quantized
+ * (has dot products). */
 size_t cpu_wtype_block_bytes(cpu_wtype t);
+int cpu_wtype_block_elems(cpu_wtype t);
 size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols);
+int cpu_wtype_kept(cpu_wtype t);
 const char *cpu_wtype_name(cpu_wtype t);
+
+/* The format's definition: weights 32k..32k+31 of a row of block type t
+ * are w[i] = a[i / 16] * q[i] - m[i / 16]. */
+void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2], float m[2]);
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) of a 256-block
+ * from its 12 packed bytes (inline: every SIMD level unpacks with it). */
+static inline void cpu_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63, *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
 
 /* x[n] (n a multiple of 32) -> n/32 blocks. Plain C on every level, so all
  * levels see the same integers. A block holding inf or NaN gets d = NaN. */
 void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n);
 
-/* n weights (a multiple of 32) of a row of type t -> f32, by the format's
- * definition. bf16 rows are widened. */
+/* n weights (a multiple of the block) of a row of type t -> f32, by the
+ * format's definition. bf16 rows are widened. */
 void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n);
 
-/* The dot product of nb weight blocks of a row with nb activation blocks. */
+/* The dot product of the first 32 * nb weights of a row with nb activation
+ * blocks. */
 typedef float (*cpu_dot_q_fn)(const void *w, const cpu_q8_block *x, int nb);
+
+/* The plain C dot product of any block type, straight from cpu_unpack32. */
+float cpu_dot_q_plain(cpu_wtype t, const void *w, const cpu_q8_block *x, int nb);
 
 /* Rows r0..r1-1 of y[T, rows] (+ bias, or added into y) for all T tokens
  * (T * nb activation blocks), on the calling thread; equal bit for bit to
