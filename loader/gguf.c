@@ -134,8 +134,11 @@ static const struct {
     const char *name;
     size_t block_bytes, block_elems;
 } ggml_types[] = {
-    {GGML_F32, "F32", 4, 1},    {GGML_F16, "F16", 2, 1},    {GGML_BF16, "BF16", 2, 1},
-    {GGML_Q4_0, "Q4_0", 18, 32}, {GGML_Q4_1, "Q4_1", 20, 32}, {GGML_Q8_0, "Q8_0", 34, 32},
+    {GGML_F32, "F32", 4, 1},      {GGML_F16, "F16", 2, 1},      {GGML_BF16, "BF16", 2, 1},
+    {GGML_Q4_0, "Q4_0", 18, 32},  {GGML_Q4_1, "Q4_1", 20, 32},  {GGML_Q5_0, "Q5_0", 22, 32},
+    {GGML_Q5_1, "Q5_1", 24, 32},  {GGML_Q8_0, "Q8_0", 34, 32},  {GGML_Q2_K, "Q2_K", 84, 256},
+    {GGML_Q3_K, "Q3_K", 110, 256}, {GGML_Q4_K, "Q4_K", 144, 256}, {GGML_Q5_K, "Q5_K", 176, 256},
+    {GGML_Q6_K, "Q6_K", 210, 256},
 };
 #define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
 
@@ -176,7 +179,7 @@ static polar_status read_tensor_info(reader *r, gguf_tensor *t, uint64_t *offset
     size_t be = ggml_block_elems(t->type);
     if (!be)
         return polar_fail(r->err, POLAR_ERR_UNSUPPORTED, "%s: tensor '%.*s' has ggml type %u, which polar cannot read "
-                          "(F32, F16, BF16, Q4_0, Q4_1, Q8_0)", r->path, (int)(t->name.len > 200 ? 200 : t->name.len),
+                          "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K)", r->path, (int)(t->name.len > 200 ? 200 : t->name.len),
                           t->name.s, type);
     if (t->ne[0] % be)
         return polar_fail(r->err, POLAR_ERR_FORMAT, "%s: tensor '%.*s': row of %llu is not a multiple of the %s block",
@@ -316,6 +319,22 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
 
 static float read_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
+cpu_wtype ggml_block_format(ggml_type t) {
+    switch (t) {
+    case GGML_Q4_0: return CPU_W_Q4_0;
+    case GGML_Q4_1: return CPU_W_Q4_1;
+    case GGML_Q5_0: return CPU_W_Q5_0;
+    case GGML_Q5_1: return CPU_W_Q5_1;
+    case GGML_Q8_0: return CPU_W_Q8_0;
+    case GGML_Q2_K: return CPU_W_Q2_K;
+    case GGML_Q3_K: return CPU_W_Q3_K;
+    case GGML_Q4_K: return CPU_W_Q4_K;
+    case GGML_Q5_K: return CPU_W_Q5_K;
+    case GGML_Q6_K: return CPU_W_Q6_K;
+    default: return CPU_W_BF16;
+    }
+}
+
 void ggml_dequantize(ggml_type t, const void *src, float *dst, size_t n) {
     const uint8_t *b = src;
     switch (t) {
@@ -326,29 +345,8 @@ void ggml_dequantize(ggml_type t, const void *src, float *dst, size_t n) {
     case GGML_BF16:
         for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32((bf16)(b[2 * i] | b[2 * i + 1] << 8));
         break;
-    case GGML_Q4_0: /* d (f16), 16 bytes of nibbles: x = d * (q - 8); low nibbles first half */
-        for (size_t k = 0; k < n / 32; k++, b += 18) {
-            float d = read_f16(b);
-            for (int i = 0; i < 16; i++) {
-                dst[32 * k + i] = d * (float)((b[2 + i] & 0xF) - 8);
-                dst[32 * k + i + 16] = d * (float)((b[2 + i] >> 4) - 8);
-            }
-        }
-        break;
-    case GGML_Q4_1: /* d, m (f16), 16 bytes of nibbles: x = d * q + m */
-        for (size_t k = 0; k < n / 32; k++, b += 20) {
-            float d = read_f16(b), m = read_f16(b + 2);
-            for (int i = 0; i < 16; i++) {
-                dst[32 * k + i] = d * (float)(b[4 + i] & 0xF) + m;
-                dst[32 * k + i + 16] = d * (float)(b[4 + i] >> 4) + m;
-            }
-        }
-        break;
-    case GGML_Q8_0: /* d (f16), 32 int8: x = d * q */
-        for (size_t k = 0; k < n / 32; k++, b += 34) {
-            float d = read_f16(b);
-            for (int i = 0; i < 32; i++) dst[32 * k + i] = d * (float)(int8_t)b[2 + i];
-        }
+    default: /* the block formats, by their one definition (kernels/cpu/quant_formats.c) */
+        if (ggml_block_format(t) != CPU_W_BF16) cpu_dequantize_row(ggml_block_format(t), src, dst, (int)n);
         break;
     }
 }

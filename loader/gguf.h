@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../kernels/cpu/quant.h"
 #include "polar.h"
 
 typedef enum {
@@ -16,7 +17,8 @@ typedef enum {
 
 /* ggml tensor types this loader knows (values are ggml's). */
 typedef enum {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30,
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30,
 } ggml_type;
 
 typedef struct {
@@ -83,5 +85,9 @@ polar_status gguf_apply_rope_freqs(const gguf_file *f, float *inv_freq, int half
 
 /* n elements of a tensor of type t (n a multiple of its block size) -> f32. */
 void ggml_dequantize(ggml_type t, const void *src, float *dst, size_t n);
+
+/* The block format of a quantized ggml type (CPU_W_BF16 for the float
+ * types). */
+cpu_wtype ggml_block_format(ggml_type t);
 
 #endif

@@ -177,6 +177,24 @@ static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) 
     return 1;
 }
 
+/* A matrix of the model as bf16 on the device: GGUF blocks the CPU keeps
+ * quantized are dequantized row by row here (the CUDA kernels read bf16). */
+static int upload_w(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_wtype t, size_t rows, size_t cols) {
+    if (t == CPU_W_BF16 || !src) return upload(w, dst, src, rows * cols);
+    bf16 *buf = malloc(rows * cols * sizeof *buf);
+    float *f = malloc(cols * sizeof *f);
+    int ok = buf && f;
+    size_t row_bytes = cpu_wtype_row_bytes(t, cols);
+    for (size_t r = 0; ok && r < rows; r++) {
+        cpu_dequantize_row(t, (const unsigned char *)src + r * row_bytes, f, (int)cols);
+        for (size_t j = 0; j < cols; j++) buf[r * cols + j] = f32_to_bf16(f[j]);
+    }
+    ok = ok && upload(w, dst, buf, rows * cols);
+    free(buf);
+    free(f);
+    return ok;
+}
+
 void cuda_weights_free(void *weights) {
     cuda_weights *w = weights;
     if (!w) return;
@@ -195,18 +213,19 @@ static cuda_weights *weights_upload(const polar_model *m) {
     }
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab, hd = (size_t)a->head_dim;
-    int ok = upload(c, &c->embed, m->embed, V * H) && upload(c, &c->final_norm, m->final_norm, H);
+    int ok = upload_w(c, &c->embed, m->embed, m->t_embed, V, H) && upload(c, &c->final_norm, m->final_norm, H);
     c->lm_head = c->embed;
-    if (ok && !a->tied_embeddings) ok = upload(c, &c->lm_head, m->lm_head, V * H);
+    if (ok && !a->tied_embeddings) ok = upload_w(c, &c->lm_head, m->lm_head, m->t_lm_head, V, H);
     for (int l = 0; ok && l < a->n_layers; l++) {
         const layer_weights *w = &m->layers[l];
         layer_weights *d = &c->layers[l];
-        ok = upload(c, &d->attn_norm, w->attn_norm, H) && upload(c, &d->wq, w->wq, q * H) &&
-             upload(c, &d->wk, w->wk, kv * H) && upload(c, &d->wv, w->wv, kv * H) && upload(c, &d->bq, w->bq, q) &&
+        ok = upload(c, &d->attn_norm, w->attn_norm, H) && upload_w(c, &d->wq, w->wq, w->t_wq, q, H) &&
+             upload_w(c, &d->wk, w->wk, w->t_wk, kv, H) && upload_w(c, &d->wv, w->wv, w->t_wv, kv, H) &&
+             upload(c, &d->bq, w->bq, q) &&
              upload(c, &d->bk, w->bk, kv) && upload(c, &d->bv, w->bv, kv) && upload(c, &d->q_norm, w->q_norm, hd) &&
-             upload(c, &d->k_norm, w->k_norm, hd) && upload(c, &d->wo, w->wo, H * q) &&
-             upload(c, &d->mlp_norm, w->mlp_norm, H) && upload(c, &d->w_gate, w->w_gate, F * H) &&
-             upload(c, &d->w_up, w->w_up, F * H) && upload(c, &d->w_down, w->w_down, H * F);
+             upload(c, &d->k_norm, w->k_norm, hd) && upload_w(c, &d->wo, w->wo, w->t_wo, H, q) &&
+             upload(c, &d->mlp_norm, w->mlp_norm, H) && upload_w(c, &d->w_gate, w->w_gate, w->t_gate, F, H) &&
+             upload_w(c, &d->w_up, w->w_up, w->t_up, F, H) && upload_w(c, &d->w_down, w->w_down, w->t_down, H, F);
         if (ok && w->router) {
             size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
             ok = upload(c, &d->router, w->router, E * H) && upload(c, &d->exp_gate_up, w->exp_gate_up, E * 2 * MF * H) &&

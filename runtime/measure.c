@@ -69,13 +69,20 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         free(layer);
         return 0;
     }
+    /* What the device reads: the CPU its block formats as they are, CUDA
+     * bf16 (it dequantizes at upload). */
+    int cpu = device != POLAR_DEVICE_CUDA;
     for (int i = 0; i < n; i++)
-        if (refs[i].layer >= 0) layer[refs[i].layer] += (double)ref_elems(&refs[i]) * sizeof(bf16);
+        if (refs[i].layer >= 0)
+            layer[refs[i].layer] += cpu && refs[i].wtype ? (double)refs[i].rows *
+                                                                (double)cpu_wtype_row_bytes(*refs[i].wtype, (size_t)refs[i].cols)
+                                                          : (double)ref_elems(&refs[i]) * sizeof(bf16);
     free(refs);
     double idle_experts = (double)(a->n_experts - a->top_k) * 3.0 * a->moe_ffn * a->hidden * sizeof(bf16);
     double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (device == POLAR_DEVICE_CUDA ? sizeof(bf16) : sizeof(float));
-    double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * a->hidden * sizeof(bf16);
-    double total = (double)a->hidden * sizeof(bf16) + head; /* one embedding row, final norm, lm_head */
+    cpu_wtype th = cpu ? m->t_lm_head : CPU_W_BF16, te = cpu ? m->t_embed : CPU_W_BF16;
+    double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * (double)cpu_wtype_row_bytes(th, (size_t)a->hidden);
+    double total = (double)cpu_wtype_row_bytes(te, (size_t)a->hidden) + head; /* one embedding row, final norm, lm_head */
     for (int k = 0; k < p->n; k++)
         total += layer[p->layers[k]] - (polar_arch_layer_is_moe(a, p->layers[k]) ? idle_experts : 0) + kv_row * ctx;
     free(layer);

@@ -143,6 +143,9 @@ polar_status polar_model_random(const polar_arch *a, uint64_t seed, polar_model 
 }
 
 polar_status polar_model_save(const polar_model *m, const char *dir, polar_error *err) {
+    if (m && m->quantized)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "the model keeps GGUF-quantized weights, which a bf16 "
+                          "safetensors checkpoint cannot hold; load it with POLAR_GGUF_BF16=1 to save it");
     if (mkdir(dir, 0755) != 0) {
         struct stat sb;
         if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))

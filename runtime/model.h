@@ -1,12 +1,15 @@
 /* What a loaded model holds. Weights are bf16, row-major [out, in] as in
  * Hugging Face checkpoints; either inside a mapped file or in buffers the
- * model owns. */
+ * model owns. A GGUF's Q8_0/Q4_0/Q4_1 projections, embedding and head stay
+ * in their block format: then the pointer holds blocks (rows of
+ * cpu_wtype_row_bytes) and the matrix's t_* field says which. */
 #ifndef POLAR_MODEL_H
 #define POLAR_MODEL_H
 
 #include <pthread.h>
 
 #include "../kernels/cpu/bf16.h"
+#include "../kernels/cpu/quant.h"
 #include "../loader/safetensors.h"
 #include "polar.h"
 
@@ -26,6 +29,8 @@ typedef struct {
     const bf16 *sh_gate, *sh_up;/* [shared_ffn, hidden]  shared expert, or NULL */
     const bf16 *sh_down;        /* [hidden, shared_ffn] */
     const bf16 *sh_router;      /* [1, hidden]  sigmoid gate of the shared expert */
+    /* storage of the dense projections (CPU_W_BF16 unless a GGUF kept them quantized) */
+    cpu_wtype t_wq, t_wk, t_wv, t_wo, t_gate, t_up, t_down;
 } layer_weights;
 
 /* The model's weights on the GPU: uploaded by its first CUDA session and
@@ -40,6 +45,8 @@ struct polar_model {
     const bf16 *embed;          /* [vocab, hidden] */
     const bf16 *final_norm;     /* [hidden] */
     const bf16 *lm_head;        /* [vocab, hidden]; == embed when tied */
+    cpu_wtype t_embed, t_lm_head; /* their storage */
+    int quantized;              /* some weight is kept in a block format */
     layer_weights *layers;      /* [n_layers] */
     float *rope_inv_freq;       /* [head_dim/2], scaling applied */
     st_set files;               /* mapped safetensors checkpoint, or */
@@ -57,6 +64,7 @@ typedef struct {
     char name[96];       /* Hugging Face name */
     char gguf_name[64];  /* the same tensor in a GGUF file */
     const bf16 **slot;
+    cpu_wtype *wtype;    /* where its storage type goes, if it may stay quantized; else NULL */
     int layer;           /* -1 for embedding, final norm and head */
     int experts;         /* 0: a 1-D/2-D tensor; E: a 3-D stack */
     int rows, cols;      /* cols = 0 for vectors */

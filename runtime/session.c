@@ -44,6 +44,7 @@ struct polar_session {
     float *cos, *sin;   /* [CHUNK, head_dim/2] rope tables of the chunk's positions */
     float *scores;      /* [n_threads, max_ctx] softmax scratch */
     float *logits;      /* [vocab] of the last token */
+    cpu_q8_block *xq;   /* [CHUNK, max matmul cols / 32] quantized activations, or NULL (a bf16 model) */
     int has_logits;
     cuda_state *cuda;   /* the device backend, or NULL on the CPU */
     /* share_prompt: the last prompt prefilled from position 0, its program
@@ -126,6 +127,9 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
     s->logits = malloc((size_t)a->vocab * sizeof(float));
+    size_t max_cols = (size_t)a->hidden > q ? (size_t)a->hidden : q;
+    if ((size_t)a->ffn > max_cols) max_cols = (size_t)a->ffn;
+    if (m->quantized) s->xq = malloc(C * (max_cols / CPU_QK + 1) * sizeof *s->xq);
     int share = o.share_prompt && !s->cuda;
     if (share) {
         s->prompt_x = malloc((size_t)(s->cap_program + 1) * s->max_ctx * a->hidden * sizeof(float));
@@ -134,7 +138,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     }
     if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
         !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_in || !s->expert_out || !s->cos || !s->sin || !s->scores ||
-        !s->logits) {
+        !s->logits || (m->quantized && !s->xq)) {
         polar_session_free(s);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
@@ -196,6 +200,7 @@ void polar_session_free(polar_session *s) {
     free(s->sin);
     free(s->scores);
     free(s->logits);
+    free(s->xq);
     free(s->prompt_x);
     free(s->prompt_tokens);
     free(s->prompt_program);
@@ -280,9 +285,9 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->attn_norm, a->hidden, eps);
     if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    cpu_matmul(s->q, s->xn, w->wq, w->bq, T, qd, a->hidden, 0, nt);
-    cpu_matmul(s->k, s->xn, w->wk, w->bk, T, kvd, a->hidden, 0, nt);
-    cpu_matmul(s->v, s->xn, w->wv, w->bv, T, kvd, a->hidden, 0, nt);
+    const cpu_q_out qkv[3] = {{s->q, w->wq, w->t_wq, w->bq, qd}, {s->k, w->wk, w->t_wk, w->bk, kvd},
+                              {s->v, w->wv, w->t_wv, w->bv, kvd}};
+    cpu_matmul_q_multi(qkv, 3, s->xn, T, a->hidden, 0, nt, s->xq);
     for (int t = 0; t < T; t++) {
         float *qt = s->q + (size_t)t * qd, *kt = s->k + (size_t)t * kvd;
         if (w->q_norm) {
@@ -306,7 +311,7 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
                            a->n_kv_heads, hd, scores);
     }
     if (round_in) cpu_round_bf16(s->att, (size_t)T * qd);
-    cpu_matmul(s->x, s->att, w->wo, NULL, T, a->hidden, qd, 1, nt);
+    cpu_matmul_q(s->x, s->att, w->wo, w->t_wo, NULL, T, a->hidden, qd, 1, nt, s->xq);
 
     for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->mlp_norm, a->hidden, eps);
     if (w->router) {
@@ -314,11 +319,11 @@ static void layer_forward(polar_session *s, const layer_weights *w, int slot, in
         return;
     }
     if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    cpu_matmul(s->gate, s->xn, w->w_gate, NULL, T, a->ffn, a->hidden, 0, nt);
-    cpu_matmul(s->up, s->xn, w->w_up, NULL, T, a->ffn, a->hidden, 0, nt);
+    const cpu_q_out gate_up[2] = {{s->gate, w->w_gate, w->t_gate, NULL, a->ffn}, {s->up, w->w_up, w->t_up, NULL, a->ffn}};
+    cpu_matmul_q_multi(gate_up, 2, s->xn, T, a->hidden, 0, nt, s->xq);
     for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);
     if (round_in) cpu_round_bf16(s->gate, (size_t)T * a->ffn);
-    cpu_matmul(s->x, s->gate, w->w_down, NULL, T, a->hidden, a->ffn, 1, nt);
+    cpu_matmul_q(s->x, s->gate, w->w_down, w->t_down, NULL, T, a->hidden, a->ffn, 1, nt, s->xq);
 }
 
 /* T <= PREFILL_CHUNK tokens through the whole program; logits of all of them
@@ -332,7 +337,7 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
     int half = a->head_dim / 2;
     size_t rows = (size_t)T * a->hidden;
     for (int t = 0; t < T; t++) {
-        if (!start) cpu_embed(s->x + (size_t)t * a->hidden, m->embed, tokens[t], a->hidden);
+        if (!start) cpu_embed_q(s->x + (size_t)t * a->hidden, m->embed, m->t_embed, tokens[t], a->hidden);
         cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
     }
     /* the residual stream before entry k of this chunk's tokens */
@@ -353,9 +358,9 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
      * chunk, when rounding), through a GEMM on bf16 inputs beyond 8 rows. */
     if (s->round_like_cuda && first == 0 && T > CUDA_DECODE_TOKENS) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
     if (all_logits)
-        cpu_matmul(all_logits, s->xn, m->lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads);
-    cpu_matmul(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, NULL, 1, a->vocab, a->hidden, 0,
-               s->n_threads);
+        cpu_matmul_q(all_logits, s->xn, m->lm_head, m->t_lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads, s->xq);
+    cpu_matmul_q(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, m->t_lm_head, NULL, 1, a->vocab,
+                 a->hidden, 0, s->n_threads, s->xq);
     s->pos += T;
     s->has_logits = 1;
 }

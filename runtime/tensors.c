@@ -52,6 +52,13 @@ static void add_plain(ref_list *l, const bf16 **slot, int layer, int rows, int c
     add(l, slot, layer, 0, rows, cols, 0, 0, 0, hf, gguf, 0);
 }
 
+/* A matrix that may stay in a GGUF block format; its type lands in *wtype. */
+static void add_matrix(ref_list *l, const bf16 **slot, cpu_wtype *wtype, int layer, int rows, int cols, const char *hf,
+                       const char *gguf) {
+    add_plain(l, slot, layer, rows, cols, hf, gguf);
+    if (l->cap >= 0) l->r[l->n - 1].wtype = wtype;
+}
+
 static void add_experts(ref_list *l, layer_weights *w, int layer, expert_layout layout) {
     const polar_arch *a = &l->m->arch;
     int E = a->n_experts, F = a->moe_ffn, H = a->hidden;
@@ -88,15 +95,15 @@ int model_tensor_refs(polar_model *m, expert_layout layout, tensor_ref **out) {
     const polar_arch *a = &m->arch;
     ref_list l = {NULL, 0, 0, m};
     int q = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
-    add_plain(&l, &m->embed, -1, a->vocab, a->hidden, "model.embed_tokens.weight", "token_embd.weight");
+    add_matrix(&l, &m->embed, &m->t_embed, -1, a->vocab, a->hidden, "model.embed_tokens.weight", "token_embd.weight");
     for (int i = 0; i < a->n_layers; i++) {
         layer_weights *w = &m->layers[i];
         add_plain(&l, &w->attn_norm, i, a->hidden, 0, "model.layers.%d.input_layernorm.weight", "blk.%d.attn_norm.weight");
-        add_plain(&l, &w->wq, i, q, a->hidden, "model.layers.%d.self_attn.q_proj.weight", "blk.%d.attn_q.weight");
+        add_matrix(&l, &w->wq, &w->t_wq, i, q, a->hidden, "model.layers.%d.self_attn.q_proj.weight", "blk.%d.attn_q.weight");
         if (l.n) l.r[l.n - 1].rope_permuted = 1;
-        add_plain(&l, &w->wk, i, kv, a->hidden, "model.layers.%d.self_attn.k_proj.weight", "blk.%d.attn_k.weight");
+        add_matrix(&l, &w->wk, &w->t_wk, i, kv, a->hidden, "model.layers.%d.self_attn.k_proj.weight", "blk.%d.attn_k.weight");
         if (l.n) l.r[l.n - 1].rope_permuted = 1;
-        add_plain(&l, &w->wv, i, kv, a->hidden, "model.layers.%d.self_attn.v_proj.weight", "blk.%d.attn_v.weight");
+        add_matrix(&l, &w->wv, &w->t_wv, i, kv, a->hidden, "model.layers.%d.self_attn.v_proj.weight", "blk.%d.attn_v.weight");
         if (a->qkv_bias) {
             add_plain(&l, &w->bq, i, q, 0, "model.layers.%d.self_attn.q_proj.bias", "blk.%d.attn_q.bias");
             add_plain(&l, &w->bk, i, kv, 0, "model.layers.%d.self_attn.k_proj.bias", "blk.%d.attn_k.bias");
@@ -106,18 +113,18 @@ int model_tensor_refs(polar_model *m, expert_layout layout, tensor_ref **out) {
             add_plain(&l, &w->q_norm, i, a->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", "blk.%d.attn_q_norm.weight");
             add_plain(&l, &w->k_norm, i, a->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", "blk.%d.attn_k_norm.weight");
         }
-        add_plain(&l, &w->wo, i, a->hidden, q, "model.layers.%d.self_attn.o_proj.weight", "blk.%d.attn_output.weight");
+        add_matrix(&l, &w->wo, &w->t_wo, i, a->hidden, q, "model.layers.%d.self_attn.o_proj.weight", "blk.%d.attn_output.weight");
         add_plain(&l, &w->mlp_norm, i, a->hidden, 0, "model.layers.%d.post_attention_layernorm.weight", "blk.%d.ffn_norm.weight");
         if (polar_arch_layer_is_moe(a, i)) {
             add_experts(&l, w, i, layout);
         } else {
-            add_plain(&l, &w->w_gate, i, a->ffn, a->hidden, "model.layers.%d.mlp.gate_proj.weight", "blk.%d.ffn_gate.weight");
-            add_plain(&l, &w->w_up, i, a->ffn, a->hidden, "model.layers.%d.mlp.up_proj.weight", "blk.%d.ffn_up.weight");
-            add_plain(&l, &w->w_down, i, a->hidden, a->ffn, "model.layers.%d.mlp.down_proj.weight", "blk.%d.ffn_down.weight");
+            add_matrix(&l, &w->w_gate, &w->t_gate, i, a->ffn, a->hidden, "model.layers.%d.mlp.gate_proj.weight", "blk.%d.ffn_gate.weight");
+            add_matrix(&l, &w->w_up, &w->t_up, i, a->ffn, a->hidden, "model.layers.%d.mlp.up_proj.weight", "blk.%d.ffn_up.weight");
+            add_matrix(&l, &w->w_down, &w->t_down, i, a->hidden, a->ffn, "model.layers.%d.mlp.down_proj.weight", "blk.%d.ffn_down.weight");
         }
     }
     add_plain(&l, &m->final_norm, -1, a->hidden, 0, "model.norm.weight", "output_norm.weight");
-    if (!a->tied_embeddings) add_plain(&l, &m->lm_head, -1, a->vocab, a->hidden, "lm_head.weight", "output.weight");
+    if (!a->tied_embeddings) add_matrix(&l, &m->lm_head, &m->t_lm_head, -1, a->vocab, a->hidden, "lm_head.weight", "output.weight");
     if (l.cap < 0) {
         free(l.r);
         return -1;
@@ -167,17 +174,18 @@ typedef struct {
 } tensor_view;
 
 /* Undo llama.cpp's per-head row permutation of q/k (adjacent-pair RoPE):
- * permuted row 2i+j of a head holds original row j*hd/2 + i. */
-static int unpermute_rows(bf16 *w, int rows, int cols, int head_dim) {
-    bf16 *tmp = malloc((size_t)head_dim * cols * sizeof *tmp);
+ * permuted row 2i+j of a head holds original row j*hd/2 + i. Rows are
+ * row_bytes long (bf16 or quantized blocks alike). */
+static int unpermute_rows(void *w, int rows, size_t row_bytes, int head_dim) {
+    unsigned char *tmp = malloc((size_t)head_dim * row_bytes);
     if (!tmp) return 0;
     int half = head_dim / 2;
     for (int h = 0; h < rows / head_dim; h++) {
-        bf16 *head = w + (size_t)h * head_dim * cols;
+        unsigned char *head = (unsigned char *)w + (size_t)h * head_dim * row_bytes;
         for (int i = 0; i < half; i++)
             for (int j = 0; j < 2; j++)
-                memcpy(tmp + (size_t)(j * half + i) * cols, head + (size_t)(2 * i + j) * cols, (size_t)cols * sizeof *tmp);
-        memcpy(head, tmp, (size_t)head_dim * cols * sizeof *tmp);
+                memcpy(tmp + (size_t)(j * half + i) * row_bytes, head + (size_t)(2 * i + j) * row_bytes, row_bytes);
+        memcpy(head, tmp, (size_t)head_dim * row_bytes);
     }
     free(tmp);
     return 1;
@@ -256,7 +264,7 @@ static polar_status bind_view(polar_model *m, const tensor_ref *r, const tensor_
     bf16 *buf = malloc(n * sizeof *buf);
     if (!buf) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory converting '%s'", name);
     polar_status st = convert(t, name, n, r->cols ? (size_t)r->cols : n, buf, err);
-    if (st == POLAR_OK && permuted && !unpermute_rows(buf, r->rows, r->cols, m->arch.head_dim))
+    if (st == POLAR_OK && permuted && !unpermute_rows(buf, r->rows, (size_t)r->cols * sizeof *buf, m->arch.head_dim))
         st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory converting '%s'", name);
     if (st == POLAR_OK) st = ref_scatter(m, r, buf, err);
     free(buf);
@@ -274,7 +282,34 @@ static polar_status bind_safetensors(polar_model *m, const tensor_ref *r, polar_
     return bind_view(m, r, &v, r->name, 0, err);
 }
 
-static polar_status bind_gguf(polar_model *m, const tensor_ref *r, polar_error *err) {
+/* The block format a GGUF type stays in, or CPU_W_BF16. */
+static cpu_wtype kept_type(ggml_type t) { return cpu_wtype_kept(ggml_block_format(t)) ? ggml_block_format(t) : CPU_W_BF16; }
+
+/* Keep a quantized matrix in its blocks: in place in the mapping, or (q/k
+ * of llama, whose rows must be unpermuted) in a copy the model owns. */
+static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_tensor *t, cpu_wtype wt, int permuted,
+                                polar_error *err) {
+    size_t row_bytes = cpu_wtype_row_bytes(wt, (size_t)r->cols);
+    if (row_bytes * (size_t)r->rows != t->nbytes)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s': %zu bytes of %s blocks, expected %zu",
+                          ((const gguf_file *)m->gguf)->path, r->gguf_name, t->nbytes, cpu_wtype_name(wt),
+                          row_bytes * (size_t)r->rows);
+    if (!permuted) {
+        *r->slot = t->data; /* blocks are read bytewise: any alignment will do */
+    } else {
+        void *buf = malloc(t->nbytes);
+        if (!model_own(m, buf)) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
+        memcpy(buf, t->data, t->nbytes);
+        if (!unpermute_rows(buf, r->rows, row_bytes, m->arch.head_dim))
+            return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
+        *r->slot = buf;
+    }
+    *r->wtype = wt;
+    m->quantized = 1;
+    return POLAR_OK;
+}
+
+static polar_status bind_gguf(polar_model *m, const tensor_ref *r, int keep_quant, polar_error *err) {
     const gguf_file *g = m->gguf;
     const gguf_tensor *t = gguf_find_tensor(g, r->gguf_name);
     if (!t) return polar_fail(err, POLAR_ERR_FORMAT, "%s: no tensor '%s'", g->path, r->gguf_name);
@@ -285,6 +320,11 @@ static polar_status bind_gguf(polar_model *m, const tensor_ref *r, polar_error *
     else if (t->type == GGML_BF16) v.dtype = ST_BF16;
     else v.quant = t->type;
     int permuted = r->rope_permuted && strcmp(m->arch.arch, "llama") == 0;
+    cpu_wtype wt = kept_type(t->type);
+    if (keep_quant && wt != CPU_W_BF16 && r->wtype && !r->experts && r->dst_offset == 0 && !*r->slot) {
+        if (!shape_matches(r, &v)) return shape_error(r, &v, r->gguf_name, err);
+        return keep_blocks(m, r, t, wt, permuted, err);
+    }
     return bind_view(m, r, &v, r->gguf_name, permuted, err);
 }
 
@@ -304,11 +344,15 @@ polar_status model_bind(polar_model *m, polar_error *err) {
     tensor_ref *refs;
     int n = model_tensor_refs(m, m->gguf ? LAYOUT_GGUF : safetensors_layout(m), &refs);
     if (n < 0) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    /* POLAR_GGUF_BF16=1: dequantize every GGUF weight to bf16 at load, as
+     * before quantized execution (to compare with it). */
+    const char *bf = getenv("POLAR_GGUF_BF16");
+    int keep_quant = !(bf && *bf && strcmp(bf, "0") != 0);
     polar_status st = POLAR_OK;
     for (int i = 0; i < n && st == POLAR_OK; i++)
-        st = m->gguf ? bind_gguf(m, &refs[i], err) : bind_safetensors(m, &refs[i], err);
+        st = m->gguf ? bind_gguf(m, &refs[i], keep_quant, err) : bind_safetensors(m, &refs[i], err);
     free(refs);
-    if (st == POLAR_OK && m->arch.tied_embeddings) m->lm_head = m->embed;
+    if (st == POLAR_OK && m->arch.tied_embeddings) m->lm_head = m->embed, m->t_lm_head = m->t_embed;
     return st;
 }
 
@@ -363,6 +407,6 @@ polar_status model_fill_random(polar_model *m, uint64_t seed, polar_error *err) 
     polar_status st = POLAR_OK;
     for (int i = 0; i < n && st == POLAR_OK; i++) st = random_fill(m, &refs[i], seed, err);
     free(refs);
-    if (st == POLAR_OK && m->arch.tied_embeddings) m->lm_head = m->embed;
+    if (st == POLAR_OK && m->arch.tied_embeddings) m->lm_head = m->embed, m->t_lm_head = m->t_embed;
     return st;
 }

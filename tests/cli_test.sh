@@ -91,7 +91,12 @@ expect usage_preset 2 "unknown preset 'gpt-5'" $P bench --preset gpt-5
 expect mkmodel_bad_arch 1 "multiple of num_key_value_heads" $P mkmodel --arch llama --heads 4 --kv-heads 3 --out "$D/x"
 
 # Text in, text out on the default model (POLAR_DEFAULT_MODEL, set by make test).
-expect_out prompt_chat '"text":"The capital of France is Paris."' $P run --prompt "What is the capital of France?" --max-new 24 --json
+# Its Q4_1 weights run quantized with int8 activations, as llama.cpp runs
+# them: llama-completion (ggml 0.25.3, same GGUF and chat prompt, greedy)
+# also answers "L'Étoile, la Marseillaise"; dequantized to bf16
+# (POLAR_GGUF_BF16=1, as transformers runs the bf16 model) it says Paris.
+expect_out prompt_chat '"text":"L'"'"'Étoile, la Marseillaise' $P run --prompt "What is the capital of France?" --max-new 24 --json
+expect_out prompt_chat_bf16 '"text":"The capital of France is Paris."' env POLAR_GGUF_BF16=1 $P run --prompt "What is the capital of France?" --max-new 24 --json
 expect_out prompt_raw '"prompt_tokens":5,' $P run --prompt "The capital of France is" --raw --max-new 3 --json
 expect_out prompt_program "executed layers: 32 of 30" $P run --prompt "Hi" --program 0-29,28-29 --max-new 2
 expect_out tokenize '{"ids":[19556,905,216,33,34,35,36,37,1326,982],' $P tokenize --text "Hello world 12345 don't" --json

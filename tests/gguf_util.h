@@ -1,7 +1,10 @@
 /* Test helper: write a model as a GGUF file the way llama.cpp's converter
  * lays it out (F32 tensors, Llama q/k rows permuted per head for
  * adjacent-pair RoPE, llama3 scaling as rope_freqs.weight), with optional
- * corruptions for the bad-input tests. */
+ * corruptions for the bad-input tests. GGUF_Q8_0_FILE writes the matrices
+ * that may stay quantized as Q8_0 blocks (d = max|x|/127 as f16);
+ * GGUF_K_FILE as llama.cpp's Q4_K_M mix: Q6_K for attn_v, ffn_down and the
+ * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -15,8 +18,123 @@
 
 typedef enum {
     GGUF_OK_FILE, GGUF_BAD_MAGIC, GGUF_BAD_VERSION, GGUF_HUGE_COUNT, GGUF_HUGE_STRING, GGUF_UNKNOWN_TYPE,
-    GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR
+    GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR,
+    GGUF_Q8_0_FILE,   /* a valid file with Q8_0 matrices */
+    GGUF_Q8_0_BAD_ROW, /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
+    GGUF_K_FILE        /* a valid file with Q4_K and Q6_K matrices */
 } gguf_fault;
+
+/* f32 -> IEEE half, nearest (ties away); subnormal halves kept (a Q6_K
+ * scale of small weights is one), smaller values flush to zero. */
+static uint16_t gw_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    int e = (int)((u >> 23) & 0xFF) - 127 + 15;
+    uint32_t man = u & 0x7FFFFFu;
+    if (e < -10) return sign;
+    if (e <= 0) {
+        uint32_t m = man | 0x800000u;
+        int shift = 14 - e;
+        return (uint16_t)(sign | ((m >> shift) + ((m >> (shift - 1)) & 1u)));
+    }
+    if (e >= 31) return sign | 0x7C00u;
+    uint32_t h = ((uint32_t)e << 10 | man >> 13) + ((man >> 12) & 1u);
+    return (uint16_t)(sign | h);
+}
+
+/* n f32 (n % 32 == 0) -> Q8_0 blocks into out (n / 32 * 34 bytes). */
+static void gw_q8_0(const float *x, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += 34) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        uint16_t h = gw_f16(amax / 127.0f);
+        float d = f16_to_f32(h);
+        out[0] = (unsigned char)(h & 0xFF), out[1] = (unsigned char)(h >> 8);
+        for (int i = 0; i < 32; i++) {
+            float q = d > 0 ? roundf(x[i] / d) : 0;
+            out[2 + i] = (unsigned char)(signed char)(q > 127 ? 127 : q < -127 ? -127 : q);
+        }
+    }
+}
+
+/* Round to nearest and clamp to [lo, hi]. */
+static int gw_clamp(float v, int lo, int hi) {
+    int q = (int)lroundf(v);
+    return q < lo ? lo : q > hi ? hi : q;
+}
+
+/* n f32 (n % 256 == 0) -> Q4_K blocks (144 bytes): per 32 weights an
+ * unsigned 4-bit q with a 6-bit scale and min, x ~= d*sc*q - dmin*m. */
+static void gw_q4_k(const float *x, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 256; b++, x += 256, out += 144) {
+        float scale[8], mn[8], smax = 0, mmax = 0;
+        for (int j = 0; j < 8; j++) {
+            float lo = 0, hi = 0;
+            for (int i = 0; i < 32; i++) lo = fminf(lo, x[32 * j + i]), hi = fmaxf(hi, x[32 * j + i]);
+            mn[j] = -lo, scale[j] = (hi - lo) / 15;
+            smax = fmaxf(smax, scale[j]), mmax = fmaxf(mmax, mn[j]);
+        }
+        uint16_t dh = gw_f16(smax / 63), mh = gw_f16(mmax / 63);
+        float d = f16_to_f32(dh), dmin = f16_to_f32(mh);
+        int sc[8], m[8];
+        for (int j = 0; j < 8; j++) sc[j] = d > 0 ? gw_clamp(scale[j] / d, 0, 63) : 0, m[j] = dmin > 0 ? gw_clamp(mn[j] / dmin, 0, 63) : 0;
+        out[0] = (unsigned char)dh, out[1] = (unsigned char)(dh >> 8), out[2] = (unsigned char)mh, out[3] = (unsigned char)(mh >> 8);
+        unsigned char *s = out + 4, *qs = out + 16;
+        for (int j = 0; j < 4; j++) {
+            s[j] = (unsigned char)(sc[j] | (sc[j + 4] >> 4) << 6);
+            s[j + 4] = (unsigned char)(m[j] | (m[j + 4] >> 4) << 6);
+            s[j + 8] = (unsigned char)((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
+        }
+        memset(qs, 0, 128);
+        for (int j = 0; j < 8; j++) {
+            float step = d * (float)sc[j], off = dmin * (float)m[j];
+            for (int i = 0; i < 32; i++) {
+                int q = step > 0 ? gw_clamp((x[32 * j + i] + off) / step, 0, 15) : 0;
+                qs[32 * (j / 2) + i] |= (unsigned char)(j % 2 ? q << 4 : q);
+            }
+        }
+    }
+}
+
+/* n f32 (n % 256 == 0) -> Q6_K blocks (210 bytes): per 16 weights a signed
+ * 6-bit q with an int8 scale, x ~= d*sc*(q - 32). */
+static void gw_q6_k(const float *x, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 256; b++, x += 256, out += 210) {
+        float scale[16], smax = 0;
+        for (int g = 0; g < 16; g++) {
+            float amax = 0;
+            for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * g + i]));
+            scale[g] = amax / 31;
+            smax = fmaxf(smax, scale[g]);
+        }
+        uint16_t dh = gw_f16(smax / 127);
+        float d = f16_to_f32(dh);
+        unsigned char *ql = out, *qh = out + 128;
+        signed char *sc = (signed char *)(out + 192);
+        memset(out, 0, 192);
+        for (int g = 0; g < 16; g++) sc[g] = (signed char)(d > 0 ? gw_clamp(scale[g] / d, 0, 127) : 0);
+        for (int e = 0; e < 256; e++) {
+            float step = d * (float)sc[e / 16];
+            int q = (step > 0 ? gw_clamp(x[e] / step, -32, 31) : 0) + 32;
+            int h = e / 128, part = (e % 128) / 32, l = e % 32;
+            ql[64 * h + (part & 1) * 32 + l] |= (unsigned char)(part < 2 ? q & 0xF : (q & 0xF) << 4);
+            qh[32 * h + l] |= (unsigned char)((q >> 4) << (2 * part));
+        }
+        out[208] = (unsigned char)dh, out[209] = (unsigned char)(dh >> 8);
+    }
+}
+
+/* The ggml type ref i goes out as. */
+static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
+    if (!r->wtype || r->experts) return GGML_F32;
+    if ((fault == GGUF_Q8_0_FILE || fault == GGUF_Q8_0_BAD_ROW) && r->cols % 32 == 0) return GGML_Q8_0;
+    if (fault == GGUF_K_FILE && r->cols % 256 == 0)
+        return strstr(r->gguf_name, "attn_v") || strstr(r->gguf_name, "ffn_down") || strstr(r->gguf_name, "token_embd")
+                   ? GGML_Q6_K
+                   : GGML_Q4_K;
+    return GGML_F32;
+}
 
 static void gw_u32(FILE *f, uint32_t v) { fwrite(&v, 4, 1, f); }
 static void gw_u64(FILE *f, uint64_t v) { fwrite(&v, 8, 1, f); }
@@ -108,17 +226,21 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
         int is_rope = i == k;
         gw_str(f, is_rope ? "rope_freqs.weight" : refs[i].gguf_name);
         int cols = is_rope ? half : refs[i].cols, rows = is_rope ? 1 : refs[i].rows, ex = is_rope ? 0 : refs[i].experts;
+        ggml_type type = is_rope ? GGML_F32 : gw_type(&refs[i], fault);
+        int q8 = type == GGML_Q8_0;
         gw_u32(f, (cols ? 2 : 1) + (ex ? 1 : 0));
-        gw_u64(f, (uint64_t)(cols ? cols : rows));
+        gw_u64(f, (uint64_t)(cols ? cols : rows) + (q8 && fault == GGUF_Q8_0_BAD_ROW && i == 0));
         if (cols) gw_u64(f, (uint64_t)rows);
         if (ex) gw_u64(f, (uint64_t)ex);
         rows *= ex ? ex : 1;
-        gw_u32(f, fault == GGUF_UNKNOWN_TYPE && i == 1 ? 12 : GGML_F32);
+        gw_u32(f, fault == GGUF_UNKNOWN_TYPE && i == 1 ? 99 : (uint32_t)type);
         uint64_t off = offset;
         if (fault == GGUF_OFFSET_PAST_END && i == n_tensors - 1) off += (uint64_t)1 << 32;
         if (fault == GGUF_MISALIGNED && i == 1) off += 4;
         gw_u64(f, off);
-        offset += ((uint64_t)rows * (cols ? cols : 1) * 4 + 31) / 32 * 32;
+        uint64_t bytes = type == GGML_F32 ? (uint64_t)rows * (cols ? cols : 1) * 4
+                                          : (uint64_t)rows * cols / ggml_block_elems(type) * ggml_block_bytes(type);
+        offset += (bytes + 31) / 32 * 32;
     }
     long pos = ftell(f);
     for (; pos % 32; pos++) fputc(0, f);
@@ -138,8 +260,20 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             free(b);
             if (refs[i].rope_permuted && !strcmp(a->arch, "llama")) permute_rows(v, refs[i].rows, refs[i].cols, a->head_dim);
         }
-        fwrite(v, 4, cnt, f);
-        for (size_t pad = cnt * 4; pad % 32; pad++) fputc(0, f);
+        size_t bytes = cnt * 4;
+        ggml_type type = i < k ? gw_type(&refs[i], fault) : GGML_F32;
+        if (type != GGML_F32) {
+            bytes = cnt / ggml_block_elems(type) * ggml_block_bytes(type);
+            unsigned char *q = malloc(bytes);
+            if (type == GGML_Q8_0) gw_q8_0(v, cnt, q);
+            else if (type == GGML_Q4_K) gw_q4_k(v, cnt, q);
+            else gw_q6_k(v, cnt, q);
+            fwrite(q, 1, bytes, f);
+            free(q);
+        } else {
+            fwrite(v, 4, cnt, f);
+        }
+        for (size_t pad = bytes; pad % 32; pad++) fputc(0, f);
         free(v);
     }
     fclose(f);

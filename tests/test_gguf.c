@@ -72,7 +72,7 @@ static void gguf_malformed(void) {
         {GGUF_BAD_VERSION, POLAR_ERR_UNSUPPORTED, "GGUF version 1"},
         {GGUF_HUGE_COUNT, POLAR_ERR_FORMAT, "absurd counts"},
         {GGUF_HUGE_STRING, POLAR_ERR_FORMAT, "runs past the end"},
-        {GGUF_UNKNOWN_TYPE, POLAR_ERR_UNSUPPORTED, "ggml type 12"},
+        {GGUF_UNKNOWN_TYPE, POLAR_ERR_UNSUPPORTED, "ggml type 99"},
         {GGUF_OFFSET_PAST_END, POLAR_ERR_FORMAT, "past the end of the file"},
         {GGUF_MISALIGNED, POLAR_ERR_FORMAT, "not aligned"},
         {GGUF_TRUNCATED, POLAR_ERR_FORMAT, "truncated or corrupt"},

@@ -12,6 +12,7 @@
 #define POLAR_CPU_KERNELS_H
 
 #include "bf16.h"
+#include "quant.h"
 
 typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_NEON, CPU_N_LEVELS } cpu_level;
 
@@ -19,8 +20,7 @@ typedef struct cpu_kernels {
     const char *name; /* as POLAR_CPU spells it */
     /* Rows r0..r1-1 of cpu_matmul's y for all T tokens, on the calling
      * thread (cpu_matmul splits rows among threads in row_block multiples).
-     * Quantized weights (GGUF blocks kept in memory) will add one entry per
-     * block format with this shape and `const void *w`, e.g. matmul_q8_0. */
+     * Quantized weights (GGUF blocks kept in memory) go through dot_q. */
     void (*matmul_bf16)(float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
                         int accumulate, int r0, int r1);
     int row_block;
@@ -29,6 +29,10 @@ typedef struct cpu_kernels {
     void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
                            int n_heads, int n_kv, int hd, float *scores);
     void (*swiglu)(float *g, const float *u, int n);
+    /* Block dot products by cpu_wtype (quant.h); a level without its own
+     * points at the plain C ones or at another level it implies. */
+    const cpu_dot_q_fn *dot_q;
+    const cpu_rows_q_fn *rows_q;
 } cpu_kernels;
 
 /* One table per level; only those built for the target exist. */
@@ -51,5 +55,9 @@ const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why);
 /* cpu_matmul through a given table (the tests compare levels with it). */
 void cpu_matmul_with(const cpu_kernels *k, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
                      int cols, int accumulate, int n_threads);
+
+/* cpu_matmul_q_multi through a given table. */
+void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
+                             int accumulate, int n_threads, cpu_q8_block *xq);
 
 #endif

@@ -161,4 +161,6 @@ const cpu_kernels cpu_kernels_generic = {
     .rope = generic_rope,
     .attention_head = generic_attention_head,
     .swiglu = generic_swiglu,
+    .dot_q = cpu_dot_q_generic,
+    .rows_q = cpu_rows_q_generic,
 };

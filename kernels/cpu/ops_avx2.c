@@ -238,4 +238,6 @@ const cpu_kernels cpu_kernels_avx2 = {
     .rope = avx2_rope,
     .attention_head = avx2_attention_head,
     .swiglu = avx2_swiglu,
+    .dot_q = cpu_dot_q_avx2,
+    .rows_q = cpu_rows_q_avx2,
 };

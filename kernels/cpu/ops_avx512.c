@@ -236,4 +236,6 @@ const cpu_kernels cpu_kernels_avx512 = {
     .rope = avx512_rope,
     .attention_head = avx512_attention_head,
     .swiglu = avx512_swiglu,
+    .dot_q = cpu_dot_q_avx2, /* no AVX-512 CPU lacks avx2 and fma; 512-bit block dots are left to do */
+    .rows_q = cpu_rows_q_avx2,
 };

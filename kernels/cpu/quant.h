@@ -1,0 +1,116 @@
+/* GGUF block formats (ggml's layouts): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32
+ * weights a block) and Q4_K, Q5_K, Q6_K (256) kept quantized in memory, and
+ * the matmul that reads them; Q2_K and Q3_K only dequantized at load.
+ *
+ * As ggml's vec_dot does for these types, the activations are quantized
+ * per 32-block to int8 (cpu_q8_block) and each block's dot product is an
+ * integer sum scaled by the two block scales; so a quantized matmul is not
+ * the f32 matmul of the dequantized weights: each activation is off by at
+ * most half its block's step (max|x| / 254). The plain C dot products
+ * (quant.c) are the oracle; kernels.h's tables point at one per level. */
+#ifndef POLAR_CPU_QUANT_H
+#define POLAR_CPU_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bf16.h"
+
+/* How a weight matrix is stored; the values of the block types are not
+ * ggml's (see loader/gguf.h for those). */
+typedef enum {
+    CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
+    CPU_W_Q2_K, CPU_W_Q3_K, CPU_W_N
+} cpu_wtype;
+
+#define CPU_QK 32 /* activations per block; weights unpack 32 at a time */
+
+/* One 32-block of activations: x[i] ~= d * q[i]; s = d * sum(q) (Q4_1's
+ * offset term needs it). */
+typedef struct {
+    float d, s;
+    int8_t q[CPU_QK];
+} cpu_q8_block;
+
+/* Bytes and weights of one block of t (bf16: 2 and 1), bytes of a row of
+ * cols weights (cols a multiple of the block), whether t stays quantized
+ * (has dot products). */
+size_t cpu_wtype_block_bytes(cpu_wtype t);
+int cpu_wtype_block_elems(cpu_wtype t);
+size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols);
+int cpu_wtype_kept(cpu_wtype t);
+const char *cpu_wtype_name(cpu_wtype t);
+
+/* The format's definition: weights 32k..32k+31 of a row of block type t
+ * are w[i] = a[i / 16] * q[i] - m[i / 16]. */
+void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2], float m[2]);
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) of a 256-block
+ * from its 12 packed bytes (inline: every SIMD level unpacks with it). */
+static inline void cpu_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63, *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* x[n] (n a multiple of 32) -> n/32 blocks. Plain C on every level, so all
+ * levels see the same integers. A block holding inf or NaN gets d = NaN. */
+void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n);
+
+/* n weights (a multiple of the block) of a row of type t -> f32, by the
+ * format's definition. bf16 rows are widened. */
+void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n);
+
+/* The dot product of the first 32 * nb weights of a row with nb activation
+ * blocks. */
+typedef float (*cpu_dot_q_fn)(const void *w, const cpu_q8_block *x, int nb);
+
+/* The plain C dot product of any block type, straight from cpu_unpack32. */
+float cpu_dot_q_plain(cpu_wtype t, const void *w, const cpu_q8_block *x, int nb);
+
+/* Rows r0..r1-1 of y[T, rows] (+ bias, or added into y) for all T tokens
+ * (T * nb activation blocks), on the calling thread; equal bit for bit to
+ * the same level's dot product of each row. */
+typedef void (*cpu_rows_q_fn)(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
+                              int T, int rows, int nb, int accumulate, int r0, int r1);
+
+/* Plain C dot products and row ranges, indexed by cpu_wtype (the bf16
+ * entries are NULL), and the AVX2 ones (x86-64 only; for CPUs with avx2 and
+ * fma). */
+extern const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N];
+extern const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N];
+#if defined(__x86_64__)
+extern const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N];
+extern const cpu_rows_q_fn cpu_rows_q_avx2[CPU_W_N];
+#endif
+
+/* out[hidden] = row `token` of a table of type t, dequantized. */
+void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden);
+
+/* One output of a matmul: y[T, rows] = x W^T (+ bias) with W rows x cols
+ * of type t. */
+typedef struct {
+    float *y;
+    const void *w;
+    cpu_wtype t;
+    const bf16 *bias;
+    int rows;
+} cpu_q_out;
+
+/* Several matmuls of one input x[T, cols] (q/k/v, gate/up) in one pass
+ * of the threads: x is quantized once and the outputs' rows are split
+ * among the threads together. Outputs of bf16 weights go through
+ * cpu_matmul unchanged. */
+void cpu_matmul_q_multi(const cpu_q_out *outs, int n_outs, const float *x, int T, int cols, int accumulate,
+                        int n_threads, cpu_q8_block *xq);
+
+/* cpu_matmul over weights of type t: bf16 goes to cpu_matmul unchanged;
+ * block types quantize x (T tokens) once into xq (T * cols/32 blocks the
+ * caller provides) and split the rows among threads. */
+void cpu_matmul_q(float *y, const float *x, const void *w, cpu_wtype t, const bf16 *bias, int T, int rows, int cols,
+                  int accumulate, int n_threads, cpu_q8_block *xq);
+
+#endif

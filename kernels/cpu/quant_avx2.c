@@ -1,0 +1,228 @@
+/* AVX2 block dot products for the kept block types (Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) against int8 activation blocks (quant.h). Compiled with -mavx2 -mfma -mf16c; called
+ * only on CPUs that report avx2 and fma. Each block's integer sum is exact
+ * (as in quant.c); only the order of the f32 sum over blocks differs.
+ *
+ * One tile routine computes R rows x C tokens at once: a weight block is
+ * unpacked once for C tokens and an activation block loaded once for R
+ * rows, and the R*C independent accumulators keep the FMA pipes busy (a
+ * single row's dot is one dependent chain). Every tile shape does the same
+ * operations per (row, token) in the same order, so the 1x1 dot product
+ * and the matmul agree bit for bit. */
+#include <immintrin.h>
+
+#include "quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE float load_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
+
+/* 16 bytes of nibbles -> 32 bytes 0..15 in element order (low nibbles are
+ * elements 0..15, high nibbles 16..31). */
+INLINE __m256i nibbles(const uint8_t *p) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of
+ * Q5_0 / Q5_1 weights; bit i is element i). */
+INLINE __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick), mask);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, mask), _mm256_set1_epi8(0x10));
+}
+
+/* Bytes of one block of a kept type (32 or 256 weights). */
+INLINE size_t block_bytes(cpu_wtype t) {
+    switch (t) {
+    case CPU_W_Q8_0: return 34;
+    case CPU_W_Q4_0: return 18;
+    case CPU_W_Q4_1: return 20;
+    case CPU_W_Q5_0: return 22;
+    case CPU_W_Q5_1: return 24;
+    case CPU_W_Q4_K: return 144;
+    case CPU_W_Q5_K: return 176;
+    default: return 210; /* Q6_K */
+    }
+}
+
+INLINE int is_k(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
+INLINE int is_signed(cpu_wtype t) { return t == CPU_W_Q8_0 || t == CPU_W_Q4_0 || t == CPU_W_Q5_0 || t == CPU_W_Q6_K; }
+
+/* A 32-weight block unpacked for maddubs (w = d[i / 16] * q + m): u holds
+ * unsigned bytes (|q| for the signed types, whose signs s are moved onto
+ * x), d the scales of the two halves (equal but for Q6_K), m the offset
+ * (0 for the signed types). */
+typedef struct {
+    __m256i u, s;
+    float d[2], m;
+} wblock;
+
+/* Block k (32 weights) of a row, as quant_formats.c defines it. */
+INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
+    wblock o;
+    o.m = 0.0f;
+    __m256i q;
+    if (!is_k(t)) {
+        const uint8_t *b = row + (size_t)k * block_bytes(t);
+        o.d[0] = o.d[1] = load_f16(b);
+        switch (t) {
+        case CPU_W_Q8_0: q = _mm256_loadu_si256((const __m256i *)(b + 2)); break;
+        case CPU_W_Q4_0: q = _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)); break;
+        case CPU_W_Q5_0: q = _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)), _mm256_set1_epi8(16)); break;
+        case CPU_W_Q4_1: q = nibbles(b + 4), o.m = load_f16(b + 2); break;
+        default: q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), o.m = load_f16(b + 2); break; /* Q5_1 */
+        }
+    } else {
+        const uint8_t *b = row + (size_t)(k / 8) * block_bytes(t);
+        int j = k % 8;
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        if (t == CPU_W_Q6_K) { /* ql 128, qh 64, 16 int8 scales, d */
+            int h = j / 4, part = j % 4;
+            __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + (part & 1) * 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            __m256i lo = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+            __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3)), 4);
+            q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+            const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
+            float d = load_f16(b + 208);
+            o.d[0] = d * (float)sc[0], o.d[1] = d * (float)sc[1];
+        } else { /* Q4_K / Q5_K: d, dmin, 12 scale bytes, [qh 32,] qs 128 */
+            int sc, mn;
+            cpu_k4_scale_min(b + 4, j, &sc, &mn);
+            o.d[0] = o.d[1] = load_f16(b) * (float)sc;
+            o.m = -load_f16(b + 2) * (float)mn;
+            __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2)));
+            q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(qs, 4) : qs, low4);
+            if (t == CPU_W_Q5_K) {
+                const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+                __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+            }
+        }
+    }
+    if (is_signed(t)) {
+        o.u = _mm256_sign_epi8(q, q);
+        o.s = q;
+    } else {
+        o.u = o.s = q;
+    }
+    return o;
+}
+
+/* 8 int32 partial sums of the block's 32 products, as floats: lanes 0-3
+ * cover weights 0-15, lanes 4-7 weights 16-31. |q| <= 128 and |x| <= 127,
+ * so maddubs' pair sums stay within int16. */
+INLINE __m256 block_sum(cpu_wtype t, const wblock *w, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    if (is_signed(t)) x = _mm256_sign_epi8(x, w->s);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w->u, x), _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(p);
+}
+
+#define PREFETCH_TILES 2
+
+/* out[r][c] = dot of weight row r (rows row_bytes apart) with token c's nb
+ * blocks (tokens xs blocks apart). R, C and t are constants at each call. */
+INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, const cpu_q8_block *x, size_t xs,
+                 int nb, float out[4][4]) {
+    __m256 acc[4][4];
+    float off[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps(), off[r][c] = 0.0f;
+    const size_t ahead = PREFETCH_TILES * (size_t)R * row_bytes, step = nb ? row_bytes / (size_t)nb : 0;
+    for (int k = 0; k < nb; k++) {
+        wblock wb[4];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wr = w + (size_t)r * row_bytes;
+            /* R interleaved rows defeat the hardware's stream prefetch:
+             * ask for the same bytes PREFETCH_TILES tiles ahead */
+            _mm_prefetch((const char *)wr + (size_t)k * step + ahead, _MM_HINT_T0);
+            wb[r] = unpack(t, wr, k);
+        }
+        for (int c = 0; c < C; c++) {
+            const cpu_q8_block *xb = &x[(size_t)c * xs + k];
+            for (int r = 0; r < R; r++) {
+                __m256 d = t == CPU_W_Q6_K ? _mm256_set_m128(_mm_set1_ps(wb[r].d[1] * xb->d), _mm_set1_ps(wb[r].d[0] * xb->d))
+                                           : _mm256_set1_ps(wb[r].d[0] * xb->d);
+                acc[r][c] = _mm256_fmadd_ps(d, block_sum(t, &wb[r], xb->q), acc[r][c]);
+                if (!is_signed(t)) off[r][c] += wb[r].m * xb->s; /* sum of m * x */
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) out[r][c] = hsum8(acc[r][c]) + off[r][c];
+}
+
+/* Rows r..r+R-1 of y[T, rows] for every token, 4 tokens a tile while
+ * 4 remain. */
+INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
+                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
+    const uint8_t *wr = w + (size_t)r * row_bytes;
+    for (int c = 0; c < T;) {
+        float out[4][4];
+        int nc = T - c >= 4 && R <= 2 ? 4 : 1;
+        const cpu_q8_block *xc = xq + (size_t)c * nb;
+        if (nc == 4) tile(t, R, 4, wr, row_bytes, xc, nb, nb, out);
+        else tile(t, R, 1, wr, row_bytes, xc, nb, nb, out);
+        for (int i = 0; i < R; i++) {
+            float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
+            for (int j = 0; j < nc; j++) {
+                float *dst = &y[(size_t)(c + j) * rows + r + i];
+                *dst = accumulate ? *dst + (out[i][j] + b) : out[i][j] + b;
+            }
+        }
+        c += nc;
+    }
+}
+
+/* Rows r0..r1-1 for every token: 4-row tiles for one token (decode), 2 rows
+ * x 4 tokens otherwise (prefill), single rows at the tail. */
+INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
+                   int T, int rows, int nb, int accumulate, int r0, int r1) {
+    int r = r0;
+    if (T == 1)
+        for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+    else
+        for (; r + 2 <= r1; r += 2) row_group(t, 2, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+    for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+}
+
+#define LEVEL_FUNCTIONS(name, type)                                                                                 \
+    static float dot_##name(const void *w, const cpu_q8_block *x, int nb) {                                        \
+        float out[4][4];                                                                                           \
+        tile(type, 1, 1, w, 0, x, 0, nb, out);                                                                     \
+        return out[0][0];                                                                                          \
+    }                                                                                                              \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,  \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                             \
+        rows_q(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                  \
+    }
+LEVEL_FUNCTIONS(q8_0, CPU_W_Q8_0)
+LEVEL_FUNCTIONS(q4_0, CPU_W_Q4_0)
+LEVEL_FUNCTIONS(q4_1, CPU_W_Q4_1)
+LEVEL_FUNCTIONS(q5_0, CPU_W_Q5_0)
+LEVEL_FUNCTIONS(q5_1, CPU_W_Q5_1)
+LEVEL_FUNCTIONS(q4_k, CPU_W_Q4_K)
+LEVEL_FUNCTIONS(q5_k, CPU_W_Q5_K)
+LEVEL_FUNCTIONS(q6_k, CPU_W_Q6_K)
+
+const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N] = {
+    [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
+    [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
+};
+const cpu_rows_q_fn cpu_rows_q_avx2[CPU_W_N] = {
+    [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
+    [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+};
