@@ -1,6 +1,7 @@
 /* Predictor training: every op's backward and the whole network's gradient
  * against central finite differences, dropout repeatable from its seed,
- * the training forward equal to the inference forward, AdamW and the
+ * the training forward equal to the inference forward, the loss, gradients
+ * and 20 AdamW steps against PyTorch (tests/golden/train), AdamW and the
  * learning-rate schedule, save -> load, bad batches.
  *
  * Finite differences run in f32 (the code under test is f32): step 1e-2 for
@@ -11,6 +12,7 @@
  * are not held to a bound). */
 #include <unistd.h>
 
+#include "../loader/safetensors.h"
 #include "../predictor/train.h"
 #include "harness.h"
 #ifdef _OPENMP
@@ -490,6 +492,93 @@ static void labels_to_examples(void) {
     unlink(path);
 }
 
+/* Against PyTorch (tests/golden/make_train_golden.py: the reference's
+ * module, loss and AdamW + LambdaLR in float64 from the same f32 weights and
+ * batch, dropout off): the first loss and every gradient, then the loss
+ * before each of 20 AdamW steps and after the last. */
+#define GOLDEN_LR 5e-3 /* LR, WARMUP, STEPS of the script */
+#define GOLDEN_WARMUP 10
+#define GOLDEN_STEPS 20
+#define GOLDEN_MAX_B 8
+
+static const void *golden_tensor(const st_file *f, const char *name, st_dtype dt, size_t count) {
+    const st_tensor *t = st_find(f, name);
+    CHECK(t && t->dtype == dt && t->nbytes == count * st_dtype_size(dt), "fixture tensor %s", name);
+    return t && t->dtype == dt && t->nbytes == count * st_dtype_size(dt) ? t->data : NULL;
+}
+
+static void golden_against_pytorch(void) {
+    const char *path = GOLDEN_DIR "/train/golden.safetensors";
+    polar_predictor *p = NULL;
+    polar_error err;
+    st_file f;
+    CHECK_OK(polar_predictor_load(path, &p, &err));
+    if (!p) return;
+    CHECK_OK(st_open(path, &f, &err));
+    const st_tensor *ht = st_find(&f, "h");
+    int B = ht && ht->ndim == 3 ? (int)ht->shape[0] : 0, Tm = B ? (int)ht->shape[1] : 0, D = p->D;
+    CHECK(B > 0 && B <= GOLDEN_MAX_B && ht->shape[2] == p->dq, "fixture batch");
+    const float *h = B ? golden_tensor(&f, "h", ST_F32, (size_t)B * Tm * p->dq) : NULL;
+    const int32_t *T = golden_tensor(&f, "T", ST_I32, B), *seg = golden_tensor(&f, "seg", ST_I32, (size_t)B * D),
+                  *ops = golden_tensor(&f, "ops", ST_I32, (size_t)B * D);
+    const float *w = golden_tensor(&f, "weight", ST_F32, B);
+    const double *want = golden_tensor(&f, "loss", ST_F64, GOLDEN_STEPS + 1);
+    if (!h || !T || !seg || !ops || !w || !want) {
+        st_close(&f);
+        polar_predictor_free(p);
+        return;
+    }
+    polar_train_example ex[GOLDEN_MAX_B];
+    unsigned char starts[GOLDEN_MAX_B * 64];
+    CHECK(D <= 64, "D %d", D);
+    for (int b = 0; b < B; b++) {
+        for (int l = 0; l < D; l++) starts[b * D + l] = (unsigned char)seg[b * D + l];
+        ex[b] = (polar_train_example){h + (size_t)b * Tm * p->dq, T[b], starts + b * D, ops + b * D, w[b]};
+    }
+    float *g = malloc(p->storage_floats * sizeof *g);
+    double loss = 0, worst = 0;
+    const char *worst_name = "";
+    CHECK_OK(pred_batch_grad(p, ex, B, 0.0f, 0, 0, g, &loss, &err));
+    CHECK(fabs(loss - want[0]) <= 1e-4 * fabs(want[0]), "loss %.8f, PyTorch %.8f", loss, want[0]);
+    pred_ref refs[PRED_TENSORS];
+    polar_predictor q = *p;
+    int n = pred_tensor_refs(&q, refs);
+    for (int t = 0; t < n; t++) {
+        char name[80];
+        size_t off = (size_t)(*refs[t].dst - p->storage), cnt = (size_t)refs[t].rows * (refs[t].cols ? refs[t].cols : 1);
+        snprintf(name, sizeof name, "grad.%.63s", refs[t].name);
+        const float *gt = golden_tensor(&f, name, ST_F32, cnt);
+        if (!gt) continue;
+        double scale = 0, diff = 0;
+        for (size_t i = 0; i < cnt; i++) scale = fmax(scale, fabs(gt[i]));
+        for (size_t i = 0; i < cnt; i++) diff = fmax(diff, fabs((double)g[off + i] - gt[i]));
+        double rel = diff / (scale > 0 ? scale : 1);
+        CHECK(rel <= 1e-4, "%s: gradient %.2e from PyTorch's (relative to its largest entry %.2e)", refs[t].name, rel,
+              scale);
+        if (rel > worst) worst = rel, worst_name = refs[t].name;
+    }
+    printf("  step 1: loss %.8f vs %.8f; gradients of %d tensors, worst %s at %.1e relative\n", loss, want[0], n,
+           worst_name, worst);
+    polar_train_opts o = polar_train_defaults(GOLDEN_STEPS);
+    o.lr = GOLDEN_LR, o.warmup = GOLDEN_WARMUP, o.dropout = 0.0f;
+    polar_trainer *tr = NULL;
+    CHECK_OK(polar_trainer_create(p, &o, &tr, &err));
+    double worst_step = 0;
+    for (int s = 0; tr && s <= GOLDEN_STEPS; s++) {
+        if (s < GOLDEN_STEPS) CHECK_OK(polar_train_step(tr, ex, B, &loss, &err));
+        else CHECK_OK(polar_train_loss(p, ex, B, &loss, &err));
+        double rel = fabs(loss - want[s]) / fabs(want[s]);
+        CHECK(rel <= 1e-4, "loss before step %d: %.8f, PyTorch %.8f", s + 1, loss, want[s]);
+        worst_step = fmax(worst_step, rel);
+    }
+    printf("  %d AdamW steps: loss %.6f -> %.6f (PyTorch %.6f), worst step %.1e relative\n", GOLDEN_STEPS, want[0],
+           loss, want[GOLDEN_STEPS], worst_step);
+    polar_trainer_free(tr);
+    free(g);
+    st_close(&f);
+    polar_predictor_free(p);
+}
+
 int main(void) {
     RUN(op_linear);
     RUN(op_layernorm);
@@ -497,6 +586,7 @@ int main(void) {
     RUN(op_attention);
     RUN(op_loss);
     RUN(network_gradient);
+    RUN(golden_against_pytorch);
     RUN(train_forward_matches_inference);
     RUN(dropout_repeats);
     RUN(schedule_and_adamw);
