@@ -1,6 +1,7 @@
 /* Predictor training: every op's backward and the whole network's gradient
  * against central finite differences, dropout repeatable from its seed,
- * the training forward equal to the inference forward, the loss, gradients
+ * the AVX2 products equal to the plain C ones, the training forward equal
+ * to the inference forward, the loss, gradients
  * and 20 AdamW steps against PyTorch (tests/golden/train), AdamW and the
  * learning-rate schedule, save -> load, bad batches.
  *
@@ -49,6 +50,47 @@ static double fd_max_err(scalar_fn f, void *ctx, float *x, const float *an, size
 }
 
 /* ------------------------------------------------------------------ ops */
+
+/* The AVX2 products against the plain C ones, on shapes with partial blocks
+ * (tokens not a multiple of 3 or 6, rows not of 4, columns not of 8 or 16)
+ * and in both loop orders of nn (dx = dy W, dW = dy^T x). */
+static void gemm_levels(void) {
+#if defined(__x86_64__)
+    if (tr_gemm_active() != &tr_gemm_avx2) {
+        printf("  the CPU kernels are %s: AVX2 products not run\n", polar_cpu_kernels());
+        return;
+    }
+    static const int shapes[][3] = {{7, 13, 37}, {30, 20, 64}, {5, 6, 16}, {128, 24, 40}, {1, 1, 1}};
+    polar_rng r;
+    polar_rng_seed(&r, 3);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+        size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+        float *x = malloc(nx * sizeof *x), *w = malloc(nw * sizeof *w), *b = malloc(rows * sizeof *b);
+        float *y[2], *dx[2], *dw[2];
+        fill(x, nx, 1, &r), fill(w, nw, 1, &r), fill(b, rows, 1, &r);
+        for (int k = 0; k < 2; k++) {
+            const tr_gemm *g = k ? &tr_gemm_avx2 : &tr_gemm_generic;
+            y[k] = malloc(ny * sizeof *y[k]), dx[k] = malloc(nx * sizeof *dx[k]), dw[k] = malloc(nw * sizeof *dw[k]);
+            g->nt(y[k], x, w, s % 2 ? b : NULL, n, rows, cols);
+            memcpy(dx[k], x, nx * sizeof *x); /* accumulate onto something */
+            memcpy(dw[k], w, nw * sizeof *w);
+            g->nn(dx[k], cols, y[0], rows, 1, w, cols, n, rows, cols);
+            g->nn(dw[k], cols, y[0], 1, rows, x, cols, rows, n, cols);
+        }
+        double e = 0, scale = 1;
+        for (size_t i = 0; i < ny; i++) scale = fmax(scale, fabs(y[0][i])), e = fmax(e, fabs(y[0][i] - y[1][i]));
+        for (size_t i = 0; i < nx; i++) scale = fmax(scale, fabs(dx[0][i])), e = fmax(e, fabs(dx[0][i] - dx[1][i]));
+        for (size_t i = 0; i < nw; i++) scale = fmax(scale, fabs(dw[0][i])), e = fmax(e, fabs(dw[0][i] - dw[1][i]));
+        CHECK(e <= 1e-5 * scale, "%d x %d x %d: avx2 %g from plain C (scale %g)", n, rows, cols, e, scale);
+        worst = fmax(worst, e / scale);
+        for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]);
+        free(x), free(w), free(b);
+    }
+    printf("  avx2 against plain C: %.1e relative\n", worst);
+#endif
+}
 
 typedef struct {
     int n, rows, cols;
@@ -580,6 +622,7 @@ static void golden_against_pytorch(void) {
 }
 
 int main(void) {
+    RUN(gemm_levels);
     RUN(op_linear);
     RUN(op_layernorm);
     RUN(op_relu_dropout);
