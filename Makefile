@@ -58,7 +58,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
            predictor/search.c predictor/answer.c predictor/prompt.c loader/dataset.c \
-           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/labels.c \
+           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/labels.c predictor/train_features.c predictor/train_gemm.c \
            eval/record.c eval/summary.c eval/plot.c eval/labels.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c bench/bench.c

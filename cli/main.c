@@ -35,7 +35,8 @@ static const command commands[] = {
     {"train", cmd_train,
      "train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"
      "            [--batch 128] [--lr 5e-4] [--warmup 10] [--orig-weight 0.3] [--max-paths 50] [--dropout 0.1]\n"
-     "            [--seed S] [--log FILE]   (default encoder: the model's first quarter of layers)\n"},
+     "            [--seed S] [--log FILE] [--features-cache FILE]\n"
+     "            (default encoder: the model's first quarter of layers)\n"},
     {"mkmodel", cmd_mkmodel,
      "mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
      "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"

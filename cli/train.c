@@ -1,6 +1,7 @@
 /* polar train: the PoLar predictor trained on polar search labels with the
  * reference's recipe. The encoder is frozen, so each question's token states
- * are computed once, up front, and every epoch reuses them. */
+ * are computed once, up front (or read from --features-cache), and every
+ * epoch reuses them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,12 +10,6 @@
 #include "args.h"
 
 #define MAX_LABEL_FILES 64
-#define MAX_QUESTION_TOKENS 512 /* the reference truncates questions here */
-
-typedef struct {
-    float *h; /* [T, d_q] */
-    int T;
-} features;
 
 /* --labels takes every following argument up to the next option. */
 static int take_labels(int *argc, char **argv, const char **files, int *n_files) {
@@ -34,75 +29,44 @@ static int take_labels(int *argc, char **argv, const char **files, int *n_files)
     return 1;
 }
 
-/* Token states of every question through the encoder PATH[@PROGRAM]. */
-static int encode_all(const char *cmd, const char *spec, const char *default_program, const polar_train_labels *l,
-                      int *dq, features *f) {
+static void show_progress(int done, int total, void *ctx) {
+    if (isatty(2)) fprintf(stderr, "\rencoding questions: %d of %d%s", done, total, done == total ? "\n" : "");
+}
+
+/* Token states of every question through the encoder PATH[@PROGRAM], or from the cache. */
+static int encode_all(const char *cmd, const char *spec, const char *default_program, const char *cache,
+                      const polar_train_labels *l, polar_train_features *f) {
     char path[4096];
     snprintf(path, sizeof path, "%s", spec);
     char *at = strrchr(path, '@');
     const char *prog_text = default_program ? default_program : "base";
     if (at) *at = 0, prog_text = at + 1;
     polar_error err;
-    polar_model *m = NULL;
-    polar_tokenizer *tok = NULL;
-    polar_session *s = NULL;
-    polar_program prog = {0};
-    int rc = 1;
-    if (polar_model_load(path, &m, &err) != POLAR_OK || polar_tokenizer_load(path, &tok, &err) != POLAR_OK) {
-        rc = fail_status(cmd, &err);
-        goto done;
-    }
-    polar_model_info info;
-    polar_model_info_get(m, &info);
-    *dq = info.arch.hidden;
-    polar_session_opts so = {.max_ctx = MAX_QUESTION_TOKENS};
-    if (polar_program_parse(prog_text, info.arch.n_layers, 0, &prog, &err) != POLAR_OK ||
-        polar_session_create(m, &prog, &so, &s, &err) != POLAR_OK) {
-        rc = fail_status(cmd, &err);
-        goto done;
-    }
     double t0 = polar_time_ms();
-    for (int i = 0; i < l->n; i++) {
-        int *ids = NULL, n = 0;
-        const char *q = l->q[i].question;
-        if (polar_tokenize(tok, q, strlen(q), 0, 1, &ids, &n, &err) != POLAR_OK) {
-            rc = fail_status(cmd, &err);
-            goto done;
-        }
-        n = n > MAX_QUESTION_TOKENS ? MAX_QUESTION_TOKENS : n;
-        f[i].T = n;
-        f[i].h = n ? malloc((size_t)n * info.arch.hidden * sizeof(float)) : NULL;
-        polar_status st = !n ? POLAR_ERR_ARG : !f[i].h ? POLAR_ERR_NOMEM : polar_encode(s, ids, n, f[i].h, &err);
-        polar_free(ids);
-        if (st != POLAR_OK) {
-            if (!n) snprintf(err.msg, sizeof err.msg, "question %d gives no tokens", i);
-            else if (!f[i].h) snprintf(err.msg, sizeof err.msg, "out of memory for the question features");
-            err.code = st;
-            rc = fail_status(cmd, &err);
-            goto done;
-        }
-        if (isatty(2)) fprintf(stderr, "\rencoding questions: %d of %d", i + 1, l->n);
-    }
-    if (isatty(2)) fprintf(stderr, "\n");
-    fprintf(stderr, "encoded %d questions with %s@%s in %.1f s\n", l->n, path, prog_text, (polar_time_ms() - t0) / 1e3);
-    rc = 0;
-done:
-    polar_program_free(&prog);
-    polar_session_free(s);
-    polar_tokenizer_free(tok);
-    polar_model_free(m);
-    return rc;
+    if (polar_train_features_make(path, prog_text, l, cache, show_progress, NULL, f, &err) != POLAR_OK)
+        return fail_status(cmd, &err);
+    double secs = (polar_time_ms() - t0) / 1e3;
+    if (f->cache == POLAR_FEATURES_REUSED)
+        fprintf(stderr, "features of %d questions read from %s (made with %s@%s)\n", l->n, cache, path, prog_text);
+    else
+        fprintf(stderr, "encoded %d questions with %s@%s in %.1f s%s%s%s\n", l->n, path, prog_text, secs,
+                f->cache == POLAR_FEATURES_REPLACED ? "; the features cache was made from another encoder or other "
+                                                      "questions, replaced: " : "",
+                f->cache == POLAR_FEATURES_WRITTEN ? "; features cached in " : "",
+                f->cache == POLAR_FEATURES_COMPUTED ? "" : cache);
+    return 0;
 }
 
 /* Examples of questions [q0, q1) in file order. */
-static polar_train_example *examples_of(const polar_train_labels *l, const features *f, int q0, int q1, int *n) {
+static polar_train_example *examples_of(const polar_train_labels *l, const polar_train_features *f, int q0, int q1,
+                                         int *n) {
     int total = 0, D = l->n_layers;
     for (int i = q0; i < q1; i++) total += l->q[i].n;
     polar_train_example *ex = malloc((size_t)(total ? total : 1) * sizeof *ex);
     *n = 0;
     for (int i = q0; ex && i < q1; i++)
         for (int k = 0; k < l->q[i].n; k++)
-            ex[(*n)++] = (polar_train_example){f[i].h, f[i].T, l->q[i].seg_start + (size_t)k * D,
+            ex[(*n)++] = (polar_train_example){f->h[i], f->T[i], l->q[i].seg_start + (size_t)k * D,
                                                l->q[i].ops + (size_t)k * D, l->q[i].weight[k]};
     return ex;
 }
@@ -180,7 +144,7 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
 
 int cmd_train(int argc, char **argv) {
     const char *cmd = "train", *files[MAX_LABEL_FILES], *model_arg = NULL, *encoder = NULL, *out = NULL,
-               *log_path = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1";
+               *log_path = NULL, *cache = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1";
     int n_files = 0, epochs = 10, batch = 128, warmup = 10, max_paths = 50;
     uint64_t seed = 42;
     if (!take_labels(&argc, argv, files, &n_files)) return fail_usage(cmd, "more than %d labels files", MAX_LABEL_FILES);
@@ -191,6 +155,7 @@ int cmd_train(int argc, char **argv) {
         {"--lr", OPT_STR, &lr_text, 0},          {"--warmup", OPT_INT, &warmup, 0},
         {"--orig-weight", OPT_STR, &ow_text, 0}, {"--max-paths", OPT_INT, &max_paths, 0},
         {"--dropout", OPT_STR, &drop_text, 0},   {"--seed", OPT_U64, &seed, 0},
+        {"--features-cache", OPT_STR, &cache, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     char *end1, *end2, *end3;
@@ -213,7 +178,7 @@ int cmd_train(int argc, char **argv) {
     polar_model_info info;
     polar_model_info_get(m, &info);
     polar_model_free(m);
-    int D = info.arch.n_layers, rc = 1, dq = 0, n_tr = 0, n_va = 0;
+    int D = info.arch.n_layers, rc = 1, n_tr = 0, n_va = 0;
     /* Default encoder: the target model's first quarter of layers (a
      * Qwen3-Embedding-0.6B folder is the reference's, when one is at hand). */
     char default_program[32];
@@ -222,7 +187,7 @@ int cmd_train(int argc, char **argv) {
     int own_encoder = !encoder || !*encoder;
     if (own_encoder) encoder = model_path;
     polar_train_labels l;
-    features *f = NULL;
+    polar_train_features f = {0};
     polar_train_example *tr = NULL, *va = NULL;
     polar_predictor *p = NULL;
     polar_trainer *t = NULL;
@@ -233,16 +198,12 @@ int cmd_train(int argc, char **argv) {
     }
     fprintf(stderr, "labels: %d questions, %d with examples; %d valid programs taken (%d over --max-paths left out), "
             "%d not expressible as segments\n", l.lines, l.n, l.programs, l.capped, l.rejected);
-    if (!(f = calloc((size_t)l.n, sizeof *f))) {
-        rc = fail_usage(cmd, "out of memory");
-        goto done;
-    }
-    if ((rc = encode_all(cmd, encoder, own_encoder ? default_program : NULL, &l, &dq, f))) goto done;
+    if ((rc = encode_all(cmd, encoder, own_encoder ? default_program : NULL, cache, &l, &f))) goto done;
     /* the last sixth of the questions validate (the reference: 1250 of 1500) */
     int q_val = l.n / 6, q_tr = l.n - q_val;
-    tr = examples_of(&l, f, 0, q_tr, &n_tr);
-    va = examples_of(&l, f, q_tr, l.n, &n_va);
-    polar_predictor_shape shape = polar_predictor_default_shape(D, dq);
+    tr = examples_of(&l, &f, 0, q_tr, &n_tr);
+    va = examples_of(&l, &f, q_tr, l.n, &n_va);
+    polar_predictor_shape shape = polar_predictor_default_shape(D, f.dq);
     int total = epochs * ((n_tr + batch - 1) / batch);
     polar_train_opts o = polar_train_defaults(total);
     o.lr = lr, o.warmup = warmup, o.dropout = (float)drop, o.seed = seed;
@@ -269,8 +230,7 @@ done:
     polar_predictor_free(p);
     free(tr);
     free(va);
-    for (int i = 0; f && i < l.n; i++) free(f[i].h);
-    free(f);
+    polar_train_features_free(&f);
     polar_train_labels_free(&l);
     polar_free(default_model);
     return rc;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../loader/json.h"
+#include "../predictor/labels.h"
 #include "../runtime/error.h"
 #include "eval.h"
 
@@ -19,22 +19,12 @@ typedef struct {
     int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
 } labels_stats;
 
-/* A JSON array of ints into layers (at most MAX_LEN); its length, or -1. */
-static int read_path(const json_value *v, int *layers) {
-    if (!v || v->type != JSON_ARRAY || v->len > MAX_LEN) return -1;
-    for (size_t i = 0; i < v->len; i++) {
-        if (v->items[i]->type != JSON_NUMBER || !v->items[i]->is_integer || v->items[i]->number < 0) return -1;
-        layers[i] = (int)v->items[i]->number;
-    }
-    return (int)v->len;
-}
-
 /* The depth: the longest path 0..n-1 (the search's root) in the line. */
 static int base_depth(const json_value *root) {
     const json_value *best = json_get(root, "best_transitions");
     int layers[MAX_LEN], D = 0;
     for (size_t i = 0; best && best->type == JSON_ARRAY && i < best->len; i++) {
-        int n = read_path(json_get(best->items[i], "path"), layers), base = n > 0;
+        int n = pred_label_path(best->items[i], MAX_LEN, MAX_LEN, layers), base = n > 0;
         for (int k = 0; base && k < n; k++) base = layers[k] == k;
         if (base && n > D) D = n;
     }
@@ -62,48 +52,37 @@ static void add_valid(labels_stats *s, const int *layers, int n, int D) {
     }
 }
 
-static polar_status read_labels(const char *path, int *n_layers, labels_stats *s, polar_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return polar_fail(err, POLAR_ERR_IO, "%s: cannot open the labels file", path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    long lineno = 0;
-    polar_status st = POLAR_OK;
-    int layers[MAX_LEN];
-    while (st == POLAR_OK && (got = getline(&line, &cap, f)) > 0) {
-        lineno++;
-        if (polar_eval_record_index(line) < 0) continue; /* torn: the search resumes it */
-        json_doc *doc;
-        char what[600];
-        snprintf(what, sizeof what, "%.500s:%ld", path, lineno);
-        if ((st = json_parse(line, (size_t)got, what, &doc, err)) != POLAR_OK) break;
-        const json_value *root = json_root(doc), *valid = json_get(root, "final_valid_transitions"),
-                         *init = json_get(root, "initial_score");
-        if (!valid || valid->type != JSON_ARRAY || !init || init->type != JSON_NUMBER) {
-            json_free(doc);
-            st = polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: no final_valid_transitions or initial_score: not a polar "
-                            "search line", path, lineno);
-            break;
-        }
-        if (!*n_layers) *n_layers = base_depth(root);
-        int D = *n_layers, shortest = 0;
-        s->questions++;
-        s->base_correct += init->number == 1.0;
-        for (size_t i = 0; i < valid->len; i++) {
-            int n = read_path(valid->items[i], layers);
-            if (n <= 0) continue;
-            add_valid(s, layers, n, D);
-            shortest = !shortest || n < shortest ? n : shortest;
-        }
-        if (shortest) {
-            s->with_valid++, s->fixed += init->number != 1.0;
-            s->shortest_sum += shortest, s->shortest_count[shortest]++;
-        }
-        json_free(doc);
+typedef struct {
+    int *n_layers;
+    labels_stats *s;
+} summary_ctx;
+
+static polar_status add_line(const pred_label_line *line, void *ctx, polar_error *err) {
+    summary_ctx *c = ctx;
+    labels_stats *s = c->s;
+    const json_value *init = json_get(line->root, "initial_score");
+    if (!init || init->type != JSON_NUMBER)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: no initial_score: not a polar search line", line->where);
+    if (!*c->n_layers) *c->n_layers = base_depth(line->root);
+    int D = *c->n_layers, shortest = 0, layers[MAX_LEN];
+    s->questions++;
+    s->base_correct += init->number == 1.0;
+    for (size_t i = 0; i < line->valid->len; i++) {
+        int n = pred_label_path(line->valid->items[i], MAX_LEN, MAX_LEN, layers);
+        if (n <= 0) continue;
+        add_valid(s, layers, n, D);
+        shortest = !shortest || n < shortest ? n : shortest;
     }
-    free(line);
-    fclose(f);
+    if (shortest) {
+        s->with_valid++, s->fixed += init->number != 1.0;
+        s->shortest_sum += shortest, s->shortest_count[shortest]++;
+    }
+    return POLAR_OK;
+}
+
+static polar_status read_labels(const char *path, int *n_layers, labels_stats *s, polar_error *err) {
+    summary_ctx c = {n_layers, s};
+    polar_status st = pred_labels_each(path, add_line, &c, err);
     if (st == POLAR_OK && !s->questions) st = polar_fail(err, POLAR_ERR_FORMAT, "%s: no search lines", path);
     return st;
 }

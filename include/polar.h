@@ -474,6 +474,35 @@ polar_status polar_train_labels_load(const char *const *paths, int n_paths, int 
                                      float orig_weight, uint64_t seed, polar_train_labels *out, polar_error *err);
 void polar_train_labels_free(polar_train_labels *l);
 
+/* Each question's token states through the frozen encoder, computed once
+ * for every epoch of a run. */
+typedef struct {
+    int n, dq;       /* questions (as in the labels), width of a token state */
+    int *T;          /* [n] tokens per question (at most 512: the reference truncates) */
+    float **h;       /* [n] question i's states [T[i], dq], inside one block */
+    int cache;       /* POLAR_FEATURES_* : what happened with the cache file */
+} polar_train_features;
+
+enum {
+    POLAR_FEATURES_COMPUTED,  /* no cache file asked for */
+    POLAR_FEATURES_REUSED,    /* read from the cache file, which matched */
+    POLAR_FEATURES_WRITTEN,   /* computed, and the cache file (there was none) written */
+    POLAR_FEATURES_REPLACED   /* the cache file was made from another encoder or other questions:
+                               * computed again and the file replaced */
+};
+
+/* Encode every question of l (tokenized without special tokens, truncated
+ * to 512 tokens) with the model at encoder_path running program (text
+ * form). cache_path (NULL: none) is a safetensors file of the features; it
+ * is reused when its key (encoder path, program, model shape, the questions
+ * in order) matches and the first question, encoded again, gives the same
+ * states (so a model changed in place is caught), else rewritten.
+ * progress (may be NULL) is called after each question encoded. */
+polar_status polar_train_features_make(const char *encoder_path, const char *program, const polar_train_labels *l,
+                                       const char *cache_path, void (*progress)(int done, int total, void *ctx),
+                                       void *ctx, polar_train_features *out, polar_error *err);
+void polar_train_features_free(polar_train_features *f);
+
 /* ---------------------------------------------------------- program search */
 
 #define POLAR_SEARCH_MAX_DEPTH 256

@@ -1,5 +1,5 @@
-/* Training examples from polar search labels (JSONL, the reference's field
- * names), built as the reference's PolarDataset builds them: per question
+/* Reading polar search labels (labels.h), and training examples from them,
+ * built as the reference's PolarDataset builds them: per question
  * its final_valid_transitions, at most max_paths of them chosen with a
  * seeded stream, each in segment form (the codec's rejects counted and
  * skipped); the base program 0..D-1 is an example when it is among the
@@ -9,9 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../loader/json.h"
 #include "../runtime/error.h"
-#include "polar.h"
+#include "labels.h"
 
 #define KMAX 4 /* the reference's max_pack */
 
@@ -19,21 +18,6 @@ static char *dup_str(const char *s, size_t n) {
     char *d = malloc(n + 1);
     if (d) memcpy(d, s, n), d[n] = 0;
     return d;
-}
-
-/* A JSON array of layer indices (or {"path": [...]}, as the reference also
- * accepts) into a program; 0: not a path, -1: a layer outside 0..D-1. */
-static int read_path(const json_value *v, int D, int *layers, int *n) {
-    if (v && v->type == JSON_OBJECT) v = json_get(v, "path");
-    if (!v || v->type != JSON_ARRAY || v->len == 0 || v->len > 4 * (size_t)D) return 0;
-    for (size_t i = 0; i < v->len; i++) {
-        const json_value *x = v->items[i];
-        if (x->type != JSON_NUMBER || !x->is_integer) return 0;
-        if (x->number < 0 || x->number >= D) return -1;
-        layers[i] = (int)x->number;
-    }
-    *n = (int)v->len;
-    return 1;
 }
 
 static int is_base(const int *layers, int n, int D) {
@@ -54,9 +38,9 @@ static polar_status add_question(polar_train_labels *l, polar_label_question *q,
     polar_status st = POLAR_OK;
     if (!layers || !pick || !q->seg_start || !q->ops || !q->weight) st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     /* the base program's weight drops when a shorter valid program exists */
-    int has_base = 0, has_shorter = 0, n;
+    int has_base = 0, has_shorter = 0;
     for (int i = 0; st == POLAR_OK && i < nv; i++) {
-        int r = read_path(valid->items[i], D, layers, &n);
+        int n = pred_label_path(valid->items[i], D, 4 * D, layers), r = n;
         if (r < 0) st = polar_fail(err, POLAR_ERR_FORMAT, "%s: a valid program runs a layer outside 0..%d", where, D - 1);
         if (r <= 0) continue;
         if (is_base(layers, n, D)) has_base = 1;
@@ -74,7 +58,8 @@ static polar_status add_question(polar_train_labels *l, polar_label_question *q,
         }
     }
     for (int i = 0; st == POLAR_OK && i < take; i++) {
-        if (read_path(valid->items[pick[i]], D, layers, &n) <= 0) continue;
+        int n = pred_label_path(valid->items[pick[i]], D, 4 * D, layers);
+        if (n <= 0) continue;
         l->programs++;
         polar_program p = {n, layers};
         polar_error e2;
@@ -97,8 +82,25 @@ static void free_question(polar_label_question *q) {
     free(q->weight);
 }
 
-static polar_status read_file(polar_train_labels *l, const char *path, int max_paths, float orig_weight,
-                              polar_rng *rng, polar_error *err) {
+int pred_label_path(const json_value *v, int n_layers, int max_len, int *layers) {
+    if (v && v->type == JSON_OBJECT) v = json_get(v, "path");
+    if (!v || v->type != JSON_ARRAY || v->len == 0 || v->len > (size_t)max_len) return 0;
+    for (size_t i = 0; i < v->len; i++) {
+        const json_value *x = v->items[i];
+        if (x->type != JSON_NUMBER || !x->is_integer) return 0;
+        if (x->number < 0 || x->number >= n_layers) return -1;
+        layers[i] = (int)x->number;
+    }
+    return (int)v->len;
+}
+
+/* Without trailing blanks the line must end in '}': otherwise it was torn. */
+static int line_complete(const char *line, size_t n) {
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
+    return n > 0 && line[n - 1] == '}';
+}
+
+polar_status pred_labels_each(const char *path, pred_label_fn fn, void *ctx, polar_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return polar_fail(err, POLAR_ERR_IO, "%s: cannot open the labels file", path);
     char *line = NULL, where[600];
@@ -108,36 +110,52 @@ static polar_status read_file(polar_train_labels *l, const char *path, int max_p
     polar_status st = POLAR_OK;
     while (st == POLAR_OK && (got = getline(&line, &cap, f)) > 0) {
         lineno++;
-        if (line[got - 1] != '\n') break; /* torn last line: the search appends it again when it resumes */
-        if (got == 1) continue;
+        if (!line_complete(line, (size_t)got)) continue;
         snprintf(where, sizeof where, "%.500s:%ld", path, lineno);
         json_doc *doc;
         if ((st = json_parse(line, (size_t)got, where, &doc, err)) != POLAR_OK) break;
-        const json_value *root = json_root(doc), *qv = json_get(root, "question"),
-                         *valid = json_get(root, "final_valid_transitions");
-        if (!qv || qv->type != JSON_STRING || !valid || valid->type != JSON_ARRAY) {
-            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: no question or final_valid_transitions: not a polar search line",
-                            where);
-        } else {
-            l->lines++;
-            if (l->n == l->cap) {
-                int nc = l->cap ? 2 * l->cap : 64;
-                polar_label_question *nq = realloc(l->q, (size_t)nc * sizeof *nq);
-                if (!nq) st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
-                else l->q = nq, l->cap = nc;
-            }
-            polar_label_question q = {0};
-            if (st == POLAR_OK && !(q.question = dup_str(qv->str, qv->len)))
-                st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
-            if (st == POLAR_OK) st = add_question(l, &q, valid, max_paths, orig_weight, rng, where, err);
-            if (st == POLAR_OK && q.n > 0) l->q[l->n++] = q;
-            else free_question(&q);
-            if (st == POLAR_OK && q.n == 0) l->no_examples++;
-        }
+        pred_label_line l = {where, json_root(doc), json_get(json_root(doc), "final_valid_transitions")};
+        if (!l.valid || l.valid->type != JSON_ARRAY)
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: no final_valid_transitions: not a polar search line", where);
+        else
+            st = fn(&l, ctx, err);
         json_free(doc);
     }
     free(line);
     fclose(f);
+    return st;
+}
+
+typedef struct {
+    polar_train_labels *l;
+    int max_paths;
+    float orig_weight;
+    polar_rng *rng;
+} load_ctx;
+
+static polar_status add_line(const pred_label_line *line, void *ctx, polar_error *err) {
+    load_ctx *c = ctx;
+    polar_train_labels *l = c->l;
+    const json_value *qv = json_get(line->root, "question");
+    if (!qv || qv->type != JSON_STRING)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: no question: not a polar search line", line->where);
+    l->lines++;
+    if (l->n == l->cap) {
+        int nc = l->cap ? 2 * l->cap : 64;
+        polar_label_question *nq = realloc(l->q, (size_t)nc * sizeof *nq);
+        if (!nq) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+        l->q = nq, l->cap = nc;
+    }
+    polar_label_question q = {0};
+    polar_status st = POLAR_OK;
+    if (!(q.question = dup_str(qv->str, qv->len))) st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    if (st == POLAR_OK) st = add_question(l, &q, line->valid, c->max_paths, c->orig_weight, c->rng, line->where, err);
+    if (st == POLAR_OK && q.n > 0) {
+        l->q[l->n++] = q;
+        return POLAR_OK;
+    }
+    free_question(&q);
+    if (st == POLAR_OK) l->no_examples++;
     return st;
 }
 
@@ -152,7 +170,8 @@ polar_status polar_train_labels_load(const char *const *paths, int n_paths, int 
     polar_rng rng;
     polar_rng_seed(&rng, seed);
     polar_status st = POLAR_OK;
-    for (int i = 0; i < n_paths && st == POLAR_OK; i++) st = read_file(out, paths[i], max_paths, orig_weight, &rng, err);
+    load_ctx c = {out, max_paths, orig_weight, &rng};
+    for (int i = 0; i < n_paths && st == POLAR_OK; i++) st = pred_labels_each(paths[i], add_line, &c, err);
     if (st == POLAR_OK && out->n == 0)
         st = polar_fail(err, POLAR_ERR_FORMAT, "%s: no training examples (%d questions, none with a valid program the "
                         "segment form expresses)", paths[0], out->lines);

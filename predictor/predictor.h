@@ -2,6 +2,7 @@
 #ifndef POLAR_PREDICTOR_H
 #define POLAR_PREDICTOR_H
 
+#include "../loader/safetensors.h"
 #include "polar.h"
 
 #define PRED_BLOCKS 2       /* transformer encoder layers over the D positions */
@@ -41,6 +42,10 @@ typedef struct {
     int rows, cols;
 } pred_ref;
 int pred_tensor_refs(polar_predictor *p, pred_ref *r); /* fills PRED_TENSORS entries for p's shape */
+
+/* A string of a safetensors file's __metadata__ into out (cap bytes,
+ * truncated); 0 when the header has none under key. */
+int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap);
 
 /* Run on the device copy (predictor/cuda.c). */
 polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err);

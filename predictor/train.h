@@ -10,6 +10,23 @@
 
 #define TR_LN_EPS 1e-5f /* PyTorch's LayerNorm default */
 
+/* The matrix products of the linear ops (train_gemm.c):
+ *   nt: y[n, rows] = x[n, cols] . W[rows, cols]^T (+ b when not NULL)
+ *   nn: C[m, c] += sum_k A[m sam + k sak] B[k, c], m < M, k < K, c < N,
+ *       C's rows ldc floats apart, B's ldb (dx = dy W and dW = dy^T x). */
+typedef struct {
+    const char *name;
+    void (*nt)(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols);
+    void (*nn)(float *C, int ldc, const float *A, int sam, int sak, const float *B, int ldb, int M, int K, int N);
+} tr_gemm;
+
+extern const tr_gemm tr_gemm_generic; /* plain C: the oracle */
+#if defined(__x86_64__)
+extern const tr_gemm tr_gemm_avx2;    /* needs AVX2 and FMA */
+#endif
+/* avx2 when the CPU kernels in use (polar_cpu_kernels) are avx2 or avx512, else generic. */
+const tr_gemm *tr_gemm_active(void);
+
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols);
 void tr_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int n, int rows,
                    int cols);

@@ -2,7 +2,8 @@
  * each backward accumulates (+=) into the gradients it is given, so an input
  * used twice (self-attention's q, k and v, a residual) just receives twice.
  * Single-threaded: the trainer runs one example per thread. f32 storage;
- * dot products vectorised with `omp simd` reductions. */
+ * the linear ops' products in train_gemm.c, the rest vectorised with
+ * `omp simd`. */
 #include <math.h>
 #include <string.h>
 
@@ -10,39 +11,19 @@
 
 /* y[n, rows] = x[n, cols] . W[rows, cols]^T + b */
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols) {
-    for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * cols;
-        for (int r = 0; r < rows; r++) {
-            const float *wr = w + (size_t)r * cols;
-            float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-            for (int c = 0; c < cols; c++) acc += wr[c] * xt[c];
-            y[(size_t)t * rows + r] = acc + (b ? b[r] : 0.0f);
-        }
-    }
+    tr_gemm_active()->nt(y, x, w, b, n, rows, cols);
 }
 
 /* dx[n, cols] += dy[n, rows] . W; dW[rows, cols] += dy^T . x; db[rows] += sum_t dy.
  * dx may be NULL (the input is data, not a result). */
 void tr_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int n, int rows,
                    int cols) {
-    for (int t = 0; t < n; t++) {
-        const float *dyt = dy + (size_t)t * rows, *xt = x + (size_t)t * cols;
-        float *dxt = dx ? dx + (size_t)t * cols : NULL;
-        for (int r = 0; r < rows; r++) {
-            float g = dyt[r];
-            if (g == 0.0f) continue; /* ReLU and dropout zeros: nothing to add */
-            const float *wr = w + (size_t)r * cols;
-            float *dwr = dw + (size_t)r * cols;
-#pragma omp simd
-            for (int c = 0; c < cols; c++) dwr[c] += g * xt[c];
-            if (dxt) {
-#pragma omp simd
-                for (int c = 0; c < cols; c++) dxt[c] += g * wr[c];
-            }
-            if (db) db[r] += g;
-        }
-    }
+    const tr_gemm *g = tr_gemm_active();
+    if (dx) g->nn(dx, cols, dy, rows, 1, w, cols, n, rows, cols);
+    g->nn(dw, cols, dy, 1, rows, x, cols, rows, n, cols);
+    if (db)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) db[r] += dy[(size_t)t * rows + r];
 }
 
 /* Dropout with probability p (PyTorch's: kept values scaled by 1/(1-p)).

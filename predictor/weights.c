@@ -50,18 +50,23 @@ int pred_tensor_refs(polar_predictor *p, pred_ref *r) {
     return n;
 }
 
-/* The head count: metadata "nheads" in the safetensors header, else 4. */
-static int header_heads(const st_file *f) {
+int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap) {
     const unsigned char *b = f->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     json_doc *doc;
-    int heads = 4;
-    if (json_parse((const char *)b + 8, (size_t)hlen, "header", &doc, NULL) != POLAR_OK) return heads;
-    const json_value *v = json_get(json_get(json_root(doc), "__metadata__"), "nheads");
-    if (v && v->type == JSON_STRING) heads = atoi(v->str);
+    if (json_parse((const char *)b + 8, (size_t)hlen, "header", &doc, NULL) != POLAR_OK) return 0;
+    const json_value *v = json_get(json_get(json_root(doc), "__metadata__"), key);
+    int found = v && v->type == JSON_STRING;
+    if (found) snprintf(out, cap, "%s", v->str);
     json_free(doc);
-    return heads;
+    return found;
+}
+
+/* The head count: metadata "nheads" in the safetensors header, else 4. */
+static int header_heads(const st_file *f) {
+    char v[16];
+    return pred_st_meta(f, "nheads", v, sizeof v) ? atoi(v) : 4;
 }
 
 static polar_status shape_of(const st_file *f, const char *name, int dim, int64_t *out, polar_error *err) {

@@ -185,6 +185,21 @@ if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -
 else
     echo "FAIL cli_train: $(head -c 300 "$D/err") $(head -c 300 "$D/train.jsonl")"
 fi
+# --features-cache: written, reused (same weights trained), replaced when the questions change.
+FC=$D/features.safetensors
+train_cached() {
+    $P train --model "$M" --encoder "$M@0-1" --labels "$1" --epochs 1 --batch 4 -o "$D/cached.safetensors" \
+        --features-cache "$FC" --log "$D/cached.jsonl" >"$D/out" 2>"$D/err"
+}
+if train_cached "$L" && grep -q "features cached in $FC" "$D/err" && cp "$D/cached.safetensors" "$D/cached1.safetensors" &&
+    train_cached "$L" && grep -q "features of 7 questions read from $FC" "$D/err" &&
+    cmp -s "$D/cached.safetensors" "$D/cached1.safetensors" &&
+    head -n 6 "$L" >"$D/six.jsonl" && train_cached "$D/six.jsonl" &&
+    grep -q "made from another encoder or other questions, replaced" "$D/err"; then
+    echo "PASS cli_train_features_cache"
+else
+    echo "FAIL cli_train_features_cache: $(head -c 300 "$D/err")"
+fi
 expect_out train_predict '"programs":[{"program":[' $P predict --predictor "$D/trained.safetensors" --encoder "$M@0-1" --question "What is 2+2?" --json
 expect train_no_labels 2 "--labels FILE... is required" $P train --model "$M" -o "$D/x.safetensors"
 expect train_no_out 2 "-o FILE is required" $P train --model "$M" --labels "$L"

@@ -1,6 +1,8 @@
 /* Predictor training: every op's backward and the whole network's gradient
  * against central finite differences, dropout repeatable from its seed,
- * the training forward equal to the inference forward, AdamW and the
+ * the AVX2 products equal to the plain C ones, the training forward equal
+ * to the inference forward, the loss, gradients
+ * and 20 AdamW steps against PyTorch (tests/golden/train), AdamW and the
  * learning-rate schedule, save -> load, bad batches.
  *
  * Finite differences run in f32 (the code under test is f32): step 1e-2 for
@@ -11,6 +13,7 @@
  * are not held to a bound). */
 #include <unistd.h>
 
+#include "../loader/safetensors.h"
 #include "../predictor/train.h"
 #include "harness.h"
 #ifdef _OPENMP
@@ -47,6 +50,47 @@ static double fd_max_err(scalar_fn f, void *ctx, float *x, const float *an, size
 }
 
 /* ------------------------------------------------------------------ ops */
+
+/* The AVX2 products against the plain C ones, on shapes with partial blocks
+ * (tokens not a multiple of 3 or 6, rows not of 4, columns not of 8 or 16)
+ * and in both loop orders of nn (dx = dy W, dW = dy^T x). */
+static void gemm_levels(void) {
+#if defined(__x86_64__)
+    if (tr_gemm_active() != &tr_gemm_avx2) {
+        printf("  the CPU kernels are %s: AVX2 products not run\n", polar_cpu_kernels());
+        return;
+    }
+    static const int shapes[][3] = {{7, 13, 37}, {30, 20, 64}, {5, 6, 16}, {128, 24, 40}, {1, 1, 1}};
+    polar_rng r;
+    polar_rng_seed(&r, 3);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+        size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+        float *x = malloc(nx * sizeof *x), *w = malloc(nw * sizeof *w), *b = malloc(rows * sizeof *b);
+        float *y[2], *dx[2], *dw[2];
+        fill(x, nx, 1, &r), fill(w, nw, 1, &r), fill(b, rows, 1, &r);
+        for (int k = 0; k < 2; k++) {
+            const tr_gemm *g = k ? &tr_gemm_avx2 : &tr_gemm_generic;
+            y[k] = malloc(ny * sizeof *y[k]), dx[k] = malloc(nx * sizeof *dx[k]), dw[k] = malloc(nw * sizeof *dw[k]);
+            g->nt(y[k], x, w, s % 2 ? b : NULL, n, rows, cols);
+            memcpy(dx[k], x, nx * sizeof *x); /* accumulate onto something */
+            memcpy(dw[k], w, nw * sizeof *w);
+            g->nn(dx[k], cols, y[0], rows, 1, w, cols, n, rows, cols);
+            g->nn(dw[k], cols, y[0], 1, rows, x, cols, rows, n, cols);
+        }
+        double e = 0, scale = 1;
+        for (size_t i = 0; i < ny; i++) scale = fmax(scale, fabs(y[0][i])), e = fmax(e, fabs(y[0][i] - y[1][i]));
+        for (size_t i = 0; i < nx; i++) scale = fmax(scale, fabs(dx[0][i])), e = fmax(e, fabs(dx[0][i] - dx[1][i]));
+        for (size_t i = 0; i < nw; i++) scale = fmax(scale, fabs(dw[0][i])), e = fmax(e, fabs(dw[0][i] - dw[1][i]));
+        CHECK(e <= 1e-5 * scale, "%d x %d x %d: avx2 %g from plain C (scale %g)", n, rows, cols, e, scale);
+        worst = fmax(worst, e / scale);
+        for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]);
+        free(x), free(w), free(b);
+    }
+    printf("  avx2 against plain C: %.1e relative\n", worst);
+#endif
+}
 
 typedef struct {
     int n, rows, cols;
@@ -490,13 +534,102 @@ static void labels_to_examples(void) {
     unlink(path);
 }
 
+/* Against PyTorch (tests/golden/make_train_golden.py: the reference's
+ * module, loss and AdamW + LambdaLR in float64 from the same f32 weights and
+ * batch, dropout off): the first loss and every gradient, then the loss
+ * before each of 20 AdamW steps and after the last. */
+#define GOLDEN_LR 5e-3 /* LR, WARMUP, STEPS of the script */
+#define GOLDEN_WARMUP 10
+#define GOLDEN_STEPS 20
+#define GOLDEN_MAX_B 8
+
+static const void *golden_tensor(const st_file *f, const char *name, st_dtype dt, size_t count) {
+    const st_tensor *t = st_find(f, name);
+    CHECK(t && t->dtype == dt && t->nbytes == count * st_dtype_size(dt), "fixture tensor %s", name);
+    return t && t->dtype == dt && t->nbytes == count * st_dtype_size(dt) ? t->data : NULL;
+}
+
+static void golden_against_pytorch(void) {
+    const char *path = GOLDEN_DIR "/train/golden.safetensors";
+    polar_predictor *p = NULL;
+    polar_error err;
+    st_file f;
+    CHECK_OK(polar_predictor_load(path, &p, &err));
+    if (!p) return;
+    CHECK_OK(st_open(path, &f, &err));
+    const st_tensor *ht = st_find(&f, "h");
+    int B = ht && ht->ndim == 3 ? (int)ht->shape[0] : 0, Tm = B ? (int)ht->shape[1] : 0, D = p->D;
+    CHECK(B > 0 && B <= GOLDEN_MAX_B && ht->shape[2] == p->dq, "fixture batch");
+    const float *h = B ? golden_tensor(&f, "h", ST_F32, (size_t)B * Tm * p->dq) : NULL;
+    const int32_t *T = golden_tensor(&f, "T", ST_I32, B), *seg = golden_tensor(&f, "seg", ST_I32, (size_t)B * D),
+                  *ops = golden_tensor(&f, "ops", ST_I32, (size_t)B * D);
+    const float *w = golden_tensor(&f, "weight", ST_F32, B);
+    const double *want = golden_tensor(&f, "loss", ST_F64, GOLDEN_STEPS + 1);
+    if (!h || !T || !seg || !ops || !w || !want) {
+        st_close(&f);
+        polar_predictor_free(p);
+        return;
+    }
+    polar_train_example ex[GOLDEN_MAX_B];
+    unsigned char starts[GOLDEN_MAX_B * 64];
+    CHECK(D <= 64, "D %d", D);
+    for (int b = 0; b < B; b++) {
+        for (int l = 0; l < D; l++) starts[b * D + l] = (unsigned char)seg[b * D + l];
+        ex[b] = (polar_train_example){h + (size_t)b * Tm * p->dq, T[b], starts + b * D, ops + b * D, w[b]};
+    }
+    float *g = malloc(p->storage_floats * sizeof *g);
+    double loss = 0, worst = 0;
+    const char *worst_name = "";
+    CHECK_OK(pred_batch_grad(p, ex, B, 0.0f, 0, 0, g, &loss, &err));
+    CHECK(fabs(loss - want[0]) <= 1e-4 * fabs(want[0]), "loss %.8f, PyTorch %.8f", loss, want[0]);
+    pred_ref refs[PRED_TENSORS];
+    polar_predictor q = *p;
+    int n = pred_tensor_refs(&q, refs);
+    for (int t = 0; t < n; t++) {
+        char name[80];
+        size_t off = (size_t)(*refs[t].dst - p->storage), cnt = (size_t)refs[t].rows * (refs[t].cols ? refs[t].cols : 1);
+        snprintf(name, sizeof name, "grad.%.63s", refs[t].name);
+        const float *gt = golden_tensor(&f, name, ST_F32, cnt);
+        if (!gt) continue;
+        double scale = 0, diff = 0;
+        for (size_t i = 0; i < cnt; i++) scale = fmax(scale, fabs(gt[i]));
+        for (size_t i = 0; i < cnt; i++) diff = fmax(diff, fabs((double)g[off + i] - gt[i]));
+        double rel = diff / (scale > 0 ? scale : 1);
+        CHECK(rel <= 1e-4, "%s: gradient %.2e from PyTorch's (relative to its largest entry %.2e)", refs[t].name, rel,
+              scale);
+        if (rel > worst) worst = rel, worst_name = refs[t].name;
+    }
+    printf("  step 1: loss %.8f vs %.8f; gradients of %d tensors, worst %s at %.1e relative\n", loss, want[0], n,
+           worst_name, worst);
+    polar_train_opts o = polar_train_defaults(GOLDEN_STEPS);
+    o.lr = GOLDEN_LR, o.warmup = GOLDEN_WARMUP, o.dropout = 0.0f;
+    polar_trainer *tr = NULL;
+    CHECK_OK(polar_trainer_create(p, &o, &tr, &err));
+    double worst_step = 0;
+    for (int s = 0; tr && s <= GOLDEN_STEPS; s++) {
+        if (s < GOLDEN_STEPS) CHECK_OK(polar_train_step(tr, ex, B, &loss, &err));
+        else CHECK_OK(polar_train_loss(p, ex, B, &loss, &err));
+        double rel = fabs(loss - want[s]) / fabs(want[s]);
+        CHECK(rel <= 1e-4, "loss before step %d: %.8f, PyTorch %.8f", s + 1, loss, want[s]);
+        worst_step = fmax(worst_step, rel);
+    }
+    printf("  %d AdamW steps: loss %.6f -> %.6f (PyTorch %.6f), worst step %.1e relative\n", GOLDEN_STEPS, want[0],
+           loss, want[GOLDEN_STEPS], worst_step);
+    polar_trainer_free(tr);
+    free(g);
+    st_close(&f);
+    polar_predictor_free(p);
+}
+
 int main(void) {
+    RUN(gemm_levels);
     RUN(op_linear);
     RUN(op_layernorm);
     RUN(op_relu_dropout);
     RUN(op_attention);
     RUN(op_loss);
     RUN(network_gradient);
+    RUN(golden_against_pytorch);
     RUN(train_forward_matches_inference);
     RUN(dropout_repeats);
     RUN(schedule_and_adamw);
