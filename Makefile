@@ -1,5 +1,5 @@
 # polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
-#        make cuda | make test-cuda (needs a GPU)
+#        make cuda | make test-cuda (needs a GPU) | make test-cuda-emu (the CUDA code on the CPU)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
@@ -21,6 +21,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
 CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
+CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
+EMU_DIR   := tests/cuda_emu
+EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp
+EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
@@ -28,6 +32,13 @@ BUILD   ?= build-cuda
 CFLAGS  += -DPOLAR_CUDA -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+else ifeq ($(CUDA_EMU),1)
+# The CUDA backend built with the host C++ compiler against the emulation in
+# tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
+BUILD   ?= build-emu
+CFLAGS  += -DPOLAR_CUDA -I$(EMU_DIR)/include
+LDLIBS  += -lstdc++
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
 # -O1 after the -O3 of CFLAGS: gcc takes the last -O
@@ -81,9 +92,33 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
+ifeq ($(CUDA_EMU),1)
+# The emulated build: each .cu (and common.cuh) rewritten by rewrite.awk
+# (launches and __shared__ declarations, see the file), then compiled as C++.
+# _FORTIFY_SOURCE off: its longjmp check rejects the jumps between fiber stacks.
+# -fno-strict-aliasing: the kernels read uint4 loads through uint16_t
+# pointers, which nvcc allows and g++ would otherwise be free to break.
+CXX ?= g++
+EMU_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare \
+                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -I$(EMU_DIR)/include -Iinclude
+.PRECIOUS: $(BUILD)/gen/%.cpp $(BUILD)/gen/%.cuh
+$(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
+	@mkdir -p $(dir $@)
+	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
+$(BUILD)/gen/%.cuh: %.cuh $(EMU_DIR)/rewrite.awk
+	@mkdir -p $(dir $@)
+	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(CU_HDR) $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -c $< -o $@
+$(BUILD)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+else
+$(BUILD)/obj/%.o: %.cu $(CU_HDR)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
+endif
 
 $(BUILD)/libpolar.a: $(LIB_OBJ)
 	ar rcs $@ $^
