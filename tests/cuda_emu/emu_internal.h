@@ -27,9 +27,13 @@ cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()>
 // says why on stderr.
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what);
 
-// The co-resident blocks a cooperative launch may have: multiprocessors x
-// the occupancy the emulation reports.
-const int SMS = 132;
+// Multiprocessors: an H100's 132, or POLAR_CUDA_EMU_SMS. Kernels size their
+// grids by it (split-K attention, the cooperative predictor), so fewer make
+// the emulation faster without changing what runs; make test uses 16.
+int sms();
+// The occupancy the emulation reports for every kernel: one block per
+// multiprocessor (a GPU reports more; fibers for a bigger co-resident grid
+// would cost the host memory and time for nothing).
 const int EMU_BLOCKS_PER_SM = 1;
 
 } // namespace emu

@@ -243,7 +243,7 @@ cudaError_t submit(const void *func, const char *name, const launch_config &cfg,
         bad = "grid or block dimensions out of range", e = cudaErrorInvalidConfiguration;
     else if (cfg.smem > (size_t)dyn_limit)
         bad = "more dynamic shared memory than the kernel's limit (cudaFuncSetAttribute)", e = cudaErrorInvalidValue;
-    else if (cooperative && (unsigned long long)g.x * g.y * g.z > (unsigned long long)SMS * EMU_BLOCKS_PER_SM)
+    else if (cooperative && (unsigned long long)g.x * g.y * g.z > (unsigned long long)sms() * EMU_BLOCKS_PER_SM)
         bad = "a cooperative grid larger than can be resident", e = cudaErrorCooperativeLaunchTooLarge;
     if (bad) {
         fprintf(stderr, "cuda-emu: launch of %s <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", name, g.x, g.y, g.z,
@@ -253,6 +253,19 @@ cudaError_t submit(const void *func, const char *name, const launch_config &cfg,
     }
     launch_record rec{func, name, cfg, std::move(body), cooperative};
     return record(enqueue(cfg.stream, name, [rec]() { execute(rec); }));
+}
+
+int sms() {
+    static int n = [] {
+        const char *e = getenv("POLAR_CUDA_EMU_SMS");
+        int v = e ? atoi(e) : 132;
+        if (v < 1 || v > 1024) {
+            fprintf(stderr, "cuda-emu: POLAR_CUDA_EMU_SMS=%s: expected 1..1024\n", e);
+            abort();
+        }
+        return v;
+    }();
+    return n;
 }
 
 cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()> op) {
@@ -350,7 +363,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 << 10; break;
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrClockRate: *value = 1980000; break;
-    case cudaDevAttrMultiProcessorCount: *value = emu::SMS; break;
+    case cudaDevAttrMultiProcessorCount: *value = emu::sms(); break;
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
