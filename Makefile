@@ -133,6 +133,12 @@ build-cuda/tests/test_cuda: tests/test_cuda.c tests/harness.h build-cuda/libpola
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< build-cuda/libpolar.a $(LDLIBS)
 
+# The emulation's own tests, with kernels that break the rules on purpose.
+$(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o \
+                              $(BUILD)/libpolar.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o $(BUILD)/libpolar.a $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)

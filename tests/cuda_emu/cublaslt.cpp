@@ -78,7 +78,7 @@ size_t span_bytes(const emu_lt_layout *l) {
 }
 
 cublasStatus_t invalid(const char *why) {
-    fprintf(stderr, "cuda-emu: cublasLtMatmul: %s\n", why);
+    EMU_NOTE("cuda-emu: cublasLtMatmul: %s\n", why);
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 

@@ -27,6 +27,14 @@ cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()>
 // says why on stderr.
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what);
 
+// Whether to keep quiet about refused calls (POLAR_CUDA_EMU_QUIET=1): they
+// are said on stderr otherwise, the error code alone being terse.
+bool quiet();
+#define EMU_NOTE(...)                                      \
+    do {                                                   \
+        if (!emu::quiet()) fprintf(stderr, __VA_ARGS__);   \
+    } while (0)
+
 // Multiprocessors: an H100's 132, or POLAR_CUDA_EMU_SMS. Kernels size their
 // grids by it (split-K attention, the cooperative predictor), so fewer make
 // the emulation faster without changing what runs; make test uses 16.

@@ -95,7 +95,7 @@ cudaError_t refuse_during_capture(const char *api) {
             s->invalidated = true;
             refused = true;
         }
-    if (refused) fprintf(stderr, "cuda-emu: %s during a stream capture: cudaErrorStreamCaptureUnsupported\n", api);
+    if (refused) EMU_NOTE("cuda-emu: %s during a stream capture: cudaErrorStreamCaptureUnsupported\n", api);
     return refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
 }
 
@@ -110,7 +110,7 @@ cudaError_t legacy_stream_use(const char *api) {
             refused = true;
         }
     if (refused)
-        fprintf(stderr, "cuda-emu: %s on the legacy stream while a blocking stream captures: "
+        EMU_NOTE("cuda-emu: %s on the legacy stream while a blocking stream captures: "
                         "cudaErrorStreamCaptureImplicit\n", api);
     return refused ? cudaErrorStreamCaptureImplicit : cudaSuccess;
 }
@@ -147,13 +147,13 @@ cudaError_t check_range(const void *p, size_t bytes, bool device, const char *ap
         --it;
         if (a >= it->first && a < it->first + it->second.bytes + (it->second.bytes == 0)) {
             if (a + bytes <= it->first + it->second.bytes) return cudaSuccess;
-            fprintf(stderr, "cuda-emu: %s: the %s range of %zu bytes at offset %zu runs past the end of a %zu-byte "
+            EMU_NOTE("cuda-emu: %s: the %s range of %zu bytes at offset %zu runs past the end of a %zu-byte "
                             "allocation\n", api, side, bytes, (size_t)(a - it->first), it->second.bytes);
             return cudaErrorInvalidValue;
         }
     }
     if (!device) return cudaSuccess; // pageable host memory
-    fprintf(stderr, "cuda-emu: %s: the %s pointer %p is not device memory\n", api, side, p);
+    EMU_NOTE("cuda-emu: %s: the %s pointer %p is not device memory\n", api, side, p);
     return cudaErrorInvalidValue;
 }
 
@@ -208,7 +208,7 @@ cudaError_t release(void *ptr, bool device) {
         std::lock_guard<std::mutex> hold(state_lock);
         auto it = allocations.find((uintptr_t)ptr);
         if (it == allocations.end() || it->second.device != device) {
-            fprintf(stderr, "cuda-emu: %s(%p): not a pointer it allocated\n", device ? "cudaFree" : "cudaFreeHost", ptr);
+            EMU_NOTE("cuda-emu: %s(%p): not a pointer it allocated\n", device ? "cudaFree" : "cudaFreeHost", ptr);
             return record(cudaErrorInvalidValue);
         }
         a = it->second;
@@ -246,13 +246,21 @@ cudaError_t submit(const void *func, const char *name, const launch_config &cfg,
     else if (cooperative && (unsigned long long)g.x * g.y * g.z > (unsigned long long)sms() * EMU_BLOCKS_PER_SM)
         bad = "a cooperative grid larger than can be resident", e = cudaErrorCooperativeLaunchTooLarge;
     if (bad) {
-        fprintf(stderr, "cuda-emu: launch of %s <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", name, g.x, g.y, g.z,
+        EMU_NOTE("cuda-emu: launch of %s <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", name, g.x, g.y, g.z,
                 b.x, b.y, b.z, cfg.smem, bad);
         if (cfg.stream && known_stream(cfg.stream) && cfg.stream->capturing) cfg.stream->invalidated = true;
         return record(e);
     }
     launch_record rec{func, name, cfg, std::move(body), cooperative};
     return record(enqueue(cfg.stream, name, [rec]() { execute(rec); }));
+}
+
+bool quiet() {
+    static bool q = [] {
+        const char *e = getenv("POLAR_CUDA_EMU_QUIET");
+        return e && !strcmp(e, "1");
+    }();
+    return q;
 }
 
 int sms() {
@@ -463,7 +471,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (!known_stream(stream)) return record(cudaErrorInvalidResourceHandle);
     if (stream->capturing) {
         stream->invalidated = true;
-        fprintf(stderr, "cuda-emu: cudaStreamSynchronize on a capturing stream: cudaErrorStreamCaptureUnsupported\n");
+        EMU_NOTE("cuda-emu: cudaStreamSynchronize on a capturing stream: cudaErrorStreamCaptureUnsupported\n");
         return record(cudaErrorStreamCaptureUnsupported);
     }
     return cudaSuccess;
