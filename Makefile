@@ -85,7 +85,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
 
-.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
@@ -189,13 +189,27 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 # too (library, CLI and the test_cuda binary), so a CUDA break fails the
 # tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+# The CUDA code also runs under the CPU emulation (tests/cuda_emu, no GPU or
+# CUDA library needed): its self-test, then the kernel and small-model tests
+# of test_cuda in forward thread order (reduced shapes, --quick), and those
+# most sensitive to thread order reversed and shuffled. Not under SAN=1 (the
+# fibers' stack switches confuse AddressSanitizer). make test-cuda-emu runs
+# every test at full size.
+EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
+EMU_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
+             model_golden model_moe_deterministic greedy_stop gpu_cache_consistency predictor_fused
+EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
+ifeq ($(EMU_IN_TEST),1)
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
-	  sh tests/run.sh
+	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_TESTS="$(EMU_TESTS)" \
+	  POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -213,6 +227,22 @@ test-cuda:
 	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick || rc=1; \
 	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick $(RACECHECK_TESTS) || rc=1; \
 	  exit $$rc
+
+# The CUDA code on the CPU (tests/cuda_emu): the emulation's self-test, then
+# every test of test_cuda at full size on the emulated H100 (132
+# multiprocessors), then the quick set in reverse and random thread order.
+# CUDA_EMU_TESTS names a subset. Slow (the 3B preset alone takes long): make
+# test runs the reduced set.
+CUDA_EMU_TESTS ?=
+test-cuda-emu: deps
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+	@rc=0; ./build-emu/tests/test_cuda_emu || rc=1; \
+	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda $(CUDA_EMU_TESTS) || rc=1; \
+	  for order in reverse random; do \
+	    echo "== thread order $$order"; \
+	    POLAR_CUDA_EMU_ORDER=$$order POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
+	      ./build-emu/tests/test_cuda --quick $(or $(CUDA_EMU_TESTS),$(EMU_TESTS)) || rc=1; \
+	  done; exit $$rc
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
@@ -252,6 +282,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda build-neon
+	rm -rf build build-san build-fuzz build-cuda build-neon build-emu
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

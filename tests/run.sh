@@ -31,6 +31,23 @@ done
 if [ -n "${POLAR_NEON_TEST:-}" ]; then
     run test_simd_neon $POLAR_NEON_TEST
 fi
+# The CUDA code under the CPU emulation (tests/cuda_emu), when make test
+# built it: the emulation's self-test, then test_cuda's kernel and
+# small-model tests with the threads of each block resumed in forward order,
+# and the order-sensitive ones reversed and shuffled (a result that changes
+# shows a missing barrier). 16 multiprocessors keep the split-K attention and
+# cooperative grids small: the same code runs, with fewer idle blocks.
+if [ -n "${POLAR_CUDA_EMU:-}" ]; then
+    run test_cuda_emu "$POLAR_CUDA_EMU/tests/test_cuda_emu"
+    for order in forward reverse random; do
+        names=$POLAR_CUDA_EMU_ORDER_TESTS
+        [ "$order" = forward ] && names=$POLAR_CUDA_EMU_TESTS
+        echo "== test_cuda under the CUDA emulation, thread order $order"
+        # shellcheck disable=SC2086 # names is a list
+        run "test_cuda ($order)" env POLAR_CUDA_EMU_ORDER=$order POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
+            "$POLAR_CUDA_EMU/tests/test_cuda" --quick $names
+    done
+fi
 run cli_test sh tests/cli_test.sh
 rm -f "$log"
 echo "$passed passed, $failed failed"

@@ -1,6 +1,9 @@
 // CUDA emulation: runs a kernel launch on the CPU. Every GPU thread is a
-// fiber (a stack made with makecontext, switched with _setjmp/_longjmp,
-// which unlike swapcontext make no system call); a block's fibers run until
+// fiber: a stack made with makecontext and switched with _setjmp/_longjmp
+// (unlike swapcontext, no system call per switch), or on x86-64 a stack set
+// up by hand and switched by six register pushes (emu_switch below: a
+// switch costs a few nanoseconds, and a kernel test makes millions). A
+// block's fibers run until
 // each waits at a barrier or a warp collective or exits, then the next.
 // A cooperative launch runs all blocks' fibers in one scheduler, so a grid
 // sync can complete. What a GPU would punish fails here with a message
@@ -53,13 +56,15 @@ enum fiber_state { RUNNABLE, WAITING, EXITED };
 struct block_state;
 
 struct fiber : thread_info {
-    jmp_buf ctx;
+    jmp_buf ctx;  // the switch of other machines
+    void *sp;     // x86-64: the saved stack pointer
     char *stack;
     fiber_state state;
     const uint64_t *wait_on; // waiting until *wait_on != wait_gen
     uint64_t wait_gen;
     const char *wait_what;
     unsigned linear, lane, warp;
+    size_t pos; // in the run order
     block_state *blk;
 };
 
@@ -97,10 +102,7 @@ struct launch_state : launch_info {
 };
 
 std::mutex device_lock; // one launch at a time, like one GPU's queue
-jmp_buf scheduler_ctx;
 std::vector<fiber *> pool;
-fiber *starting;
-jmp_buf creator_ctx;
 launch_state *now;
 
 const char *kind_name(warp_kind k) {
@@ -113,8 +115,59 @@ const char *kind_name(warp_kind k) {
 
 fiber *me() { return static_cast<fiber *>(cur); }
 
-void switch_to_scheduler(fiber *f) {
-    if (!_setjmp(f->ctx)) _longjmp(scheduler_ctx, 1);
+void thread_exit(fiber *f);
+void fiber_loop(fiber *f);
+
+#if defined(__x86_64__)
+// emu_switch(save, to): pushes the callee-saved registers, stores the stack
+// pointer in *save, continues on the stack `to` (saved the same way).
+extern "C" void emu_switch(void **save, void *to);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch, @function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch, .-emu_switch\n");
+
+void *scheduler_sp;
+
+// Leaves fiber `from` for fiber `to`, or for the scheduler (to == NULL).
+void jump(fiber *from, fiber *to) { emu_switch(&from->sp, to ? to->sp : scheduler_sp); }
+
+void resume(fiber *f) {
+    cur = f;
+    emu_switch(&scheduler_sp, f->sp);
+    cur = nullptr;
+}
+
+// A new fiber's first switch "returns" here (cur is the fiber).
+void fiber_start() { fiber_loop(me()); }
+
+// A fiber on the given stack: six zero registers for emu_switch to pop,
+// then fiber_start as the return address, aligned as after a call.
+fiber *create_fiber(char *stack) {
+    fiber *f = new fiber();
+    f->stack = stack;
+    memcpy(f->stack, &CANARY, sizeof CANARY);
+    uintptr_t top = ((uintptr_t)stack + STACK_BYTES) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;                    // fiber_start's own return address: never used
+    *--sp = (void *)&fiber_start;
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    f->sp = sp;
+    return f;
+}
+#else
+jmp_buf scheduler_ctx;
+fiber *starting;
+jmp_buf creator_ctx;
+
+void jump(fiber *from, fiber *to) {
+    if (!_setjmp(from->ctx)) _longjmp(to ? to->ctx : scheduler_ctx, 1);
 }
 
 void resume(fiber *f) {
@@ -123,28 +176,14 @@ void resume(fiber *f) {
     cur = nullptr;
 }
 
-void wait_for(fiber *f, const uint64_t *gen, const char *what) {
-    f->state = WAITING;
-    f->wait_on = gen;
-    f->wait_gen = *gen;
-    f->wait_what = what;
-    switch_to_scheduler(f);
-}
-
-void thread_exit(fiber *f);
-
 void fiber_entry() {
     fiber *f = starting;
     if (!_setjmp(f->ctx)) _longjmp(creator_ctx, 1);
-    for (;;) {
-        now->rec->body();
-        thread_exit(f);
-        switch_to_scheduler(f);
-    }
+    fiber_loop(f);
 }
 
-// A fiber on the given stack, parked at the top of fiber_entry's loop.
-// (Its own function: no local of the caller lives across the jumps.)
+// A fiber on the given stack, parked at the start of fiber_entry. (Its own
+// function: no local of the caller lives across the jumps.)
 fiber *create_fiber(char *stack) {
     fiber *f = new fiber();
     f->stack = stack;
@@ -158,6 +197,49 @@ fiber *create_fiber(char *stack) {
     starting = f;
     if (!_setjmp(creator_ctx)) swapcontext(&back, &uc);
     return f;
+}
+#endif
+
+const std::vector<fiber *> *run_order; // the fibers of the running launch, in resume order
+
+// The next fiber after f in the order that can run (f itself last), or NULL.
+fiber *next_runnable(fiber *f) {
+    const std::vector<fiber *> &o = *run_order;
+    size_t n = o.size();
+    for (size_t i = 1; i <= n; i++) {
+        fiber *g = o[(f->pos + i) % n];
+        if (g->state == RUNNABLE) return g;
+        if (g->state == WAITING && *g->wait_on != g->wait_gen) {
+            g->state = RUNNABLE;
+            return g;
+        }
+    }
+    return nullptr;
+}
+
+// f waits or has exited: straight on to the next fiber that can run (one
+// switch, not two through the scheduler); the scheduler when none can.
+void switch_away(fiber *f) {
+    fiber *g = next_runnable(f);
+    cur = g;
+    jump(f, g);
+}
+
+void wait_for(fiber *f, const uint64_t *gen, const char *what) {
+    f->state = WAITING;
+    f->wait_on = gen;
+    f->wait_gen = *gen;
+    f->wait_what = what;
+    switch_away(f);
+}
+
+// Runs the launch's kernel as this thread, once per resume after an exit.
+void fiber_loop(fiber *f) {
+    for (;;) {
+        now->rec->body();
+        thread_exit(f);
+        switch_away(f);
+    }
 }
 
 void grow_pool(size_t n) {
@@ -302,21 +384,12 @@ void thread_exit(fiber *f) {
 }
 
 void run_fibers(const std::vector<fiber *> &order) {
-    size_t live = order.size();
-    while (live) {
-        bool progressed = false;
-        for (fiber *f : order) {
-            if (f->state == EXITED) continue;
-            if (f->state == WAITING) {
-                if (*f->wait_on == f->wait_gen) continue;
-                f->state = RUNNABLE;
-            }
-            resume(f);
-            progressed = true;
-            if (f->state == EXITED) live--;
-        }
-        if (!progressed) deadlock(order);
-    }
+    for (size_t i = 0; i < order.size(); i++) order[i]->pos = i;
+    run_order = &order;
+    if (!order.empty()) resume(order[0]); // returns when no fiber can run
+    for (fiber *f : order)
+        if (f->state != EXITED) deadlock(order);
+    run_order = nullptr;
 }
 
 void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
