@@ -197,7 +197,8 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
-             model_golden model_moe_deterministic greedy_stop gpu_cache_consistency predictor_fused
+             model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop gpu_cache_consistency \
+             predictor_fused
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)

@@ -118,7 +118,7 @@ fiber *me() { return static_cast<fiber *>(cur); }
 void thread_exit(fiber *f);
 void fiber_loop(fiber *f);
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(POLAR_CUDA_EMU_UCONTEXT) // -DPOLAR_CUDA_EMU_UCONTEXT: the portable path
 // emu_switch(save, to): pushes the callee-saved registers, stores the stack
 // pointer in *save, continues on the stack `to` (saved the same way).
 extern "C" void emu_switch(void **save, void *to);
