@@ -190,15 +190,16 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 # tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # The CUDA code also runs under the CPU emulation (tests/cuda_emu, no GPU or
-# CUDA library needed): its self-test, then the kernel and small-model tests
-# of test_cuda in forward thread order (reduced shapes, --quick), and those
-# most sensitive to thread order reversed and shuffled. Not under SAN=1 (the
-# fibers' stack switches confuse AddressSanitizer). make test-cuda-emu runs
-# every test at full size.
+# CUDA library needed): its self-test, then test_cuda's kernel tests at full
+# size and its small-model tests reduced (--quick) in forward thread order,
+# and those most sensitive to thread order reversed and shuffled. Not under
+# SAN=1 (the fibers' stack switches confuse AddressSanitizer). make
+# test-cuda-emu runs every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
-EMU_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
-             model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop gpu_cache_consistency \
-             predictor_fused
+EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention \
+                    kernel_moe
+EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
+                   gpu_cache_consistency predictor_fused
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
@@ -209,8 +210,8 @@ ifeq ($(EMU_IN_TEST),1)
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
-	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_TESTS="$(EMU_TESTS)" \
-	  POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
+	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_KERNEL_TESTS="$(EMU_KERNEL_TESTS)" \
+	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -242,7 +243,7 @@ test-cuda-emu: deps
 	  for order in reverse random; do \
 	    echo "== thread order $$order"; \
 	    POLAR_CUDA_EMU_ORDER=$$order POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
-	      ./build-emu/tests/test_cuda --quick $(or $(CUDA_EMU_TESTS),$(EMU_TESTS)) || rc=1; \
+	      ./build-emu/tests/test_cuda --quick $(or $(CUDA_EMU_TESTS),$(EMU_KERNEL_TESTS) $(EMU_MODEL_TESTS)) || rc=1; \
 	  done; exit $$rc
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
