@@ -1,5 +1,5 @@
 # polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
-#        make cuda | make test-cuda (needs a GPU)
+#        make cuda | make test-cuda (needs a GPU) | make test-cuda-emu (the CUDA code on the CPU)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
@@ -21,6 +21,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
 CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
+CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
+EMU_DIR   := tests/cuda_emu
+EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp
+EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
@@ -28,6 +32,13 @@ BUILD   ?= build-cuda
 CFLAGS  += -DPOLAR_CUDA -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+else ifeq ($(CUDA_EMU),1)
+# The CUDA backend built with the host C++ compiler against the emulation in
+# tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
+BUILD   ?= build-emu
+CFLAGS  += -DPOLAR_CUDA -I$(EMU_DIR)/include
+LDLIBS  += -lstdc++
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
 # -O1 after the -O3 of CFLAGS: gcc takes the last -O
@@ -75,16 +86,40 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
 
-.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
+ifeq ($(CUDA_EMU),1)
+# The emulated build: each .cu (and common.cuh) rewritten by rewrite.awk
+# (launches and __shared__ declarations, see the file), then compiled as C++.
+# _FORTIFY_SOURCE off: its longjmp check rejects the jumps between fiber stacks.
+# -fno-strict-aliasing: the kernels read uint4 loads through uint16_t
+# pointers, which nvcc allows and g++ would otherwise be free to break.
+CXX ?= g++
+EMU_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare \
+                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -I$(EMU_DIR)/include -Iinclude
+.PRECIOUS: $(BUILD)/gen/%.cpp $(BUILD)/gen/%.cuh
+$(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
+	@mkdir -p $(dir $@)
+	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
+$(BUILD)/gen/%.cuh: %.cuh $(EMU_DIR)/rewrite.awk
+	@mkdir -p $(dir $@)
+	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(CU_HDR) $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -c $< -o $@
+$(BUILD)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+else
+$(BUILD)/obj/%.o: %.cu $(CU_HDR)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
+endif
 
 $(BUILD)/libpolar.a: $(LIB_OBJ)
 	ar rcs $@ $^
@@ -98,6 +133,12 @@ $(BUILD)/polar: $(CLI_OBJ) $(BUILD)/libpolar.a
 build-cuda/tests/test_cuda: tests/test_cuda.c tests/harness.h build-cuda/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< build-cuda/libpolar.a $(LDLIBS)
+
+# The emulation's own tests, with kernels that break the rules on purpose.
+$(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o \
+                              $(BUILD)/libpolar.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o $(BUILD)/libpolar.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
@@ -149,13 +190,29 @@ $(BUILD)/fixtures/%: tests/golden/tokenizer/%.gz
 # too (library, CLI and the test_cuda binary), so a CUDA break fails the
 # tests; its CLI is checked on the CPU path.
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+# The CUDA code also runs under the CPU emulation (tests/cuda_emu, no GPU or
+# CUDA library needed): its self-test, then test_cuda's kernel tests at full
+# size and its small-model tests reduced (--quick) in forward thread order,
+# and those most sensitive to thread order reversed and shuffled. Not under
+# SAN=1 (the fibers' stack switches confuse AddressSanitizer). make
+# test-cuda-emu runs every test at full size.
+EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
+EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention \
+                    kernel_moe
+EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
+                   gpu_cache_consistency predictor_fused
+EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
+ifeq ($(EMU_IN_TEST),1)
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
-	  sh tests/run.sh
+	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_KERNEL_TESTS="$(EMU_KERNEL_TESTS)" \
+	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -173,6 +230,22 @@ test-cuda:
 	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick || rc=1; \
 	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick $(RACECHECK_TESTS) || rc=1; \
 	  exit $$rc
+
+# The CUDA code on the CPU (tests/cuda_emu): the emulation's self-test, then
+# every test of test_cuda at full size on the emulated H100 (132
+# multiprocessors), then the quick set in reverse and random thread order.
+# CUDA_EMU_TESTS names a subset. Slow (the 3B preset alone takes long): make
+# test runs the reduced set.
+CUDA_EMU_TESTS ?=
+test-cuda-emu: deps
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+	@rc=0; ./build-emu/tests/test_cuda_emu || rc=1; \
+	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda $(CUDA_EMU_TESTS) || rc=1; \
+	  for order in reverse random; do \
+	    echo "== thread order $$order"; \
+	    POLAR_CUDA_EMU_ORDER=$$order POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
+	      ./build-emu/tests/test_cuda --quick $(or $(CUDA_EMU_TESTS),$(EMU_KERNEL_TESTS) $(EMU_MODEL_TESTS)) || rc=1; \
+	  done; exit $$rc
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
@@ -212,6 +285,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda build-neon
+	rm -rf build build-san build-fuzz build-cuda build-neon build-emu
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -31,6 +31,31 @@ done
 if [ -n "${POLAR_NEON_TEST:-}" ]; then
     run test_simd_neon $POLAR_NEON_TEST
 fi
+# The CUDA code under the CPU emulation (tests/cuda_emu), when make test
+# built it: the emulation's self-test, then test_cuda's kernel tests (full
+# size) and small-model tests (--quick) with the threads of each block
+# resumed in forward order, and the order-sensitive ones reversed and
+# shuffled (a result that changes shows a missing barrier). 16
+# multiprocessors keep the split-K attention and cooperative grids small:
+# the same code runs, with fewer idle blocks.
+if [ -n "${POLAR_CUDA_EMU:-}" ]; then
+    run test_cuda_emu "$POLAR_CUDA_EMU/tests/test_cuda_emu"
+    emu() {
+        order=$1
+        shift
+        echo "== test_cuda under the CUDA emulation, thread order $order: $*"
+        run "test_cuda ($order)" env POLAR_CUDA_EMU_ORDER="$order" POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
+            "$POLAR_CUDA_EMU/tests/test_cuda" "$@"
+    }
+    # shellcheck disable=SC2086 # the names are lists
+    emu forward $POLAR_CUDA_EMU_KERNEL_TESTS
+    # shellcheck disable=SC2086
+    emu forward --quick $POLAR_CUDA_EMU_MODEL_TESTS
+    for order in reverse random; do
+        # shellcheck disable=SC2086
+        emu $order --quick $POLAR_CUDA_EMU_ORDER_TESTS
+    done
+fi
 run cli_test sh tests/cli_test.sh
 rm -f "$log"
 echo "$passed passed, $failed failed"

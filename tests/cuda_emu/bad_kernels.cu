@@ -1,0 +1,136 @@
+// Kernels with the mistakes the emulation must catch (test_emu.c runs each
+// in a child process and expects an abort naming it), and a racy kernel
+// whose result depends on thread order. Plain CUDA: rewrite.awk builds them
+// like kernels/cuda.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#define WARP 32
+
+// Thread 0 returns; the others wait for it at __syncthreads forever.
+__global__ void exit_before_barrier_kernel(float *out) {
+    if (threadIdx.x == 0) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+// Lane 0 waits at __syncthreads, lanes 1..31 at __syncwarp for lane 0.
+__global__ void divergent_barrier_kernel(float *out) {
+    if (threadIdx.x % WARP == 0) __syncthreads();
+    else __syncwarp();
+    out[threadIdx.x] = 1.0f;
+}
+
+// The full mask names lanes 16..31, which have returned.
+__global__ void shuffle_exited_lane_kernel(float *out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (float)threadIdx.x, 1);
+}
+
+// Lanes 0..15 shuffle among themselves but read lane 20.
+__global__ void shuffle_outside_mask_kernel(float *out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_sync(0x0000ffffu, (float)threadIdx.x, 20);
+}
+
+// 64 threads write a 32-float shared array.
+__global__ void shared_overflow_kernel(float *out) {
+    __shared__ float s[WARP];
+    s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x % WARP];
+}
+
+// Writes one float past the dynamic shared memory the launch gave.
+__global__ void dynamic_shared_overflow_kernel(float *out, int n) {
+    extern __shared__ float dyn[];
+    if (threadIdx.x == 0) dyn[n] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = 0.0f;
+}
+
+// One float past the end of out.
+__global__ void global_overflow_kernel(float *out, int n) {
+    out[threadIdx.x + 1 == blockDim.x ? n : threadIdx.x] = 1.0f;
+}
+
+// Each lane passes its own tile pointer to a warp-wide WMMA load.
+__global__ void wmma_pointer_kernel(const __nv_bfloat16 *tiles) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+    wmma::load_matrix_sync(a, tiles + (threadIdx.x % WARP) * 256, 16);
+}
+
+// Grid sync outside a cooperative launch.
+__global__ void grid_sync_kernel(float *out) {
+    cooperative_groups::this_grid().sync();
+    out[threadIdx.x] = 1.0f;
+}
+
+// Thread 0 sets a shared flag that every thread reads without a barrier:
+// the result depends on which threads run first (the emulation's order).
+__global__ void racy_kernel(float *out) {
+    __shared__ float flag;
+    if (threadIdx.x == 0) flag = 1.0f;
+    out[threadIdx.x] = flag;
+}
+
+// The same with the barrier: every order gives 1.
+__global__ void fixed_kernel(float *out) {
+    __shared__ float flag;
+    if (threadIdx.x == 0) flag = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = flag;
+}
+
+// A product of 16 x 16 bf16 tiles on WMMA: c = a b (row-major a, col-major b).
+__global__ void wmma_product_kernel(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+// out[i] += 1 for i < n: for graph capture (arguments copied at capture).
+__global__ void add_one_kernel(float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += 1.0f;
+}
+
+extern "C" {
+
+// Each launches one kernel above on the legacy stream and returns
+// cudaGetLastError() (a kernel fault aborts the process before that).
+int emu_bad_launch(const char *which, float *out, int n, void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    if (!__builtin_strcmp(which, "exit_before_barrier")) exit_before_barrier_kernel<<<1, 64, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "divergent_barrier")) divergent_barrier_kernel<<<1, 64, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "shuffle_exited_lane")) shuffle_exited_lane_kernel<<<1, 32, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "shuffle_outside_mask")) shuffle_outside_mask_kernel<<<1, 32, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "shared_overflow")) shared_overflow_kernel<<<2, 64, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "dynamic_shared_overflow"))
+        dynamic_shared_overflow_kernel<<<1, 32, n * sizeof(float), s>>>(out, n);
+    else if (!__builtin_strcmp(which, "global_overflow")) global_overflow_kernel<<<1, n, 0, s>>>(out, n);
+    else if (!__builtin_strcmp(which, "wmma_pointer")) wmma_pointer_kernel<<<1, 32, 0, s>>>((const __nv_bfloat16 *)out);
+    else if (!__builtin_strcmp(which, "grid_sync")) grid_sync_kernel<<<2, 32, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "racy")) racy_kernel<<<1, n, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "fixed")) fixed_kernel<<<1, n, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "add_one")) add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
+    else if (!__builtin_strcmp(which, "too_many_threads")) add_one_kernel<<<1, 2048, 0, s>>>(out, n);
+    else if (!__builtin_strcmp(which, "too_much_shared")) add_one_kernel<<<1, 32, 64 << 10, s>>>(out, n);
+    else return -1;
+    return (int)cudaGetLastError();
+}
+
+int emu_wmma_product(float *c, const void *a, const void *b) {
+    wmma_product_kernel<<<1, 32>>>(c, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b);
+    return (int)cudaGetLastError();
+}
+
+}

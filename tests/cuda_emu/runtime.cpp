@@ -1,0 +1,591 @@
+// CUDA emulation: the runtime API subset polar uses, on the CPU. Device
+// memory is host memory (one address space, as with UVA), so a device
+// pointer is usable by the host, which a GPU would not allow: copies check
+// their device side against the allocation table instead. Work on a stream
+// runs when it is issued (the host then waits for nothing), except on a
+// capturing stream, where it is recorded and replayed by cudaGraphLaunch.
+//
+// What it checks, as the real runtime or a GPU would refuse it:
+//  - cudaMalloc'd memory starts as 0xFF bytes (NaN floats, bf16 NaN, -1
+//    ints), so reading memory nobody wrote shows up in the tests' NaN
+//    checks; 256-byte redzones around each allocation are checked when it
+//    is freed (a write past its end aborts with the allocation's size);
+//  - copies and memsets must lie inside one device allocation;
+//  - during a capture (thread-local or global mode) synchronous or
+//    allocating calls (cudaMalloc, cudaFree, cudaMemcpy, cudaMemset, host
+//    allocations, device or stream synchronisation) fail with
+//    cudaErrorStreamCaptureUnsupported and invalidate the capture; work on
+//    the legacy stream while a blocking stream captures fails with
+//    cudaErrorStreamCaptureImplicit;
+//  - launch configurations (block size, dynamic shared memory beyond the
+//    kernel's cudaFuncSetAttribute limit, a cooperative grid larger than can
+//    be resident).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "emu_internal.h"
+
+typedef std::function<void()> stream_op;
+
+struct emu_stream {
+    unsigned flags;
+    bool capturing, invalidated;
+    cudaStreamCaptureMode mode;
+    std::thread::id owner;
+    std::vector<stream_op> ops;
+};
+struct emu_event {
+    unsigned flags;
+    bool recorded;
+    double ms;
+};
+struct emu_graph {
+    std::vector<stream_op> ops;
+};
+struct emu_graph_exec {
+    std::vector<stream_op> ops;
+};
+
+namespace {
+
+const size_t TOTAL_BYTES = (size_t)80 << 30; // an H100's 80 GB
+const size_t ALLOC_REDZONE = 256;
+const unsigned char ALLOC_REDZONE_BYTE = 0xB7;
+const int DEFAULT_DYNAMIC_SHARED = 48 << 10;
+const int OPTIN_SHARED = 227 << 10;
+
+struct allocation {
+    size_t bytes;
+    char *raw;
+    bool device; // false: pinned host memory
+};
+
+std::mutex state_lock; // the tables below
+std::map<uintptr_t, allocation> allocations;
+size_t device_used;
+std::set<emu_stream *> streams;
+std::map<const void *, int> max_dynamic_shared;
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t record(cudaError_t e) {
+    if (e != cudaSuccess) last_error = e;
+    return e;
+}
+
+double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Synchronous or allocating calls while this thread captures (or any thread
+// captures in global mode) are refused, and the capture is invalidated.
+cudaError_t refuse_during_capture(const char *api) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    bool refused = false;
+    for (emu_stream *s : streams)
+        if (s->capturing && s->mode != cudaStreamCaptureModeRelaxed &&
+            (s->owner == std::this_thread::get_id() || s->mode == cudaStreamCaptureModeGlobal)) {
+            s->invalidated = true;
+            refused = true;
+        }
+    if (refused) EMU_NOTE("cuda-emu: %s during a stream capture: cudaErrorStreamCaptureUnsupported\n", api);
+    return refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+// Work on the legacy stream waits for every blocking stream: one that is
+// capturing cannot be waited for.
+cudaError_t legacy_stream_use(const char *api) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    bool refused = false;
+    for (emu_stream *s : streams)
+        if (s->capturing && !(s->flags & cudaStreamNonBlocking)) {
+            s->invalidated = true;
+            refused = true;
+        }
+    if (refused)
+        EMU_NOTE("cuda-emu: %s on the legacy stream while a blocking stream captures: "
+                        "cudaErrorStreamCaptureImplicit\n", api);
+    return refused ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+
+bool known_stream(cudaStream_t s) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    return streams.count(s) != 0;
+}
+
+// Runs op on stream s now, or records it when s captures.
+cudaError_t enqueue(cudaStream_t s, const char *api, stream_op op) {
+    if (!s) {
+        cudaError_t e = legacy_stream_use(api);
+        if (e != cudaSuccess) return e;
+        op();
+        return cudaSuccess;
+    }
+    if (!known_stream(s)) return cudaErrorInvalidResourceHandle;
+    if (s->capturing) {
+        if (s->invalidated) return cudaErrorStreamCaptureInvalidated;
+        s->ops.push_back(std::move(op));
+        return cudaSuccess;
+    }
+    op();
+    return cudaSuccess;
+}
+
+// The allocation holding [p, p + bytes), or why there is none.
+cudaError_t check_range(const void *p, size_t bytes, bool device, const char *api, const char *side) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it != allocations.begin()) {
+        --it;
+        if (a >= it->first && a < it->first + it->second.bytes + (it->second.bytes == 0)) {
+            if (a + bytes <= it->first + it->second.bytes) return cudaSuccess;
+            EMU_NOTE("cuda-emu: %s: the %s range of %zu bytes at offset %zu runs past the end of a %zu-byte "
+                            "allocation\n", api, side, bytes, (size_t)(a - it->first), it->second.bytes);
+            return cudaErrorInvalidValue;
+        }
+    }
+    if (!device) return cudaSuccess; // pageable host memory
+    EMU_NOTE("cuda-emu: %s: the %s pointer %p is not device memory\n", api, side, p);
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *api) {
+    if (bytes == 0) return cudaSuccess;
+    if ((int)kind < 0 || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    cudaError_t e = check_range(dst, bytes, dst_dev, api, "destination");
+    return e != cudaSuccess ? e : check_range(src, bytes, src_dev, api, "source");
+}
+
+void check_redzones(uintptr_t base, const allocation &a) {
+    for (size_t i = 0; i < ALLOC_REDZONE; i++)
+        if ((unsigned char)a.raw[i] != ALLOC_REDZONE_BYTE ||
+            (unsigned char)a.raw[ALLOC_REDZONE + a.bytes + i] != ALLOC_REDZONE_BYTE) {
+            bool before = (unsigned char)a.raw[i] != ALLOC_REDZONE_BYTE;
+            fprintf(stderr, "cuda-emu: the %zu-byte %s allocation at %p was written %s (a kernel or copy out of "
+                            "bounds)\n", a.bytes, a.device ? "device" : "pinned host", (void *)base,
+                    before ? "before its start" : "past its end");
+            abort();
+        }
+}
+
+cudaError_t allocate(void **ptr, size_t bytes, bool device) {
+    if (!ptr) return record(cudaErrorInvalidValue);
+    *ptr = nullptr;
+    cudaError_t e = refuse_during_capture(device ? "cudaMalloc" : "cudaHostAlloc");
+    if (e != cudaSuccess) return record(e);
+    {
+        std::lock_guard<std::mutex> hold(state_lock);
+        if (device && bytes > TOTAL_BYTES - device_used) return record(cudaErrorMemoryAllocation);
+    }
+    char *raw = (char *)aligned_alloc(256, (bytes + 2 * ALLOC_REDZONE + 255) & ~(size_t)255);
+    if (!raw) return record(cudaErrorMemoryAllocation);
+    memset(raw, ALLOC_REDZONE_BYTE, ALLOC_REDZONE);
+    memset(raw + ALLOC_REDZONE, 0xff, bytes); // never written: NaN
+    memset(raw + ALLOC_REDZONE + bytes, ALLOC_REDZONE_BYTE, ALLOC_REDZONE);
+    std::lock_guard<std::mutex> hold(state_lock);
+    allocations[(uintptr_t)(raw + ALLOC_REDZONE)] = allocation{bytes, raw, device};
+    if (device) device_used += bytes;
+    *ptr = raw + ALLOC_REDZONE;
+    return cudaSuccess;
+}
+
+cudaError_t release(void *ptr, bool device) {
+    if (!ptr) return cudaSuccess;
+    cudaError_t e = refuse_during_capture(device ? "cudaFree" : "cudaFreeHost");
+    if (e != cudaSuccess) return record(e);
+    allocation a;
+    {
+        std::lock_guard<std::mutex> hold(state_lock);
+        auto it = allocations.find((uintptr_t)ptr);
+        if (it == allocations.end() || it->second.device != device) {
+            EMU_NOTE("cuda-emu: %s(%p): not a pointer it allocated\n", device ? "cudaFree" : "cudaFreeHost", ptr);
+            return record(cudaErrorInvalidValue);
+        }
+        a = it->second;
+        allocations.erase(it);
+        if (device) device_used -= a.bytes;
+    }
+    check_redzones((uintptr_t)ptr, a);
+    free(a.raw);
+    return cudaSuccess;
+}
+
+} // namespace
+
+// ------------------------------------------------------------- launches
+
+namespace emu {
+
+cudaError_t submit(const void *func, const char *name, const launch_config &cfg, std::function<void()> body,
+                   bool cooperative) {
+    const dim3 &g = cfg.grid, &b = cfg.block;
+    unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    const char *bad = nullptr;
+    cudaError_t e = cudaSuccess;
+    int dyn_limit = DEFAULT_DYNAMIC_SHARED;
+    {
+        std::lock_guard<std::mutex> hold(state_lock);
+        auto it = max_dynamic_shared.find(func);
+        if (it != max_dynamic_shared.end()) dyn_limit = it->second;
+    }
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z || g.y > 65535 || g.z > 65535 || b.x > 1024 || b.y > 1024 ||
+        b.z > 64 || threads > 1024)
+        bad = "grid or block dimensions out of range", e = cudaErrorInvalidConfiguration;
+    else if (cfg.smem > (size_t)dyn_limit)
+        bad = "more dynamic shared memory than the kernel's limit (cudaFuncSetAttribute)", e = cudaErrorInvalidValue;
+    else if (cooperative && (unsigned long long)g.x * g.y * g.z > (unsigned long long)sms() * EMU_BLOCKS_PER_SM)
+        bad = "a cooperative grid larger than can be resident", e = cudaErrorCooperativeLaunchTooLarge;
+    if (bad) {
+        EMU_NOTE("cuda-emu: launch of %s <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", name, g.x, g.y, g.z,
+                b.x, b.y, b.z, cfg.smem, bad);
+        if (cfg.stream && known_stream(cfg.stream) && cfg.stream->capturing) cfg.stream->invalidated = true;
+        return record(e);
+    }
+    launch_record rec{func, name, cfg, std::move(body), cooperative};
+    return record(enqueue(cfg.stream, name, [rec]() { execute(rec); }));
+}
+
+bool quiet() {
+    static bool q = [] {
+        const char *e = getenv("POLAR_CUDA_EMU_QUIET");
+        return e && !strcmp(e, "1");
+    }();
+    return q;
+}
+
+int sms() {
+    static int n = [] {
+        const char *e = getenv("POLAR_CUDA_EMU_SMS");
+        int v = e ? atoi(e) : 132;
+        if (v < 1 || v > 1024) {
+            fprintf(stderr, "cuda-emu: POLAR_CUDA_EMU_SMS=%s: expected 1..1024\n", e);
+            abort();
+        }
+        return v;
+    }();
+    return n;
+}
+
+cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()> op) {
+    return record(enqueue(s, api, std::move(op)));
+}
+
+cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what) {
+    return bytes ? check_range(p, bytes, true, api, what) : cudaSuccess;
+}
+
+cudaError_t occupancy(int *blocks, const void *func, int block_size, size_t smem) {
+    (void)func;
+    if (!blocks || block_size < 1 || block_size > 1024) return record(cudaErrorInvalidValue);
+    *blocks = smem <= (size_t)OPTIN_SHARED ? EMU_BLOCKS_PER_SM : 0;
+    return cudaSuccess;
+}
+
+} // namespace emu
+
+// ---------------------------------------------------------------- errors
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define NAME(x) \
+    case x: return #x;
+        NAME(cudaSuccess) NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation)
+        NAME(cudaErrorInitializationError) NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer)
+        NAME(cudaErrorInvalidMemcpyDirection) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidResourceHandle)
+        NAME(cudaErrorIllegalState) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
+        NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorLaunchFailure) NAME(cudaErrorCooperativeLaunchTooLarge)
+        NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorStreamCaptureInvalidated)
+        NAME(cudaErrorStreamCaptureUnmatched) NAME(cudaErrorStreamCaptureImplicit) NAME(cudaErrorUnknown)
+#undef NAME
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorUnknown: return "unknown error";
+    }
+    return "unrecognized error code";
+}
+
+// ---------------------------------------------------------------- device
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    const char *e = getenv("POLAR_CUDA_EMU_DEVICES"); // 0: pretend there is no GPU
+    *count = e && !strcmp(e, "0") ? 0 : 1;
+    return *count ? cudaSuccess : record(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDevice(int *device) {
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record(cudaErrorInvalidValue); }
+
+// An H100 SXM's attributes.
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+    if (device != 0 || !value) return record(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 << 10; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrClockRate: *value = 1980000; break;
+    case cudaDevAttrMultiProcessorCount: *value = emu::sms(); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 228 << 10; break;
+    case cudaDevAttrCooperativeLaunch: *value = 1; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = OPTIN_SHARED; break;
+    default: return record(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return record(refuse_during_capture("cudaDeviceSynchronize")); }
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    *free_bytes = TOTAL_BYTES - device_used;
+    *total_bytes = TOTAL_BYTES;
+    return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- memory
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes) { return allocate(ptr, bytes, true); }
+cudaError_t cudaFree(void *ptr) { return release(ptr, true); }
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return allocate(ptr, bytes, false); }
+cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags) {
+    (void)flags;
+    return allocate(ptr, bytes, false);
+}
+cudaError_t cudaFreeHost(void *ptr) { return release(ptr, false); }
+
+cudaError_t cudaHostGetDevicePointer(void **device_ptr, void *host_ptr, unsigned int flags) {
+    if (flags) return record(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> hold(state_lock);
+    auto it = allocations.find((uintptr_t)host_ptr);
+    if (it == allocations.end() || it->second.device) return record(cudaErrorInvalidValue);
+    *device_ptr = host_ptr; // mapped memory has one address for both sides
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    cudaError_t e = refuse_during_capture("cudaMemcpy");
+    if (e == cudaSuccess) e = legacy_stream_use("cudaMemcpy");
+    if (e == cudaSuccess) e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
+    if (e == cudaSuccess && bytes) memmove(dst, src, bytes);
+    return record(e);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
+    if (e == cudaSuccess)
+        e = enqueue(stream, "cudaMemcpyAsync", [=]() {
+            if (bytes) memmove(dst, src, bytes);
+        });
+    return record(e);
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
+    cudaError_t e = refuse_during_capture("cudaMemset");
+    if (e == cudaSuccess) e = legacy_stream_use("cudaMemset");
+    if (e == cudaSuccess && bytes) e = check_range(dst, bytes, true, "cudaMemset", "destination");
+    if (e == cudaSuccess) memset(dst, value, bytes);
+    return record(e);
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
+    cudaError_t e = bytes ? check_range(dst, bytes, true, "cudaMemsetAsync", "destination") : cudaSuccess;
+    if (e == cudaSuccess) e = enqueue(stream, "cudaMemsetAsync", [=]() { memset(dst, value, bytes); });
+    return record(e);
+}
+
+// ------------------------------------------------------ streams and events
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+    emu_stream *s = new emu_stream();
+    s->flags = flags;
+    std::lock_guard<std::mutex> hold(state_lock);
+    streams.insert(s);
+    *stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    if (!streams.erase(stream)) return record(cudaErrorInvalidResourceHandle);
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (!stream) {
+        cudaError_t e = refuse_during_capture("cudaStreamSynchronize");
+        return record(e != cudaSuccess ? e : legacy_stream_use("cudaStreamSynchronize"));
+    }
+    if (!known_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    if (stream->capturing) {
+        stream->invalidated = true;
+        EMU_NOTE("cuda-emu: cudaStreamSynchronize on a capturing stream: cudaErrorStreamCaptureUnsupported\n");
+        return record(cudaErrorStreamCaptureUnsupported);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus *status) {
+    if (stream && !known_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    *status = !stream || !stream->capturing ? cudaStreamCaptureStatusNone
+              : stream->invalidated       ? cudaStreamCaptureStatusInvalidated
+                                          : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    *event = new emu_event{flags, false, 0};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!event) return record(cudaErrorInvalidResourceHandle);
+    return record(enqueue(stream, "cudaEventRecord", [event]() {
+        event->recorded = true;
+        event->ms = now_ms();
+    }));
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    return event ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) { return event ? cudaSuccess : record(cudaErrorInvalidResourceHandle); }
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!start || !end || (start->flags & cudaEventDisableTiming) || (end->flags & cudaEventDisableTiming))
+        return record(cudaErrorInvalidResourceHandle);
+    if (!start->recorded || !end->recorded) return record(cudaErrorInvalidResourceHandle);
+    *ms = (float)(end->ms - start->ms);
+    return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    if (!stream) return record(cudaErrorStreamCaptureUnsupported); // the legacy stream cannot capture
+    std::lock_guard<std::mutex> hold(state_lock);
+    if (!streams.count(stream)) return record(cudaErrorInvalidResourceHandle);
+    if (stream->capturing) return record(cudaErrorIllegalState);
+    stream->capturing = true;
+    stream->invalidated = false;
+    stream->mode = mode;
+    stream->owner = std::this_thread::get_id();
+    stream->ops.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    *graph = nullptr;
+    if (!stream || !known_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    if (!stream->capturing) return record(cudaErrorIllegalState);
+    if (stream->owner != std::this_thread::get_id() && stream->mode != cudaStreamCaptureModeRelaxed)
+        return record(cudaErrorStreamCaptureUnmatched);
+    stream->capturing = false;
+    std::vector<stream_op> ops;
+    ops.swap(stream->ops);
+    if (stream->invalidated) return record(cudaErrorStreamCaptureInvalidated);
+    *graph = new emu_graph{std::move(ops)};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    (void)flags;
+    if (!graph) return record(cudaErrorInvalidValue);
+    *exec = new emu_graph_exec{graph->ops}; // a copy: the graph may be destroyed
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    if (!exec) return record(cudaErrorInvalidValue);
+    if (stream && known_stream(stream) && stream->capturing) return record(cudaErrorStreamCaptureUnsupported);
+    return record(enqueue(stream, "cudaGraphLaunch", [exec]() {
+        for (const stream_op &op : exec->ops) op();
+    }));
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete graph;
+    return cudaSuccess;
+}
+
+// --------------------------------------------------------------- kernels
+
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+    if (!func) return record(cudaErrorInvalidValue);
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value > OPTIN_SHARED) return record(cudaErrorInvalidValue);
+        std::lock_guard<std::mutex> hold(state_lock);
+        max_dynamic_shared[func] = value;
+        return cudaSuccess;
+    }
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
+        return value >= -1 && value <= 100 ? cudaSuccess : record(cudaErrorInvalidValue);
+    return record(cudaErrorInvalidValue);
+}
+
+} // extern "C"
