@@ -308,21 +308,15 @@ int cmd_eval(int argc, char **argv) {
     if (a.top_p <= 0 || a.top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be >= 1");
     if (a.fallback && strcmp(a.fallback, "last-number")) return fail_usage(cmd, "--fallback takes last-number");
-    if ((a.shots > 0) != (a.shots_from != NULL)) return fail_usage(cmd, "--shots N and --shots-from FILE go together");
 
     polar_dataset *data = NULL, *shot_data = NULL;
     int first, count, rc;
-    if ((rc = open_dataset(cmd, a.data, a.format, a.qfield, a.afield, a.start, a.limit, &data, &first, &count)))
+    const polar_question *shots[MAX_SHOTS];
+    if ((rc = load_shots(cmd, a.shots, a.shots_from, &shot_data, shots))) return rc;
+    int n_shots = a.shots;
+    if ((rc = open_dataset(cmd, a.data, a.format, a.qfield, a.afield, a.start, a.limit, &data, &first, &count))) {
+        polar_dataset_free(shot_data);
         return rc;
-    const polar_question *shots[64];
-    int n_shots = 0;
-    if (a.shots) {
-        int s0, sn;
-        if (a.shots > 64) rc = fail_usage(cmd, "--shots must be at most 64");
-        else if (!(rc = open_dataset(cmd, a.shots_from, NULL, NULL, NULL, 0, a.shots, &shot_data, &s0, &sn))) {
-            if (sn < a.shots) rc = fail_usage(cmd, "%s has %d questions, fewer than --shots %d", a.shots_from, sn, a.shots);
-            for (n_shots = 0; !rc && n_shots < a.shots; n_shots++) shots[n_shots] = polar_dataset_get(shot_data, n_shots);
-        }
     }
     if (!rc && style == STYLE_MC && polar_dataset_get(data, first)->n_choices == 0)
         rc = fail_usage(cmd, "--style mc needs a multiple-choice data set");

@@ -103,6 +103,23 @@ int open_dataset(const char *cmd, const char *path, const char *format, const ch
     return 0;
 }
 
+int load_shots(const char *cmd, int n, const char *from, polar_dataset **shot_data,
+               const polar_question *shots[MAX_SHOTS]) {
+    *shot_data = NULL;
+    if ((n > 0) != (from != NULL)) return fail_usage(cmd, "--shots N and --shots-from FILE go together");
+    if (n == 0) return 0;
+    if (n < 0 || n > MAX_SHOTS) return fail_usage(cmd, "--shots must be 1 to %d", MAX_SHOTS);
+    int first, count, rc = open_dataset(cmd, from, NULL, NULL, NULL, 0, n, shot_data, &first, &count);
+    if (rc) return rc;
+    if (count < n) {
+        polar_dataset_free(*shot_data);
+        *shot_data = NULL;
+        return fail_usage(cmd, "%s has %d questions, fewer than --shots %d", from, count, n);
+    }
+    for (int i = 0; i < n; i++) shots[i] = polar_dataset_get(*shot_data, i);
+    return 0;
+}
+
 FILE *resume_results(const char *cmd, const char *path, int first, int count, unsigned char *done, int *n_done) {
     *n_done = 0;
     FILE *f = fopen(path, "r+");

@@ -35,6 +35,16 @@ polar_status question_prompt(const polar_tokenizer *tok, prompt_style style, con
                              const polar_question *const *shots, int n_shots, char **text, int **ids, int *n,
                              polar_error *err);
 
+/* At most this many worked examples before a question (--shots). */
+#define MAX_SHOTS 64
+
+/* --shots N --shots-from FILE: the first n questions of FILE (with their
+ * worked solutions) into shots[MAX_SHOTS]; *shot_data owns them (free with
+ * polar_dataset_free; NULL when n is 0). Returns an exit status, having
+ * printed any error. */
+int load_shots(const char *cmd, int n, const char *from, polar_dataset **shot_data,
+               const polar_question *shots[MAX_SHOTS]);
+
 /* The data set of --data with --format / --question-field / --answer-field,
  * and the slice [start, start + limit) of it (limit 0: to the end). Returns
  * an exit status, having printed any error. */

@@ -81,10 +81,11 @@ static int write_line(FILE *f, int index, const polar_question *q, const polar_s
 }
 
 typedef struct {
-    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *summary, *plot;
+    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *summary, *plot, *shots_from;
     float lambda;
-    int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json;
+    int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots;
     uint64_t seed;
+    const polar_question *shots[MAX_SHOTS];
 } search_args;
 
 static int run_searches(const char *cmd, const search_args *a, prompt_style style, polar_model *m,
@@ -128,7 +129,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
         polar_program base = {0};
         polar_search_result res = {0};
         double t0 = polar_time_ms();
-        polar_status st = question_prompt(tok, style, q, NULL, 0, &text, &ids, &n_ids, &err);
+        polar_status st = question_prompt(tok, style, q, a->shots, a->n_shots, &text, &ids, &n_ids, &err);
         polar_session_opts o = {.max_ctx = n_ids + a->max_new,
                                 .max_program_len = so.max_len > D ? so.max_len : D,
                                 .n_threads = a->threads,
@@ -183,7 +184,8 @@ int cmd_search(int argc, char **argv) {
         {"--seed", OPT_U64, &a.seed, 0},             {"--quiet", OPT_FLAG, &a.quiet, 0},
         {"--device", OPT_STR, &a.device_text, 0},    {"--summary", OPT_STR, &a.summary, 0},
         {"--layers", OPT_INT, &a.layers, 0},         {"--json", OPT_FLAG, &a.json, 0},
-        {"--plot", OPT_STR, &a.plot, 0},
+        {"--plot", OPT_STR, &a.plot, 0},             {"--shots", OPT_INT, &a.n_shots, 0},
+        {"--shots-from", OPT_STR, &a.shots_from, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (a.summary) {
@@ -203,10 +205,13 @@ int cmd_search(int argc, char **argv) {
     if (style == STYLE_MC) return fail_usage(cmd, "--style is boxed or chat (the reward checks a \\boxed{} answer)");
     if (a.sims < 1) return fail_usage(cmd, "--sims must be at least 1");
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be at least 1");
-    polar_dataset *data = NULL;
+    polar_dataset *data = NULL, *shot_data = NULL;
     int first, count, rc;
-    if ((rc = open_dataset(cmd, a.data, a.format, a.qfield, a.afield, a.start, a.limit, &data, &first, &count)))
+    if ((rc = load_shots(cmd, a.n_shots, a.shots_from, &shot_data, a.shots))) return rc;
+    if ((rc = open_dataset(cmd, a.data, a.format, a.qfield, a.afield, a.start, a.limit, &data, &first, &count))) {
+        polar_dataset_free(shot_data);
         return rc;
+    }
     char *default_model = NULL;
     const char *path = a.model;
     polar_error err;
@@ -220,6 +225,7 @@ int cmd_search(int argc, char **argv) {
     polar_tokenizer_free(tok);
     polar_model_free(m);
     polar_dataset_free(data);
+    polar_dataset_free(shot_data);
     polar_free(default_model);
     return rc;
 }

@@ -170,6 +170,18 @@ if [ "$(wc -l <"$D/labels.jsonl")" -eq 2 ] && grep -q '"gt_ans":' "$D/labels.jso
 else
     echo "FAIL cli_search_fields: $(head -c 300 "$D/labels.jsonl")"
 fi
+# --shots: worked examples before each question (the prompt grows), and the pair is required
+expect_out search_shots "searched 1 questions" $P search --model "$M" --data "$Q" --limit 1 --sims 2 --max-new 2 \
+    --shots 2 --shots-from tests/data/gsm8k_train2.jsonl -o "$D/labels_shots.jsonl" --quiet
+n0=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$D/labels.jsonl" | head -n 1)
+n2=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$D/labels_shots.jsonl")
+if [ -n "$n0" ] && [ -n "$n2" ] && [ "$n2" -gt $((n0 + 100)) ]; then
+    echo "PASS cli_search_shots_prompt"
+else
+    echo "FAIL cli_search_shots_prompt: prompt tokens $n0 without shots, $n2 with 2"
+fi
+expect search_shots_alone 2 "--shots N and --shots-from FILE go together" $P search --model "$M" --data "$Q" --shots 2 \
+    -o "$D/x.jsonl"
 
 # polar train: a few labelled questions -> a predictor polar predict loads; bad labels in one line.
 L=$D/train_labels.jsonl
