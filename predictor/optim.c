@@ -109,6 +109,7 @@ struct polar_trainer {
     polar_predictor *p;
     polar_train_opts o;
     float *grad, *m, *v; /* laid out as p->storage */
+    pred_batch_ws ws;    /* allocated by the first step, reused by the rest */
     int step;
 };
 
@@ -144,6 +145,7 @@ void polar_trainer_free(polar_trainer *t) {
     free(t->grad);
     free(t->m);
     free(t->v);
+    pred_batch_ws_free(&t->ws);
     free(t);
 }
 
@@ -164,7 +166,7 @@ int polar_trainer_steps(const polar_trainer *t) { return t ? t->step : 0; }
 polar_status polar_train_step(polar_trainer *t, const polar_train_example *ex, int n, double *loss, polar_error *err) {
     if (!t || !loss) return polar_fail(err, POLAR_ERR_ARG, "train step: missing argument");
     double l;
-    polar_status st = pred_batch_grad(t->p, ex, n, t->o.dropout, t->o.seed, (uint64_t)t->step, t->grad, &l, err);
+    polar_status st = pred_batch_grad(t->p, ex, n, t->o.dropout, t->o.seed, (uint64_t)t->step, t->grad, &l, &t->ws, err);
     if (st != POLAR_OK) return st;
     if (!isfinite(l)) return polar_fail(err, POLAR_ERR_RANGE, "train step %d: the loss is %g", t->step, l);
     /* PyTorch's AdamW: decoupled decay, then m / (sqrt(v / bc2) + eps) * lr / bc1 */

@@ -195,8 +195,44 @@ static polar_status check_batch(const polar_predictor *p, const polar_train_exam
     return POLAR_OK;
 }
 
+void pred_batch_ws_free(pred_batch_ws *w) {
+    for (int t = 0; t < w->threads; t++) {
+        if (w->fb) free(w->fb[t]);
+        if (w->bb) free(w->bb[t]);
+        if (w->tgrad) free(w->tgrad[t]);
+    }
+    free(w->fb), free(w->bb), free(w->tgrad), free(w->losses);
+    memset(w, 0, sizeof *w);
+}
+
+/* Room for n examples of at most T_max token states on nt threads: kept
+ * from step to step, grown (all at once) only when a batch needs more. */
+static int ws_reserve(pred_batch_ws *w, const polar_predictor *p, int n, int T_max, int nt) {
+    if (w->threads >= nt && w->examples >= n && w->tokens >= T_max) return 1;
+    int keep_n = w->examples > n ? w->examples : n, keep_T = w->tokens > T_max ? w->tokens : T_max;
+    int keep_nt = w->threads > nt ? w->threads : nt;
+    pred_batch_ws_free(w);
+    acts tmpl;
+    size_t nbytes, nact = acts_layout(&tmpl, p, keep_T, NULL, NULL, &nbytes), nbwd = bwd_floats(p, keep_T);
+    w->threads = keep_nt, w->examples = keep_n, w->tokens = keep_T;
+    w->fb = calloc((size_t)keep_nt, sizeof *w->fb);
+    w->bb = calloc((size_t)keep_nt, sizeof *w->bb);
+    w->tgrad = calloc((size_t)keep_nt, sizeof *w->tgrad);
+    w->losses = malloc((size_t)keep_n * sizeof *w->losses);
+    int ok = w->fb && w->bb && w->tgrad && w->losses;
+    for (int t = 0; ok && t < keep_nt; t++) {
+        w->fb[t] = malloc((nact + nbwd + 4 * (size_t)p->D) * sizeof(float));
+        w->bb[t] = malloc(nbytes);
+        w->tgrad[t] = t ? malloc(p->storage_floats * sizeof(float)) : NULL; /* thread 0 sums into grad */
+        ok = w->fb[t] && w->bb[t] && (!t || w->tgrad[t]);
+    }
+    if (!ok) pred_batch_ws_free(w);
+    return ok;
+}
+
 polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example *ex, int n, float dropout,
-                             uint64_t seed, uint64_t step, float *grad, double *loss, polar_error *err) {
+                             uint64_t seed, uint64_t step, float *grad, double *loss, pred_batch_ws *ws,
+                             polar_error *err) {
     polar_status st = check_batch(p, ex, n, dropout, err);
     if (st != POLAR_OK) return st;
     int T_max = 1, nt = 1;
@@ -205,35 +241,29 @@ polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example
     nt = omp_get_max_threads();
 #endif
     nt = nt < n ? nt : n;
+    if (!ws_reserve(ws, p, n, T_max, nt))
+        return polar_fail(err, POLAR_ERR_NOMEM, "train: out of memory for a batch of %d", n);
     double wsum = 0.0;
     for (int i = 0; i < n; i++) wsum += ex[i].weight;
     double wnorm = 1.0 / (wsum / n + 1e-8); /* the reference's w / (mean(w) + 1e-8) */
     size_t G = p->storage_floats, nbytes;
     acts tmpl;
-    size_t nact = acts_layout(&tmpl, p, T_max, NULL, NULL, &nbytes), nbwd = grad ? bwd_floats(p, T_max) : 0;
-    double *losses = malloc((size_t)n * sizeof *losses);
-    float **tgrad = calloc((size_t)nt, sizeof *tgrad);
-    int failed = !losses || !tgrad;
-    if (grad) memset(grad, 0, G * sizeof *grad);
-#pragma omp parallel num_threads(nt) if (!failed)
+    size_t nact = acts_layout(&tmpl, p, ws->tokens, NULL, NULL, &nbytes), nbwd = bwd_floats(p, ws->tokens);
+    double *losses = ws->losses;
+    int used = 1; /* threads the runtime gave: only their gradient buffers were written */
+#pragma omp parallel num_threads(nt)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
+#pragma omp master
+        used = omp_get_num_threads();
 #endif
-        float *fb = malloc((nact + nbwd + 4 * (size_t)p->D) * sizeof *fb);
-        unsigned char *bb = malloc(nbytes);
-        float *g = !grad ? NULL : tid == 0 ? grad : calloc(G, sizeof *g);
-        if (!fb || !bb || (grad && !g)) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        if (tgrad && tid > 0) tgrad[tid] = g;
-#pragma omp barrier
-        int ok = !failed;
+        float *fb = ws->fb[tid], *g = !grad ? NULL : tid == 0 ? grad : ws->tgrad[tid];
+        unsigned char *bb = ws->bb[tid];
+        if (g) memset(g, 0, G * sizeof *g);
 #pragma omp for schedule(static)
         for (int i = 0; i < n; i++) {
-            if (!ok) continue;
             acts a;
             acts_layout(&a, p, ex[i].T, fb, bb, &nbytes);
             float *dseg = fb + nact + nbwd, *dop = dseg + p->D;
@@ -245,21 +275,14 @@ polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example
                                              g ? dop : NULL, (float)(wi / n));
             if (g) example_backward(p, &a, ex[i].h, dseg, dop, dropout, g, fb + nact);
         }
-        free(fb);
-        free(bb);
     }
-    if (!failed && grad) {
+    if (grad) {
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < G; j++)
-            for (int t = 1; t < nt; t++) grad[j] += tgrad[t][j];
+            for (int t = 1; t < used; t++) grad[j] += ws->tgrad[t][j];
     }
-    if (tgrad)
-        for (int t = 1; t < nt; t++) free(tgrad[t]);
-    free(tgrad);
     double total = 0.0;
-    for (int i = 0; !failed && i < n; i++) total += losses[i];
-    free(losses);
-    if (failed) return polar_fail(err, POLAR_ERR_NOMEM, "train: out of memory for a batch of %d", n);
+    for (int i = 0; i < n; i++) total += losses[i];
     *loss = total / n;
     return POLAR_OK;
 }
@@ -267,5 +290,8 @@ polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example
 polar_status polar_train_loss(const polar_predictor *p, const polar_train_example *ex, int n, double *loss,
                               polar_error *err) {
     if (!loss) return polar_fail(err, POLAR_ERR_ARG, "train loss: missing argument");
-    return pred_batch_grad(p, ex, n, 0.0f, 0, 0, NULL, loss, err);
+    pred_batch_ws ws = {0}; /* once per validation pass, not per training step */
+    polar_status st = pred_batch_grad(p, ex, n, 0.0f, 0, 0, NULL, loss, &ws, err);
+    pred_batch_ws_free(&ws);
+    return st;
 }

@@ -44,11 +44,24 @@ void tr_attn_bwd(float *dQ, float *dK, float *dV, const float *dctx, const float
 double tr_example_loss(const float *seg, const float *op, const unsigned char *seg_start, const int *ops, int D,
                        float *dseg, float *dop, float gscale);
 
+/* Per-thread activation / gradient buffers and per-example losses of a
+ * batch, kept across steps (grown when a batch needs more); zero it to
+ * start, pred_batch_ws_free to release. */
+typedef struct {
+    int threads, examples, tokens; /* capacity */
+    float **fb;                    /* [threads] activations + backward scratch */
+    unsigned char **bb;            /* [threads] dropout masks */
+    float **tgrad;                 /* [threads] gradient sums (thread 0 uses the caller's) */
+    double *losses;                /* [examples] */
+} pred_batch_ws;
+void pred_batch_ws_free(pred_batch_ws *w);
+
 /* The batch loss (polar.h) and, when grad is not NULL, its gradient
  * (p->storage_floats floats laid out as p->storage, overwritten). Dropout
  * masks come from (seed, step, example index), so any thread count gives the
  * same masks. */
 polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example *ex, int n, float dropout,
-                             uint64_t seed, uint64_t step, float *grad, double *loss, polar_error *err);
+                             uint64_t seed, uint64_t step, float *grad, double *loss, pred_batch_ws *ws,
+                             polar_error *err);
 
 #endif

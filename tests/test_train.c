@@ -22,6 +22,16 @@
 
 #define OP_TOL 2e-3
 
+/* pred_batch_grad with a workspace of its own (a workspace fits one
+ * predictor's shapes). */
+static polar_status batch_grad(const polar_predictor *p, const polar_train_example *ex, int n, float dropout,
+                               uint64_t seed, uint64_t step, float *grad, double *loss, polar_error *err) {
+    pred_batch_ws ws = {0};
+    polar_status st = pred_batch_grad(p, ex, n, dropout, seed, step, grad, loss, &ws, err);
+    pred_batch_ws_free(&ws);
+    return st;
+}
+
 static float urand(polar_rng *r) { return (float)(2.0 * polar_rng_uniform(r) - 1.0); }
 static void fill(float *x, size_t n, float scale, polar_rng *r) {
     for (size_t i = 0; i < n; i++) x[i] = scale * urand(r);
@@ -282,7 +292,7 @@ static double net_loss(void *c) {
     net_ctx *k = c;
     double l = 0;
     polar_error err;
-    CHECK_OK(pred_batch_grad(k->b->p, k->b->ex, 3, k->drop, 5, 3, NULL, &l, &err));
+    CHECK_OK(batch_grad(k->b->p, k->b->ex, 3, k->drop, 5, 3, NULL, &l, &err));
     return l;
 }
 
@@ -308,7 +318,7 @@ static void network_gradient(void) {
         float *g = malloc(p->storage_floats * sizeof *g);
         double l;
         polar_error err;
-        CHECK_OK(pred_batch_grad(p, b.ex, 3, k.drop, 5, 3, g, &l, &err));
+        CHECK_OK(batch_grad(p, b.ex, 3, k.drop, 5, 3, g, &l, &err));
         CHECK(fabs(l - net_loss(&k)) == 0, "the loss with and without the gradient");
         pred_ref refs[PRED_TENSORS];
         polar_predictor q = *p;
@@ -373,9 +383,9 @@ static void dropout_repeats(void) {
     polar_error err;
     double l1, l2, l3, l0;
     float *g1 = malloc(p->storage_floats * sizeof *g1), *g2 = malloc(p->storage_floats * sizeof *g2);
-    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g1, &l1, &err));
-    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
-    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 78, 0, NULL, &l3, &err));
+    CHECK_OK(batch_grad(p, b.ex, 3, 0.1f, 77, 0, g1, &l1, &err));
+    CHECK_OK(batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
+    CHECK_OK(batch_grad(p, b.ex, 3, 0.1f, 78, 0, NULL, &l3, &err));
     CHECK_OK(polar_train_loss(p, b.ex, 3, &l0, &err));
     CHECK(l1 == l2 && !memcmp(g1, g2, p->storage_floats * sizeof *g1), "same seed: %.9f vs %.9f", l1, l2);
     CHECK(l1 != l3 && l1 != l0, "another seed or no dropout differ: %g %g %g", l1, l3, l0);
@@ -383,7 +393,7 @@ static void dropout_repeats(void) {
     /* one thread: the same masks (seeded per example), sums in another order */
     int nt = omp_get_max_threads();
     omp_set_num_threads(1);
-    CHECK_OK(pred_batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
+    CHECK_OK(batch_grad(p, b.ex, 3, 0.1f, 77, 0, g2, &l2, &err));
     omp_set_num_threads(nt);
     double dg = 0;
     for (size_t i = 0; i < p->storage_floats; i++) dg = fmax(dg, fabs(g1[i] - g2[i]));
@@ -580,7 +590,7 @@ static void golden_against_pytorch(void) {
     float *g = malloc(p->storage_floats * sizeof *g);
     double loss = 0, worst = 0;
     const char *worst_name = "";
-    CHECK_OK(pred_batch_grad(p, ex, B, 0.0f, 0, 0, g, &loss, &err));
+    CHECK_OK(batch_grad(p, ex, B, 0.0f, 0, 0, g, &loss, &err));
     CHECK(fabs(loss - want[0]) <= 1e-4 * fabs(want[0]), "loss %.8f, PyTorch %.8f", loss, want[0]);
     pred_ref refs[PRED_TENSORS];
     polar_predictor q = *p;
