@@ -55,7 +55,7 @@ TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
 ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
 SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_avx2.c
 else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
-SIMD_SRC := kernels/cpu/ops_neon.c
+SIMD_SRC := kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
 endif
 $(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
@@ -165,7 +165,8 @@ $(QWEN_TIKTOKEN):
 NEON_CC     ?= aarch64-linux-gnu-gcc
 QEMU_ARM64  ?= qemu-aarch64
 NEON_SYSROOT ?= /usr/aarch64-linux-gnu
-NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/ops_neon.c
+NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/ops_neon.c \
+               kernels/cpu/quant_neon.c
 HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
                      command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
 NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd
