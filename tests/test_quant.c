@@ -16,7 +16,9 @@
  *   malformed blocks are refused;
  * - the default model (Q4_1 layers, Q8_0 embedding/head) quantized against
  *   its dequantized (bf16) load: last-position logits of 3 prompts within
- *   LOGIT_TOL and the transformers fixture's 16 greedy tokens. */
+ *   LOGIT_TOL and the transformers fixture's 16 greedy tokens.
+ * The checks that need no model are in quant_checks.h, shared with
+ * test_quant_kernels (the NEON level under qemu). */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -24,50 +26,12 @@
 #include "../loader/safetensors.h"
 #include "gguf_util.h"
 #include "harness.h"
+#include "quant_checks.h"
 
 /* Measured max |logit diff| quantized vs bf16 on the 3 prompts, below. */
 #define LOGIT_TOL 1.5f
 #define TIE_TOL 0.5f
 #define STEPS 16
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint32_t urand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-static float frand(void) { return (float)(urand() >> 8) * (1.0f / 8388608.0f) - 1.0f; } /* [-1, 1) */
-
-/* A random f16 scale of magnitude about 2^-10 .. 2^-4, either sign. */
-static uint16_t rand_scale(int allow_negative) {
-    uint16_t h = (uint16_t)((5 + urand() % 7) << 10 | (urand() & 0x3FF));
-    return allow_negative && (urand() & 1) ? (uint16_t)(h | 0x8000) : h;
-}
-
-/* nb random blocks of t; want[32 * nb] the values by definition. */
-static void rand_blocks(cpu_wtype t, int nb, uint8_t *b, float *want) {
-    size_t bb = cpu_wtype_block_bytes(t);
-    for (int k = 0; k < nb; k++, b += bb, want += 32) {
-        uint16_t dh = rand_scale(1), mh = rand_scale(1);
-        float d = f16_to_f32(dh), m = f16_to_f32(mh);
-        b[0] = (uint8_t)dh, b[1] = (uint8_t)(dh >> 8);
-        if (t == CPU_W_Q8_0) {
-            for (int i = 0; i < 32; i++) {
-                int q = (int)(urand() % 256) - 128; /* -128 included: the edge of maddubs */
-                b[2 + i] = (uint8_t)(int8_t)q;
-                want[i] = d * (float)q;
-            }
-            continue;
-        }
-        int qs = t == CPU_W_Q4_1 ? 4 : 2;
-        if (t == CPU_W_Q4_1) b[2] = (uint8_t)mh, b[3] = (uint8_t)(mh >> 8);
-        int q[32];
-        for (int i = 0; i < 32; i++) q[i] = (int)(urand() % 16);
-        for (int i = 0; i < 16; i++) b[qs + i] = (uint8_t)(q[i] | q[i + 16] << 4); /* element i low, i + 16 high */
-        for (int i = 0; i < 32; i++) want[i] = t == CPU_W_Q4_1 ? d * (float)q[i] + m : d * (float)(q[i] - 8);
-    }
-}
 
 static const ggml_type ggml_of[CPU_W_Q4_1 + 1] = {GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
 
@@ -83,181 +47,6 @@ static void dequantize_by_definition(void) {
         CHECK(!bad, "%s: %d of 256 values differ from the definition", cpu_wtype_name((cpu_wtype)t), bad);
         CHECK(cpu_wtype_row_bytes((cpu_wtype)t, 256) == 8 * ggml_block_bytes(ggml_of[t]), "%s: row bytes",
               cpu_wtype_name((cpu_wtype)t));
-    }
-}
-
-/* tests/golden/quant_blocks.bin (make_quant_blocks.py): random blocks of
- * every GGUF block type and their values by gguf-py's dequantizer. */
-static struct {
-    cpu_wtype t;
-    int n; /* weights */
-    uint8_t *raw;
-    float *values;
-} fixture[16];
-static int n_fixture;
-static uint8_t *fixture_data;
-
-static int load_fixture(void) {
-    FILE *f = fopen(GOLDEN_DIR "/quant_blocks.bin", "rb");
-    if (!f) return 0;
-    fixture_data = malloc(1 << 16);
-    size_t len = fixture_data ? fread(fixture_data, 1, 1 << 16, f) : 0, at = 0;
-    fclose(f);
-    while (at + 16 <= len && n_fixture < 16) {
-        uint32_t h[4];
-        memcpy(h, fixture_data + at, 16);
-        size_t raw = (size_t)h[1] * h[3], n = (size_t)h[1] * h[2];
-        if (at + 16 + raw + 4 * n > len) return 0;
-        fixture[n_fixture].t = ggml_block_format((ggml_type)h[0]);
-        fixture[n_fixture].n = (int)n;
-        fixture[n_fixture].raw = fixture_data + at + 16;
-        fixture[n_fixture].values = malloc(4 * n);
-        memcpy(fixture[n_fixture].values, fixture_data + at + 16 + raw, 4 * n);
-        if (fixture[n_fixture].t == CPU_W_BF16 || h[3] != cpu_wtype_block_bytes(fixture[n_fixture].t)) return 0;
-        n_fixture++;
-        at += 16 + raw + 4 * n;
-    }
-    return at == len && n_fixture == 10;
-}
-
-/* Every block type dequantizes (kernels and loader) to exactly gguf-py's
- * values: an implementation independent of ours. */
-static void gguf_py_blocks(void) {
-    CHECK(n_fixture == 10, "tests/golden/quant_blocks.bin: 10 types");
-    for (int i = 0; i < n_fixture; i++) {
-        float *got = malloc(4 * (size_t)fixture[i].n), *got2 = malloc(4 * (size_t)fixture[i].n);
-        cpu_dequantize_row(fixture[i].t, fixture[i].raw, got, fixture[i].n);
-        int bad = 0;
-        for (int g = 0; g <= GGML_BF16; g++)
-            if (ggml_block_format((ggml_type)g) == fixture[i].t) ggml_dequantize((ggml_type)g, fixture[i].raw, got2, (size_t)fixture[i].n);
-        for (int j = 0; j < fixture[i].n; j++) bad += got[j] != fixture[i].values[j] || got2[j] != fixture[i].values[j];
-        CHECK(!bad, "%s: %d of %d values differ from gguf-py's", cpu_wtype_name(fixture[i].t), bad, fixture[i].n);
-        free(got);
-        free(got2);
-    }
-}
-
-static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "neon"};
-
-/* A level's dot product of nb 32-blocks of weights w (values wf) with
- * random activations, against the f32 dot and the plain C one. */
-static void check_dot(const cpu_kernels *k, const char *name, cpu_wtype t, const uint8_t *w, const float *wf, int nb) {
-    int n = 32 * nb;
-    float *x = calloc((size_t)n, 4);
-    cpu_q8_block *xq = malloc((size_t)nb * sizeof *xq);
-    for (int i = 0; i < n; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f); /* some outliers */
-    if (nb > 1)
-        for (int i = 32; i < 64; i++) x[i] = 0; /* an all-zero block: d = 0 */
-    cpu_quantize_q8(xq, x, n);
-    double ref = 0, mag = 0, bound = 0, mag_q = 0;
-    for (int b = 0; b < nb; b++) {
-        double wabs = 0;
-        for (int i = 32 * b; i < 32 * b + 32; i++) {
-            ref += (double)wf[i] * x[i];
-            mag += fabs((double)wf[i] * x[i]);
-            mag_q += fabs((double)wf[i] * xq[b].d * xq[b].q[i - 32 * b]);
-            wabs += fabs(wf[i]);
-        }
-        bound += xq[b].d * 0.5 * wabs;
-    }
-    float got = k->dot_q[t](w, xq, nb), plain = cpu_dot_q_plain(t, w, xq, nb);
-    double tol = bound * (1 + 1e-5) + 1e-5 * mag + 1e-30;
-    CHECK(fabs(got - ref) <= tol, "%s %s nb=%d: |%g - %g| > %g", name, cpu_wtype_name(t), nb, got, ref, tol);
-    CHECK(fabs(got - plain) <= 1e-5 * (mag_q + mag) + 1e-30, "%s %s nb=%d: %g vs plain C %g", name, cpu_wtype_name(t),
-          nb, got, plain);
-    free(x);
-    free(xq);
-}
-
-/* One level's dot products: Q8_0 / Q4_0 / Q4_1 on random blocks of
- * several counts (int8 -128, zero blocks), every kept type on the
- * gguf-py blocks. */
-static void dots_on_level(const cpu_kernels *k, const char *name) {
-    static const int nbs[] = {1, 2, 3, 18, 48};
-    for (int t = CPU_W_Q8_0; t <= CPU_W_Q4_1; t++)
-        for (int c = 0; c < 5; c++) {
-            uint8_t *w = malloc((size_t)nbs[c] * 34);
-            float *wf = malloc((size_t)nbs[c] * 32 * 4);
-            rand_blocks((cpu_wtype)t, nbs[c], w, wf);
-            check_dot(k, name, (cpu_wtype)t, w, wf, nbs[c]);
-            free(w);
-            free(wf);
-        }
-    for (int i = 0; i < n_fixture; i++)
-        if (cpu_wtype_kept(fixture[i].t)) check_dot(k, name, fixture[i].t, fixture[i].raw, fixture[i].values, fixture[i].n / 32);
-}
-
-/* rows x cols weights of a kept type t: random bytes with finite f16
- * scales of realistic size (the fields make_quant_blocks.py sets). */
-static void rand_rows(cpu_wtype t, int rows, int cols, uint8_t *w) {
-    size_t bb = cpu_wtype_block_bytes(t), n = (size_t)rows * cols / (size_t)cpu_wtype_block_elems(t);
-    int first = t == CPU_W_Q6_K ? 208 : 0, second = t == CPU_W_Q4_1 || t == CPU_W_Q5_1 || t == CPU_W_Q4_K || t == CPU_W_Q5_K;
-    for (size_t b = 0; b < n; b++, w += bb) {
-        for (size_t i = 0; i < bb; i++) w[i] = (uint8_t)urand();
-        for (int f = 0; f <= second; f++) {
-            uint16_t h = rand_scale(1);
-            w[first + 2 * f] = (uint8_t)h, w[first + 2 * f + 1] = (uint8_t)(h >> 8);
-        }
-    }
-}
-
-/* The matmul over rows and tokens: the same bits as each row's dot
- * product (plus bias, or added into y), whatever T (tiles of 1 and 4
- * tokens, 4 and 2 rows, and their tails) and thread count; two outputs of
- * different types from one input, as q/k/v run. */
-static void matmul_on_level(const cpu_kernels *k, const char *name) {
-    enum { COLS = 256, NB = COLS / 32, MAXT = 9 };
-    static const int Ts[] = {1, 3, 5, 9}, out_rows[2] = {37, 22};
-    for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
-        for (int ti = 0; ti < 4 && cpu_wtype_kept((cpu_wtype)t); ti++)
-            for (int acc = 0; acc < 2; acc++)
-                for (int threads = 1; threads <= 3; threads += 2) {
-                    int T = Ts[ti];
-                    cpu_wtype types[2] = {(cpu_wtype)t, t == CPU_W_Q6_K ? CPU_W_Q4_K : CPU_W_Q6_K};
-                    uint8_t *w[2];
-                    float *y[2], *y0[2], x[MAXT * COLS];
-                    bf16 bias[37];
-                    cpu_q8_block xq[MAXT * NB], xq2[NB];
-                    cpu_q_out outs[2];
-                    for (int i = 0; i < T * COLS; i++) x[i] = frand();
-                    for (int r = 0; r < 37; r++) bias[r] = f32_to_bf16(frand());
-                    for (int o = 0; o < 2; o++) {
-                        size_t rb = cpu_wtype_row_bytes(types[o], COLS);
-                        w[o] = malloc(out_rows[o] * rb);
-                        rand_rows(types[o], out_rows[o], COLS, w[o]);
-                        y[o] = malloc((size_t)T * out_rows[o] * 4);
-                        y0[o] = malloc((size_t)T * out_rows[o] * 4);
-                        for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
-                        outs[o] = (cpu_q_out){y[o], w[o], types[o], acc || o ? NULL : bias, out_rows[o]};
-                    }
-                    cpu_matmul_q_multi_with(k, outs, 2, x, T, COLS, acc, threads, xq);
-                    int bad = 0;
-                    for (int tok = 0; tok < T; tok++) {
-                        cpu_quantize_q8(xq2, x + (size_t)tok * COLS, COLS);
-                        for (int o = 0; o < 2; o++)
-                            for (int r = 0; r < out_rows[o]; r++) {
-                                size_t rb = cpu_wtype_row_bytes(types[o], COLS), i = (size_t)tok * out_rows[o] + r;
-                                float d = k->dot_q[types[o]](w[o] + r * rb, xq2, NB);
-                                float b = outs[o].bias ? bf16_to_f32(bias[r]) : 0.0f;
-                                bad += y[o][i] != (acc ? y0[o][i] + (d + b) : d + b);
-                            }
-                    }
-                    CHECK(!bad, "%s %s+%s T=%d acc=%d threads=%d: %d outputs differ from the row dot products", name,
-                          cpu_wtype_name(types[0]), cpu_wtype_name(types[1]), T, acc, threads, bad);
-                    for (int o = 0; o < 2; o++) free(w[o]), free(y[o]), free(y0[o]);
-                }
-}
-
-static void levels(void) {
-    for (int l = 0; l < CPU_N_LEVELS; l++) {
-        const char *why;
-        const cpu_kernels *k = cpu_kernels_for((cpu_level)l, &why);
-        if (!k) {
-            printf("SKIP quant %s: skipped: %s\n", level_names[l], why);
-            continue;
-        }
-        dots_on_level(k, level_names[l]);
-        matmul_on_level(k, level_names[l]);
     }
 }
 

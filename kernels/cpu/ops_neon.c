@@ -222,6 +222,6 @@ const cpu_kernels cpu_kernels_neon = {
     .rope = neon_rope,
     .attention_head = neon_attention_head,
     .swiglu = neon_swiglu,
-    .dot_q = cpu_dot_q_generic,
-    .rows_q = cpu_rows_q_generic,
+    .dot_q = cpu_dot_q_neon,
+    .rows_q = cpu_rows_q_neon,
 };

@@ -41,6 +41,27 @@ size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols);
 int cpu_wtype_kept(cpu_wtype t);
 const char *cpu_wtype_name(cpu_wtype t);
 
+/* Facts of the kept block types as inline constants, for the SIMD levels'
+ * per-block code (the switches fold at each call): bytes of one block (as
+ * cpu_wtype_block_bytes), whether it is a 256-weight k-quant, whether its
+ * weights carry an offset (w = a q + m: Q4_1, Q5_1, Q4_K, Q5_K). */
+static inline size_t cpu_kept_block_bytes(cpu_wtype t) {
+    switch (t) {
+    case CPU_W_Q8_0: return 34;
+    case CPU_W_Q4_0: return 18;
+    case CPU_W_Q4_1: return 20;
+    case CPU_W_Q5_0: return 22;
+    case CPU_W_Q5_1: return 24;
+    case CPU_W_Q4_K: return 144;
+    case CPU_W_Q5_K: return 176;
+    default: return 210; /* Q6_K */
+    }
+}
+static inline int cpu_kept_is_k(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
+static inline int cpu_kept_has_offset(cpu_wtype t) {
+    return t == CPU_W_Q4_1 || t == CPU_W_Q5_1 || t == CPU_W_Q4_K || t == CPU_W_Q5_K;
+}
+
 /* The format's definition: weights 32k..32k+31 of a row of block type t
  * are w[i] = a[i / 16] * q[i] - m[i / 16]. */
 void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2], float m[2]);
@@ -78,14 +99,19 @@ typedef void (*cpu_rows_q_fn)(float *y, const cpu_q8_block *xq, const void *w, s
                               int T, int rows, int nb, int accumulate, int r0, int r1);
 
 /* Plain C dot products and row ranges, indexed by cpu_wtype (the bf16
- * entries are NULL), and the AVX2 ones (x86-64 only; for CPUs with avx2 and
- * fma). */
+ * entries are NULL), the AVX2 ones (x86-64 only; for CPUs with avx2 and
+ * fma) and the NEON ones (aarch64, baseline armv8.0-a). */
 extern const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N];
 extern const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N];
 #if defined(__x86_64__)
 extern const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N];
 extern const cpu_rows_q_fn cpu_rows_q_avx2[CPU_W_N];
 #endif
+#if defined(__aarch64__)
+extern const cpu_dot_q_fn cpu_dot_q_neon[CPU_W_N];
+extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
+#endif
+
 
 /* out[hidden] = row `token` of a table of type t, dequantized. */
 void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden);

@@ -8,7 +8,7 @@
  * rows, and the R*C independent accumulators keep the FMA pipes busy (a
  * single row's dot is one dependent chain). Every tile shape does the same
  * operations per (row, token) in the same order, so the 1x1 dot product
- * and the matmul agree bit for bit. */
+ * and the matmul (quant_tiles.h) agree bit for bit. */
 #include <immintrin.h>
 
 #include "quant.h"
@@ -42,22 +42,8 @@ INLINE __m256i fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, mask), _mm256_set1_epi8(0x10));
 }
 
-/* Bytes of one block of a kept type (32 or 256 weights). */
-INLINE size_t block_bytes(cpu_wtype t) {
-    switch (t) {
-    case CPU_W_Q8_0: return 34;
-    case CPU_W_Q4_0: return 18;
-    case CPU_W_Q4_1: return 20;
-    case CPU_W_Q5_0: return 22;
-    case CPU_W_Q5_1: return 24;
-    case CPU_W_Q4_K: return 144;
-    case CPU_W_Q5_K: return 176;
-    default: return 210; /* Q6_K */
-    }
-}
-
-INLINE int is_k(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
-INLINE int is_signed(cpu_wtype t) { return t == CPU_W_Q8_0 || t == CPU_W_Q4_0 || t == CPU_W_Q5_0 || t == CPU_W_Q6_K; }
+/* Signed weights (no offset): their signs move onto x for maddubs. */
+INLINE int is_signed(cpu_wtype t) { return !cpu_kept_has_offset(t); }
 
 /* A 32-weight block unpacked for maddubs (w = d[i / 16] * q + m): u holds
  * unsigned bytes (|q| for the signed types, whose signs s are moved onto
@@ -73,8 +59,8 @@ INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
     wblock o;
     o.m = 0.0f;
     __m256i q;
-    if (!is_k(t)) {
-        const uint8_t *b = row + (size_t)k * block_bytes(t);
+    if (!cpu_kept_is_k(t)) {
+        const uint8_t *b = row + (size_t)k * cpu_kept_block_bytes(t);
         o.d[0] = o.d[1] = load_f16(b);
         switch (t) {
         case CPU_W_Q8_0: q = _mm256_loadu_si256((const __m256i *)(b + 2)); break;
@@ -84,7 +70,7 @@ INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
         default: q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), o.m = load_f16(b + 2); break; /* Q5_1 */
         }
     } else {
-        const uint8_t *b = row + (size_t)(k / 8) * block_bytes(t);
+        const uint8_t *b = row + (size_t)(k / 8) * cpu_kept_block_bytes(t);
         int j = k % 8;
         const __m256i low4 = _mm256_set1_epi8(0x0F);
         if (t == CPU_W_Q6_K) { /* ql 128, qh 64, 16 int8 scales, d */
@@ -165,64 +151,5 @@ INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, 
         for (int c = 0; c < C; c++) out[r][c] = hsum8(acc[r][c]) + off[r][c];
 }
 
-/* Rows r..r+R-1 of y[T, rows] for every token, 4 tokens a tile while
- * 4 remain. */
-INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
-                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
-    const uint8_t *wr = w + (size_t)r * row_bytes;
-    for (int c = 0; c < T;) {
-        float out[4][4];
-        int nc = T - c >= 4 && R <= 2 ? 4 : 1;
-        const cpu_q8_block *xc = xq + (size_t)c * nb;
-        if (nc == 4) tile(t, R, 4, wr, row_bytes, xc, nb, nb, out);
-        else tile(t, R, 1, wr, row_bytes, xc, nb, nb, out);
-        for (int i = 0; i < R; i++) {
-            float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
-            for (int j = 0; j < nc; j++) {
-                float *dst = &y[(size_t)(c + j) * rows + r + i];
-                *dst = accumulate ? *dst + (out[i][j] + b) : out[i][j] + b;
-            }
-        }
-        c += nc;
-    }
-}
-
-/* Rows r0..r1-1 for every token: 4-row tiles for one token (decode), 2 rows
- * x 4 tokens otherwise (prefill), single rows at the tail. */
-INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
-                   int T, int rows, int nb, int accumulate, int r0, int r1) {
-    int r = r0;
-    if (T == 1)
-        for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
-    else
-        for (; r + 2 <= r1; r += 2) row_group(t, 2, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
-    for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
-}
-
-#define LEVEL_FUNCTIONS(name, type)                                                                                 \
-    static float dot_##name(const void *w, const cpu_q8_block *x, int nb) {                                        \
-        float out[4][4];                                                                                           \
-        tile(type, 1, 1, w, 0, x, 0, nb, out);                                                                     \
-        return out[0][0];                                                                                          \
-    }                                                                                                              \
-    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,  \
-                            int T, int rows, int nb, int accumulate, int r0, int r1) {                             \
-        rows_q(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                  \
-    }
-LEVEL_FUNCTIONS(q8_0, CPU_W_Q8_0)
-LEVEL_FUNCTIONS(q4_0, CPU_W_Q4_0)
-LEVEL_FUNCTIONS(q4_1, CPU_W_Q4_1)
-LEVEL_FUNCTIONS(q5_0, CPU_W_Q5_0)
-LEVEL_FUNCTIONS(q5_1, CPU_W_Q5_1)
-LEVEL_FUNCTIONS(q4_k, CPU_W_Q4_K)
-LEVEL_FUNCTIONS(q5_k, CPU_W_Q5_K)
-LEVEL_FUNCTIONS(q6_k, CPU_W_Q6_K)
-
-const cpu_dot_q_fn cpu_dot_q_avx2[CPU_W_N] = {
-    [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
-    [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
-};
-const cpu_rows_q_fn cpu_rows_q_avx2[CPU_W_N] = {
-    [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
-    [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
-};
+#define QUANT_LEVEL avx2
+#include "quant_tiles.h"

@@ -1,0 +1,80 @@
+/* The quantized matmul of one SIMD level, written once over its tile
+ * routine: included (once) by quant_avx2.c and quant_neon.c after they
+ * define
+ *   INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes,
+ *                    const cpu_q8_block *x, size_t xs, int nb, float out[4][4]);
+ * (out[r][c] = dot of weight row r, rows row_bytes apart, with token c's nb
+ * blocks, tokens xs blocks apart; R, C <= 4) and QUANT_LEVEL (avx2, neon).
+ * It defines the tables cpu_dot_q_<level> and cpu_rows_q_<level>: the dot
+ * product is the 1 x 1 tile, and since a tile does the same operations per
+ * (row, token) in the same order whatever its shape, the matmul equals the
+ * dot product bit for bit. */
+#ifndef POLAR_CPU_QUANT_TILES_H
+#define POLAR_CPU_QUANT_TILES_H
+
+/* Rows r..r+R-1 of y[T, rows] for every token, 4 tokens a tile while
+ * 4 remain. */
+INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
+                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
+    const uint8_t *wr = w + (size_t)r * row_bytes;
+    for (int c = 0; c < T;) {
+        float out[4][4];
+        int nc = T - c >= 4 && R <= 2 ? 4 : 1;
+        const cpu_q8_block *xc = xq + (size_t)c * nb;
+        if (nc == 4) tile(t, R, 4, wr, row_bytes, xc, nb, nb, out);
+        else tile(t, R, 1, wr, row_bytes, xc, nb, nb, out);
+        for (int i = 0; i < R; i++) {
+            float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
+            for (int j = 0; j < nc; j++) {
+                float *dst = &y[(size_t)(c + j) * rows + r + i];
+                *dst = accumulate ? *dst + (out[i][j] + b) : out[i][j] + b;
+            }
+        }
+        c += nc;
+    }
+}
+
+/* Rows r0..r1-1 for every token: 4-row tiles for one token (decode), 2 rows
+ * x 4 tokens otherwise (prefill), single rows at the tail. */
+INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
+                   int T, int rows, int nb, int accumulate, int r0, int r1) {
+    int r = r0;
+    if (T == 1)
+        for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+    else
+        for (; r + 2 <= r1; r += 2) row_group(t, 2, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+    for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+}
+
+#define LEVEL_FUNCTIONS(name, type)                                                                                 \
+    static float dot_##name(const void *w, const cpu_q8_block *x, int nb) {                                        \
+        float out[4][4];                                                                                           \
+        tile(type, 1, 1, w, 0, x, 0, nb, out);                                                                     \
+        return out[0][0];                                                                                          \
+    }                                                                                                              \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,  \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                             \
+        rows_q(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                  \
+    }
+LEVEL_FUNCTIONS(q8_0, CPU_W_Q8_0)
+LEVEL_FUNCTIONS(q4_0, CPU_W_Q4_0)
+LEVEL_FUNCTIONS(q4_1, CPU_W_Q4_1)
+LEVEL_FUNCTIONS(q5_0, CPU_W_Q5_0)
+LEVEL_FUNCTIONS(q5_1, CPU_W_Q5_1)
+LEVEL_FUNCTIONS(q4_k, CPU_W_Q4_K)
+LEVEL_FUNCTIONS(q5_k, CPU_W_Q5_K)
+LEVEL_FUNCTIONS(q6_k, CPU_W_Q6_K)
+
+#define LEVEL_TABLE_NAME(kind, level) cpu_##kind##_##level
+#define LEVEL_TABLE(kind, level) LEVEL_TABLE_NAME(kind, level) /* expands QUANT_LEVEL first */
+
+const cpu_dot_q_fn LEVEL_TABLE(dot_q, QUANT_LEVEL)[CPU_W_N] = {
+    [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
+    [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
+};
+const cpu_rows_q_fn LEVEL_TABLE(rows_q, QUANT_LEVEL)[CPU_W_N] = {
+    [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
+    [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+};
+
+#endif
