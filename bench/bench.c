@@ -73,8 +73,8 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
  * table has it: encoder, predictor network and beam decoding, in ms and in
  * equivalent decoder layers (a layer's share of a prompt-length forward,
  * from the base program against a one-layer program). */
-static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, const char *predictor,
-                           const char *encoder, const int *prompt, int n_prompt, int question_len, int reps, int json) {
+static int bench_predictor(const char *cmd, polar_model *m, const char *model_dir, polar_session *s,
+                           const char *predictor, const char *encoder, const int *prompt, int n_prompt, int question_len, int reps, int json) {
     polar_model_info info;
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers;
@@ -107,7 +107,7 @@ static int bench_predictor(const char *cmd, polar_model *m, polar_session *s, co
         polar_candidate cand[8];
         int n;
         auto_timing tm;
-        int rc = predict_programs(cmd, D, predictor, encoder, question, &o, cand, 5, &n, &tm);
+        int rc = predict_programs(cmd, model_dir, D, predictor, encoder, question, &o, cand, 5, &n, &tm);
         if (rc) {
             free(question);
             return rc;
@@ -213,7 +213,7 @@ int cmd_bench(int argc, char **argv) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;
     }
-    rc = predictor ? bench_predictor(cmd, m, s, predictor, encoder, prompt, n_prompt, question_len, reps, json) : 0;
+    rc = predictor ? bench_predictor(cmd, m, model_dir, s, predictor, encoder, prompt, n_prompt, question_len, reps, json) : 0;
 done:
     free(prompt);
     free(generated);

@@ -8,8 +8,8 @@
 #   sh bench/polar_demo.sh [OUT_DIR]
 #
 # Settings (environment, defaults in brackets): MODEL [the default model],
-# ENCODER [MODEL@0-7: polar train's default encoder for a 30-layer model, the
-# first quarter of its layers; eval and bench must be given the same one],
+# ENCODER [MODEL@0-7: the default of train, eval, predict and bench for a
+# 30-layer model, the first quarter of its layers; passed to all of them],
 # DATA [../shared/data], SEARCH_N [40] questions MAWPS [0, SEARCH_N) searched
 # with SIMS [20] simulations, EVAL_N [40] held-out questions MAWPS
 # [1500, 1500 + EVAL_N), SHOTS [2] worked examples from GSM8K train before

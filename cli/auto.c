@@ -12,13 +12,20 @@
 
 static int fail(const char *cmd, polar_error *err) { return fail_status(cmd, err); }
 
-int predict_programs(const char *cmd, int n_layers, const char *predictor_path, const char *encoder_spec,
-                     const char *question, const polar_decode_opts *opts, polar_candidate *out, int k, int *n_out,
-                     auto_timing *tm) {
+int default_encoder_last_layer(int n_layers) { return (n_layers + 3) / 4 - 1; }
+
+int predict_programs(const char *cmd, const char *model_path, int n_layers, const char *predictor_path,
+                     const char *encoder_spec, const char *question, const polar_decode_opts *opts,
+                     polar_candidate *out, int k, int *n_out, auto_timing *tm) {
     *n_out = 0;
     memset(tm, 0, sizeof *tm);
     if (!predictor_path) return fail_usage(cmd, "--predictor FILE is required with a predicted program");
     if (!encoder_spec) encoder_spec = getenv("POLAR_ENCODER");
+    char default_spec[4096];
+    if ((!encoder_spec || !*encoder_spec) && model_path) { /* what polar train uses by default */
+        snprintf(default_spec, sizeof default_spec, "%s@0-%d", model_path, default_encoder_last_layer(n_layers));
+        encoder_spec = default_spec;
+    }
     if (!encoder_spec || !*encoder_spec)
         return fail_usage(cmd, "no encoder: pass --encoder PATH[@PROGRAM] (a Qwen3-Embedding-0.6B folder, or the model "
                                "itself with a short program) or set POLAR_ENCODER");

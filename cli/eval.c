@@ -118,7 +118,8 @@ static void free_strings(run_strings *k, int n) {
     for (int i = 0; i < n; i++) free(k[i].text), free(k[i].answer), free(k[i].fallback), free(k[i].program);
 }
 
-static int evaluate(const char *cmd, const eval_args *a, prompt_style style, polar_model *m, polar_tokenizer *tok,
+static int evaluate(const char *cmd, const eval_args *a, const char *model_path, prompt_style style, polar_model *m,
+                    polar_tokenizer *tok,
                     const polar_dataset *data, int first, int count, const polar_question *const *shots,
                     int n_shots) {
     polar_error err;
@@ -188,7 +189,8 @@ static int evaluate(const char *cmd, const eval_args *a, prompt_style style, pol
         if (st == POLAR_OK && auto_mode) {
             polar_decode_opts o = polar_decode_defaults();
             auto_timing tm;
-            if (predict_programs(cmd, D, a->predictor, a->encoder, q->question, &o, predicted, a->k, &n_prog, &tm)) {
+            if (predict_programs(cmd, model_path, D, a->predictor, a->encoder, q->question, &o, predicted, a->k,
+                                 &n_prog, &tm)) {
                 polar_free(text), polar_free(ids);
                 goto done;
             }
@@ -329,7 +331,7 @@ int cmd_eval(int argc, char **argv) {
     if (!rc && (polar_model_load(model_path, &m, &err) != POLAR_OK ||
                 polar_tokenizer_load(model_path, &tok, &err) != POLAR_OK))
         rc = fail_status(cmd, &err);
-    if (!rc) rc = evaluate(cmd, &a, style, m, tok, data, first, count, shots, n_shots);
+    if (!rc) rc = evaluate(cmd, &a, model_path, style, m, tok, data, first, count, shots, n_shots);
     if (!rc && (a.summary || a.plot || !a.quiet)) rc = summarise(cmd, a.out, a.summary, a.plot);
     polar_tokenizer_free(tok);
     polar_model_free(m);

@@ -35,7 +35,7 @@ int cmd_predict(int argc, char **argv) {
     polar_candidate cand[64];
     int n = 0;
     auto_timing tm;
-    int rc = predict_programs(cmd, info.arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
+    int rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
     for (int i = 0; rc == 0 && i < n; i++) {
         char text[1024];
         polar_program_format(&cand[i].program, text, sizeof text);

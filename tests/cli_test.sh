@@ -119,7 +119,11 @@ expect_out bench_predictor '"total_layers":' $P bench --model "$M" --predictor "
 expect predict_layers 1 "predicts programs for 12 layers but the model has 30" $P predict --predictor "$D/p12.safetensors" --encoder "$M" --question hi
 expect predict_dim 1 "has hidden size 576 but the predictor takes 100" $P predict --predictor "$D/pdim.safetensors" --encoder "$M" --question hi
 expect predict_missing 1 "cannot open" $P predict --predictor "$D/none.safetensors" --encoder "$M" --question hi
-expect predict_no_encoder 2 "no encoder" env -u POLAR_ENCODER $P predict --predictor "$D/p30.safetensors" --question hi
+# without --encoder: polar train's default, the model's first quarter of layers (0-7 of 30)
+expect_out predict_default_encoder '"programs":[{"program":[' env -u POLAR_ENCODER $P predict --model "$M" \
+    --predictor "$D/p30.safetensors" --question "What is 2+2?" --json
+expect predict_no_encoder 2 "no encoder" env -u POLAR_ENCODER $P bench --arch llama \
+    --predictor "$D/p30.safetensors" --prompt-len 4 --gen 1 --reps 1
 expect auto_needs_prompt 2 "give --prompt" $P run --tokens 1 --program auto --predictor "$D/p30.safetensors"
 expect k_needs_auto 2 "go with --program auto" $P run --prompt hi -k 3
 
