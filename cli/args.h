@@ -42,6 +42,12 @@ int open_model(const char *cmd, const char *model, const char *preset, const cha
  * NULL when absent; the result is released with polar_free. */
 char *find_default_model(const char *cmd);
 
+/* The model of --model (model_arg), else the default one: its path (in
+ * *default_model when it is the default: release with polar_free) and its
+ * architecture, the weights loaded only to read it. Returns an exit status,
+ * having printed any error (then nothing is left to release). */
+int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **default_model, polar_arch *arch);
+
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_predict(int argc, char **argv);

@@ -17,25 +17,18 @@ int cmd_predict(int argc, char **argv) {
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (!question) return fail_usage(cmd, "--question TEXT is required");
     if (k < 1 || k > 64) return fail_usage(cmd, "-k must be 1 to 64");
-    char *default_model = NULL;
-    const char *model_path = model_arg;
-    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
-    polar_error err;
-    polar_model *m = NULL;
-    if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
-        polar_free(default_model);
-        return fail_status(cmd, &err);
-    }
-    polar_model_info info;
-    polar_model_info_get(m, &info);
-    polar_model_free(m);
+    char *default_model;
+    const char *model_path;
+    polar_arch arch;
+    int st_model = model_arch_of(cmd, model_arg, &model_path, &default_model, &arch);
+    if (st_model) return st_model;
     polar_decode_opts o = polar_decode_defaults();
     o.min_layers = min_layers;
     o.max_layers = max_layers;
     polar_candidate cand[64];
     int n = 0;
     auto_timing tm;
-    int rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
+    int rc = predict_programs(cmd, model_path, arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
     for (int i = 0; rc == 0 && i < n; i++) {
         char text[1024];
         polar_program_format(&cand[i].program, text, sizeof text);
@@ -52,7 +45,7 @@ int cmd_predict(int argc, char **argv) {
     }
     if (rc == 0 && json)
         printf("],\"n_layers\":%d,\"question_tokens\":%d,\"encoder_ms\":%.4f,\"predictor_ms\":%.4f,\"beam_ms\":%.4f}\n",
-               info.arch.n_layers, tm.question_tokens, tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
+               arch.n_layers, tm.question_tokens, tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
     else if (rc == 0)
         printf("encoder %.2f ms, predictor %.2f ms, beam %.3f ms\n", tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
     for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);

@@ -167,19 +167,13 @@ int cmd_train(int argc, char **argv) {
     if (*end1 || !(lr > 0 && lr < 1)) return fail_usage(cmd, "--lr must be a number in (0, 1), got '%s'", lr_text);
     if (*end2 || !(ow >= 0 && ow <= 1)) return fail_usage(cmd, "--orig-weight must be in [0, 1], got '%s'", ow_text);
     if (*end3 || !(drop >= 0 && drop < 1)) return fail_usage(cmd, "--dropout must be in [0, 1), got '%s'", drop_text);
-    char *default_model = NULL;
-    const char *model_path = model_arg;
-    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
+    char *default_model;
+    const char *model_path;
+    polar_arch arch;
+    int st_model = model_arch_of(cmd, model_arg, &model_path, &default_model, &arch);
+    if (st_model) return st_model;
     polar_error err;
-    polar_model *m = NULL;
-    if (polar_model_load(model_path, &m, &err) != POLAR_OK) {
-        polar_free(default_model);
-        return fail_status(cmd, &err);
-    }
-    polar_model_info info;
-    polar_model_info_get(m, &info);
-    polar_model_free(m);
-    int D = info.arch.n_layers, rc = 1, n_tr = 0, n_va = 0;
+    int D = arch.n_layers, rc = 1, n_tr = 0, n_va = 0;
     /* Default encoder: the target model's first quarter of layers (a
      * Qwen3-Embedding-0.6B folder is the reference's, when one is at hand). */
     char default_program[32];
