@@ -14,6 +14,7 @@
 #include "../kernels/cpu/ops.h"
 #include "../loader/config.h"
 #include "backend.h"
+#include "cpu_layer.h"
 #include "error.h"
 #include "model.h"
 
@@ -29,22 +30,12 @@ struct polar_session {
     int chunk;          /* tokens per forward: PREFILL_CHUNK, or the device's */
     int round_like_cuda;/* round where a CUDA session would (polar_session_opts) */
     int cuda_chunk;     /* ... whose forward takes this many tokens at once */
-    float *k_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
-    float *v_cache;     /* same */
-    float *x;           /* [CHUNK, hidden] residual stream */
-    float *xn;          /* [CHUNK, hidden] normed input of a sublayer */
-    float *q;           /* [CHUNK, n_heads*head_dim] */
-    float *k, *v;       /* [CHUNK, n_kv*head_dim] */
-    float *att;         /* [CHUNK, n_heads*head_dim] attention output */
-    float *gate, *up;   /* [CHUNK, max(ffn, shared_ffn, 2*moe_ffn)] */
-    float *router;      /* [CHUNK, n_experts] router logits */
-    float *mlp_out;     /* [CHUNK, hidden] MoE layer output before the residual */
-    float *expert_in;   /* [CHUNK, hidden] the normed inputs of one expert's tokens */
-    float *expert_out;  /* [CHUNK, hidden] their outputs (or the shared expert's) */
+    kv_pool pool;       /* the KV cache: cap_program x max_ctx tokens, all mapped at creation */
+    kv_seq kv;          /* its tables */
+    cpu_work work;      /* [PREFILL_CHUNK] token workspaces */
     float *cos, *sin;   /* [CHUNK, head_dim/2] rope tables of the chunk's positions */
-    float *scores;      /* [n_threads, max_ctx] softmax scratch */
+    cpu_token_at *at;   /* [CHUNK] where the chunk's tokens are */
     float *logits;      /* [vocab] of the last token */
-    cpu_q8_block *xq;   /* [CHUNK, max matmul cols / 32] quantized activations, or NULL (a bf16 model) */
     int has_logits;
     cuda_state *cuda;   /* the device backend, or NULL on the CPU */
     /* share_prompt: the last prompt prefilled from position 0, its program
@@ -88,8 +79,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->max_ctx = o.max_ctx;
     s->cap_program = o.max_program_len;
     s->n_threads = o.n_threads;
-    size_t q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim, C = PREFILL_CHUNK;
-    size_t cache = (size_t)s->cap_program * (size_t)s->max_ctx * kv;
+    size_t kv = (size_t)a->n_kv_heads * a->head_dim, C = PREFILL_CHUNK;
     char why[256];
     int use_cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(why, sizeof why));
     s->cuda_chunk = s->max_ctx < CUDA_PREFILL_CHUNK ? s->max_ctx : CUDA_PREFILL_CHUNK;
@@ -104,45 +94,29 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
         s->chunk = PREFILL_CHUNK;
     }
     s->round_like_cuda = !s->cuda && o.round_like_cuda;
-    if (s->cuda) cache = 1; /* the KV cache lives on the device */
+    /* on the CPU every block is mapped now; a device session keeps its cache there */
+    int n_blocks = s->cuda ? 0 : kv_blocks_for(s->cap_program, s->max_ctx);
+    int kv_ok = s->cuda || (kv_pool_init(&s->pool, n_blocks, (int)kv) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
+                            kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx));
+    if (kv_ok && !s->cuda) kv_seq_grow(&s->pool, &s->kv, s->max_ctx);
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
-    s->k_cache = malloc(cache * sizeof(float));
-    s->v_cache = malloc(cache * sizeof(float));
-    s->x = malloc(C * a->hidden * sizeof(float));
-    s->xn = malloc(C * a->hidden * sizeof(float));
-    s->q = malloc(C * q * sizeof(float));
-    s->k = malloc(C * kv * sizeof(float));
-    s->v = malloc(C * kv * sizeof(float));
-    s->att = malloc(C * q * sizeof(float));
-    size_t ffn = (size_t)a->ffn;
-    if ((size_t)a->shared_ffn > ffn) ffn = (size_t)a->shared_ffn;
-    if ((size_t)2 * a->moe_ffn > ffn) ffn = (size_t)2 * a->moe_ffn;
-    s->gate = malloc(C * ffn * sizeof(float));
-    s->up = malloc(C * ffn * sizeof(float));
-    s->router = malloc(C * (size_t)(a->n_experts ? a->n_experts : 1) * sizeof(float));
-    s->mlp_out = malloc(C * a->hidden * sizeof(float));
-    s->expert_in = malloc(C * a->hidden * sizeof(float));
-    s->expert_out = malloc(C * a->hidden * sizeof(float));
+    int work_ok = cpu_work_init(&s->work, m, PREFILL_CHUNK, s->max_ctx, s->n_threads);
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
-    s->scores = malloc((size_t)s->n_threads * s->max_ctx * sizeof(float));
+    s->at = malloc(C * sizeof *s->at);
     s->logits = malloc((size_t)a->vocab * sizeof(float));
-    size_t max_cols = (size_t)a->hidden > q ? (size_t)a->hidden : q;
-    if ((size_t)a->ffn > max_cols) max_cols = (size_t)a->ffn;
-    if (m->quantized) s->xq = malloc(C * (max_cols / CPU_QK + 1) * sizeof *s->xq);
     int share = o.share_prompt && !s->cuda;
     if (share) {
         s->prompt_x = malloc((size_t)(s->cap_program + 1) * s->max_ctx * a->hidden * sizeof(float));
         s->prompt_tokens = malloc((size_t)s->max_ctx * sizeof(int));
         s->prompt_program = malloc((size_t)s->cap_program * sizeof(int));
     }
-    if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !s->program || !s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
-        !s->gate || !s->up || !s->router || !s->mlp_out || !s->expert_in || !s->expert_out || !s->cos || !s->sin || !s->scores ||
-        !s->logits || (m->quantized && !s->xq)) {
+    if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !kv_ok || !work_ok || !s->program ||
+        !s->cos || !s->sin || !s->at || !s->logits) {
         polar_session_free(s);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
-                          2 * cache * sizeof(float) >> 20, o.max_program_len, o.max_ctx);
+                          2 * (size_t)n_blocks * CPU_KV_BLOCK * kv * sizeof(float) >> 20, o.max_program_len, o.max_ctx);
     }
     memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));
     s->n_program = program->n;
@@ -182,148 +156,17 @@ void polar_session_free(polar_session *s) {
     if (!s) return;
     cuda_state_free(s->cuda);
     free(s->program);
-    free(s->k_cache);
-    free(s->v_cache);
-    free(s->x);
-    free(s->xn);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->gate);
-    free(s->up);
-    free(s->router);
-    free(s->mlp_out);
-    free(s->expert_in);
-    free(s->expert_out);
+    kv_seq_free(&s->kv);
+    kv_pool_free(&s->pool);
+    cpu_work_free(&s->work);
     free(s->cos);
     free(s->sin);
-    free(s->scores);
+    free(s->at);
     free(s->logits);
-    free(s->xq);
     free(s->prompt_x);
     free(s->prompt_tokens);
     free(s->prompt_program);
     free(s);
-}
-
-/* The MoE sublayer on the normed input s->xn: each token through its top-k
- * experts (weighted, summed in ascending expert order) plus the
- * sigmoid-gated shared expert, then added to the residual stream. Tokens are
- * grouped by expert, so each chosen expert's weights are read once per chunk
- * for all the tokens routed to it. */
-static void moe_forward(polar_session *s, const layer_weights *w, int T, int round_in) {
-    const polar_arch *a = &s->m->arch;
-    int H = a->hidden, F = a->moe_ffn, E = a->n_experts, k = a->top_k, nt = s->n_threads;
-    int idx[PREFILL_CHUNK * MAX_TOP_K];
-    float weight[PREFILL_CHUNK * MAX_TOP_K];
-    int members[PREFILL_CHUNK]; /* the tokens routed to one expert, ascending */
-    float member_w[PREFILL_CHUNK];
-    cpu_matmul(s->router, s->xn, w->router, NULL, T, E, H, 0, nt);
-    for (int t = 0; t < T; t++) cpu_route(s->router + (size_t)t * E, E, k, a->norm_topk, idx + t * k, weight + t * k);
-    memset(s->mlp_out, 0, (size_t)T * H * sizeof *s->mlp_out);
-    int round_experts = round_in && cuda_expert_gemm_fits(H, F);
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < k; j++)
-                if (idx[t * k + j] == e) {
-                    members[n] = t;
-                    member_w[n++] = weight[t * k + j];
-                }
-        if (!n) continue;
-        for (int i = 0; i < n; i++)
-            memcpy(s->expert_in + (size_t)i * H, s->xn + (size_t)members[i] * H, (size_t)H * sizeof(float));
-        if (round_experts) cpu_round_bf16(s->expert_in, (size_t)n * H);
-        /* gate and up rows of expert e are one [2F, H] block */
-        cpu_matmul(s->gate, s->expert_in, w->exp_gate_up + (size_t)e * 2 * F * H, NULL, n, 2 * F, H, 0, nt);
-        for (int i = 0; i < n; i++) {
-            float *gu = s->gate + (size_t)i * 2 * F;
-            cpu_swiglu(gu, gu + F, F);
-            memcpy(s->up + (size_t)i * F, gu, (size_t)F * sizeof(float));
-        }
-        if (round_experts) cpu_round_bf16(s->up, (size_t)n * F);
-        cpu_matmul(s->expert_out, s->up, w->exp_down + (size_t)e * H * F, NULL, n, H, F, 0, nt);
-        for (int i = 0; i < n; i++) {
-            float *out = s->mlp_out + (size_t)members[i] * H, *y = s->expert_out + (size_t)i * H;
-            for (int c = 0; c < H; c++) out[c] += y[c] * member_w[i];
-        }
-    }
-    if (w->sh_gate) {
-        int S = a->shared_ffn;
-        float g[PREFILL_CHUNK];
-        const float *in = s->xn; /* the shared gate reads xn in f32, the shared expert a bf16 copy when rounding */
-        if (round_in) {
-            memcpy(s->expert_in, s->xn, (size_t)T * H * sizeof(float));
-            cpu_round_bf16(s->expert_in, (size_t)T * H);
-            in = s->expert_in;
-        }
-        cpu_matmul(s->gate, in, w->sh_gate, NULL, T, S, H, 0, nt);
-        cpu_matmul(s->up, in, w->sh_up, NULL, T, S, H, 0, nt);
-        for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * S, s->up + (size_t)t * S, S);
-        if (round_in) cpu_round_bf16(s->gate, (size_t)T * S);
-        cpu_matmul(g, s->xn, w->sh_router, NULL, T, 1, H, 0, 1);
-        cpu_matmul(s->expert_out, s->gate, w->sh_down, NULL, T, H, S, 0, nt);
-        for (int t = 0; t < T; t++) {
-            float sig = 1.0f / (1.0f + expf(-g[t]));
-            for (int i = 0; i < H; i++) s->mlp_out[(size_t)t * H + i] += sig * s->expert_out[(size_t)t * H + i];
-        }
-    }
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->mlp_out[i];
-}
-
-/* One decoder layer (weights w) at execution position slot, for T tokens at
- * positions s->pos .. s->pos+T-1. round_in: the GEMM inputs are rounded to
- * bf16 (a CUDA prefill chunk's), and with round_like_cuda the cache is bf16. */
-static void layer_forward(polar_session *s, const layer_weights *w, int slot, int T, int round_in) {
-    const polar_arch *a = &s->m->arch;
-    int hd = a->head_dim, half = hd / 2, nt = s->n_threads;
-    int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
-    float eps = (float)a->rms_eps;
-    float *kc = s->k_cache + (size_t)slot * s->max_ctx * kvd;
-    float *vc = s->v_cache + (size_t)slot * s->max_ctx * kvd;
-
-    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->attn_norm, a->hidden, eps);
-    if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    const cpu_q_out qkv[3] = {{s->q, w->wq, w->t_wq, w->bq, qd}, {s->k, w->wk, w->t_wk, w->bk, kvd},
-                              {s->v, w->wv, w->t_wv, w->bv, kvd}};
-    cpu_matmul_q_multi(qkv, 3, s->xn, T, a->hidden, 0, nt, s->xq);
-    for (int t = 0; t < T; t++) {
-        float *qt = s->q + (size_t)t * qd, *kt = s->k + (size_t)t * kvd;
-        if (w->q_norm) {
-            for (int h = 0; h < a->n_heads; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, w->q_norm, hd, eps);
-            for (int h = 0; h < a->n_kv_heads; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, w->k_norm, hd, eps);
-        }
-        cpu_rope(qt, s->cos + (size_t)t * half, s->sin + (size_t)t * half, a->n_heads, hd);
-        cpu_rope(kt, s->cos + (size_t)t * half, s->sin + (size_t)t * half, a->n_kv_heads, hd);
-        memcpy(kc + (size_t)(s->pos + t) * kvd, kt, (size_t)kvd * sizeof(float));
-        memcpy(vc + (size_t)(s->pos + t) * kvd, s->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
-        if (s->round_like_cuda) {
-            cpu_round_bf16(kc + (size_t)(s->pos + t) * kvd, (size_t)kvd);
-            cpu_round_bf16(vc + (size_t)(s->pos + t) * kvd, (size_t)kvd);
-        }
-    }
-#pragma omp parallel for num_threads(nt) schedule(dynamic)
-    for (int th = 0; th < T * a->n_heads; th++) {
-        int t = th / a->n_heads, h = th % a->n_heads;
-        float *scores = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
-        cpu_attention_head(s->att + (size_t)t * qd, s->q + (size_t)t * qd, kc, vc, s->pos + t, h, a->n_heads,
-                           a->n_kv_heads, hd, scores);
-    }
-    if (round_in) cpu_round_bf16(s->att, (size_t)T * qd);
-    cpu_matmul_q(s->x, s->att, w->wo, w->t_wo, NULL, T, a->hidden, qd, 1, nt, s->xq);
-
-    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, w->mlp_norm, a->hidden, eps);
-    if (w->router) {
-        moe_forward(s, w, T, round_in);
-        return;
-    }
-    if (round_in) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
-    const cpu_q_out gate_up[2] = {{s->gate, w->w_gate, w->t_gate, NULL, a->ffn}, {s->up, w->w_up, w->t_up, NULL, a->ffn}};
-    cpu_matmul_q_multi(gate_up, 2, s->xn, T, a->hidden, 0, nt, s->xq);
-    for (int t = 0; t < T; t++) cpu_swiglu(s->gate + (size_t)t * a->ffn, s->up + (size_t)t * a->ffn, a->ffn);
-    if (round_in) cpu_round_bf16(s->gate, (size_t)T * a->ffn);
-    cpu_matmul_q(s->x, s->gate, w->w_down, w->t_down, NULL, T, a->hidden, a->ffn, 1, nt, s->xq);
 }
 
 /* T <= PREFILL_CHUNK tokens through the whole program; logits of all of them
@@ -334,33 +177,35 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
                           int start) {
     const polar_model *m = s->m;
     const polar_arch *a = &m->arch;
+    cpu_work *w = &s->work;
     int half = a->head_dim / 2;
     size_t rows = (size_t)T * a->hidden;
     for (int t = 0; t < T; t++) {
-        if (!start) cpu_embed_q(s->x + (size_t)t * a->hidden, m->embed, m->t_embed, tokens[t], a->hidden);
-        cpu_rope_angles(s->cos + (size_t)t * half, s->sin + (size_t)t * half, m->rope_inv_freq, half, s->pos + t);
+        if (!start) cpu_embed_q(w->x + (size_t)t * a->hidden, m->embed, m->t_embed, tokens[t], a->hidden);
+        float *cs = s->cos + (size_t)t * half, *sn = s->sin + (size_t)t * half;
+        cpu_rope_angles(cs, sn, m->rope_inv_freq, half, s->pos + t);
+        s->at[t] = (cpu_token_at){.pos = s->pos + t, .cos = cs, .sin = sn};
     }
     /* the residual stream before entry k of this chunk's tokens */
 #define PROMPT_X(k) (s->prompt_x + ((size_t)(k) * s->max_ctx + (size_t)s->pos) * a->hidden)
-    if (start) memcpy(s->x, PROMPT_X(start), rows * sizeof(float));
+    if (start) memcpy(w->x, PROMPT_X(start), rows * sizeof(float));
     for (int k = start; k < s->n_program; k++) {
-        if (s->recording) memcpy(PROMPT_X(k), s->x, rows * sizeof(float));
-        layer_forward(s, &m->layers[s->program[k]], k, T, round_in);
+        if (s->recording) memcpy(PROMPT_X(k), w->x, rows * sizeof(float));
+        for (int t = 0; t < T; t++) s->at[t].blocks = kv_seq_table(&s->kv, k);
+        cpu_layer_forward(m, w, &m->layers[s->program[k]], &s->pool, s->at, T, round_in, s->round_like_cuda);
     }
-    if (s->recording) memcpy(PROMPT_X(s->n_program), s->x, rows * sizeof(float));
+    if (s->recording) memcpy(PROMPT_X(s->n_program), w->x, rows * sizeof(float));
 #undef PROMPT_X
     int first = all_logits || hidden ? 0 : T - 1;
-    for (int t = first; t < T; t++)
-        cpu_rmsnorm(s->xn + (size_t)t * a->hidden, s->x + (size_t)t * a->hidden, m->final_norm, a->hidden,
-                    (float)a->rms_eps);
-    if (hidden) memcpy(hidden, s->xn, (size_t)T * a->hidden * sizeof *hidden);
+    for (int t = first; t < T; t++) cpu_final_norm(m, w, t);
+    if (hidden) memcpy(hidden, w->xn, (size_t)T * a->hidden * sizeof *hidden);
     /* A CUDA forward computes the head of all rows in slices of 32 (this
      * chunk, when rounding), through a GEMM on bf16 inputs beyond 8 rows. */
-    if (s->round_like_cuda && first == 0 && T > CUDA_DECODE_TOKENS) cpu_round_bf16(s->xn, (size_t)T * a->hidden);
+    if (s->round_like_cuda && first == 0 && T > CUDA_DECODE_TOKENS) cpu_round_bf16(w->xn, (size_t)T * a->hidden);
     if (all_logits)
-        cpu_matmul_q(all_logits, s->xn, m->lm_head, m->t_lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads, s->xq);
-    cpu_matmul_q(s->logits, s->xn + (size_t)(T - 1) * a->hidden, m->lm_head, m->t_lm_head, NULL, 1, a->vocab,
-                 a->hidden, 0, s->n_threads, s->xq);
+        cpu_matmul_q(all_logits, w->xn, m->lm_head, m->t_lm_head, NULL, T, a->vocab, a->hidden, 0, s->n_threads, w->xq);
+    cpu_matmul_q(s->logits, w->xn + (size_t)(T - 1) * a->hidden, m->lm_head, m->t_lm_head, NULL, 1, a->vocab,
+                 a->hidden, 0, s->n_threads, w->xq);
     s->pos += T;
     s->has_logits = 1;
 }

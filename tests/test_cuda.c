@@ -308,6 +308,8 @@ static void kernel_attention(void) {
             float *q = rand_floats((size_t)T * nh * hd, 1), *kf = malloc((size_t)ctx * kvd * 4),
                   *vf = malloc((size_t)ctx * kvd * 4), *want = malloc((size_t)T * nh * hd * 4),
                   *scores = malloc((size_t)ctx * 4);
+            int *blocks = malloc(((size_t)ctx / CPU_KV_BLOCK + 1) * sizeof *blocks); /* the cache in pool order */
+            for (int b = 0; b <= ctx / CPU_KV_BLOCK; b++) blocks[b] = b;
             bf16 *kb = malloc((size_t)ctx * kvd * 2), *vb = malloc((size_t)ctx * kvd * 2);
             for (size_t i = 0; i < (size_t)ctx * kvd; i++) {
                 kb[i] = f32_to_bf16(2 * frand()), vb[i] = f32_to_bf16(frand());
@@ -315,8 +317,8 @@ static void kernel_attention(void) {
             }
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < nh; h++)
-                    cpu_attention_head(want + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kf, vf, pos0 + t, h, nh,
-                                       nkv, hd, scores);
+                    cpu_attention_head(want + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kf, vf, blocks, pos0 + t, h,
+                                       nh, nkv, hd, scores);
             bf16 *dk = to_dev(kb, (size_t)ctx * kvd * 2), *dv = to_dev(vb, (size_t)ctx * kvd * 2);
             float *dq = to_dev(q, (size_t)T * nh * hd * 4), *dout = dev_floats((size_t)T * nh * hd);
             int *dpos = to_dev(&pos0, sizeof pos0);
@@ -338,7 +340,7 @@ static void kernel_attention(void) {
                 free(got);
             }
             cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos);
-            free(q), free(kf), free(vf), free(want), free(scores), free(kb), free(vb);
+            free(q), free(kf), free(vf), free(want), free(scores), free(blocks), free(kb), free(vb);
         }
     }
 }

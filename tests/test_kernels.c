@@ -137,27 +137,29 @@ static void kernel_rope_llama3(void) {
     free(m.owned);
 }
 
-/* Causal GQA attention over the cache vs softmax in double. */
+/* Causal GQA attention over a paged cache (positions 16..19 in the pool's
+ * first block, 0..15 in its second) vs softmax in double. */
 static void kernel_attention(void) {
-    int heads = 6, kv = 2, hd = 20, ctx = 13, pos = 9, kvd = kv * hd;
-    float q[120], out[120], kc[13 * 40], vc[13 * 40], scores[13];
+    int heads = 6, kv = 2, hd = 20, ctx = 2 * CPU_KV_BLOCK, pos = 19, kvd = kv * hd;
+    const int blocks[2] = {1, 0};
+    float q[120], out[120], kc[32 * 40], vc[32 * 40], scores[32];
     fill(q, 120, 2);
     fill(kc, (size_t)ctx * kvd, 2);
     fill(vc, (size_t)ctx * kvd, 1);
     for (int h = 0; h < heads; h++) {
-        cpu_attention_head(out, q, kc, vc, pos, h, heads, kv, hd, scores);
+        cpu_attention_head(out, q, kc, vc, blocks, pos, h, heads, kv, hd, scores);
         int g = h / (heads / kv);
-        double s[13], mx = -1e300, sum = 0;
+        double s[32], mx = -1e300, sum = 0;
         for (int j = 0; j <= pos; j++) {
             s[j] = 0;
-            for (int i = 0; i < hd; i++) s[j] += (double)q[h * hd + i] * kc[j * kvd + g * hd + i];
+            for (int i = 0; i < hd; i++) s[j] += (double)q[h * hd + i] * kc[cpu_kv_row(blocks, j) * kvd + g * hd + i];
             s[j] /= sqrt(hd);
             mx = fmax(mx, s[j]);
         }
         for (int j = 0; j <= pos; j++) sum += (s[j] = exp(s[j] - mx));
         for (int i = 0; i < hd; i++) {
             double o = 0;
-            for (int j = 0; j <= pos; j++) o += s[j] / sum * vc[j * kvd + g * hd + i];
+            for (int j = 0; j <= pos; j++) o += s[j] / sum * vc[cpu_kv_row(blocks, j) * kvd + g * hd + i];
             CHECK(fabs(o - out[h * hd + i]) < 1e-5, "head %d dim %d: %g vs %g", h, i, out[h * hd + i], o);
         }
     }

@@ -169,19 +169,21 @@ static void simd_rope(void) {
 static void simd_attention(void) {
     static const int hds[] = {6, 12, 20, 64, 80, 128};
     static const int poss[] = {0, 2, 3, 7, 8, 15, 16, 40};
-    int heads = 6, kv = 2, ctx = 41;
+    /* positions 0..40 in three pool blocks out of order */
+    int heads = 6, kv = 2, ctx = 3 * CPU_KV_BLOCK;
+    const int blocks[3] = {2, 0, 1};
     for (size_t c = 0; c < sizeof hds / sizeof *hds; c++) {
         int hd = hds[c], kvd = kv * hd;
         float *q = malloc((size_t)heads * hd * 4), *kc = malloc((size_t)ctx * kvd * 4),
               *vc = malloc((size_t)ctx * kvd * 4), *a = malloc((size_t)heads * hd * 4),
-              *b = malloc((size_t)heads * hd * 4), scores[41];
+              *b = malloc((size_t)heads * hd * 4), scores[48];
         fill(q, (size_t)heads * hd, 2);
         fill(kc, (size_t)ctx * kvd, 2);
         fill(vc, (size_t)ctx * kvd, 1); /* |v| < 1: the bound is absolute */
         for (size_t p = 0; p < sizeof poss / sizeof *poss; p++)
             for (int h = 0; h < heads; h++) {
-                g->attention_head(a, q, kc, vc, poss[p], h, heads, kv, hd, scores);
-                k->attention_head(b, q, kc, vc, poss[p], h, heads, kv, hd, scores);
+                g->attention_head(a, q, kc, vc, blocks, poss[p], h, heads, kv, hd, scores);
+                k->attention_head(b, q, kc, vc, blocks, poss[p], h, heads, kv, hd, scores);
                 double worst = 0;
                 for (int i = 0; i < hd; i++) worst = fmax(worst, fabs(a[h * hd + i] - b[h * hd + i]));
                 CHECK(worst <= 1e-5, "%s attention hd=%d pos=%d head %d: error %g", k->name, hd, poss[p], h, worst);

@@ -98,9 +98,9 @@ void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_
     cpu_kernels_active()->rope(x, cs, sn, n_heads, head_dim);
 }
 
-void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                         int n_heads, int n_kv, int hd, float *scores) {
-    cpu_kernels_active()->attention_head(out, q, k_cache, v_cache, pos, h, n_heads, n_kv, hd, scores);
+    cpu_kernels_active()->attention_head(out, q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores);
 }
 
 void cpu_swiglu(float *g, const float *u, int n) { cpu_kernels_active()->swiglu(g, u, n); }

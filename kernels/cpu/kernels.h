@@ -12,6 +12,7 @@
 #define POLAR_CPU_KERNELS_H
 
 #include "bf16.h"
+#include "ops.h" /* the paged KV layout attention_head reads */
 #include "quant.h"
 
 typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_NEON, CPU_N_LEVELS } cpu_level;
@@ -26,7 +27,7 @@ typedef struct cpu_kernels {
     int row_block;
     void (*rmsnorm)(float *out, const float *x, const bf16 *w, int n, float eps);
     void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
-    void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+    void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                            int n_heads, int n_kv, int hd, float *scores);
     void (*swiglu)(float *g, const float *u, int n);
     /* Block dot products by cpu_wtype (quant.h); a level without its own

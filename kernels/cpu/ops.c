@@ -86,13 +86,13 @@ static void generic_rope(float *x, const float *cs, const float *sn, int n_heads
     }
 }
 
-static void generic_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+static void generic_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                         int n_heads, int n_kv, int hd, float *scores) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     const float *qh = q + (size_t)h * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     for (int j = 0; j <= pos; j++) {
-        const float *kj = k_cache + (size_t)j * kv_dim + (size_t)kvh * hd;
+        const float *kj = k_cache + cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
         float s = 0.0f;
         for (int i = 0; i < hd; i++) s += qh[i] * kj[i];
         scores[j] = s * scale;
@@ -106,7 +106,7 @@ static void generic_attention_head(float *out, const float *q, const float *k_ca
     float *oh = out + (size_t)h * hd;
     for (int i = 0; i < hd; i++) oh[i] = 0.0f;
     for (int j = 0; j <= pos; j++) {
-        const float *vj = v_cache + (size_t)j * kv_dim + (size_t)kvh * hd;
+        const float *vj = v_cache + cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
         float p = scores[j] / sum;
         for (int i = 0; i < hd; i++) oh[i] += p * vj[i];
     }

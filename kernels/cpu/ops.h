@@ -29,11 +29,22 @@ void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int 
 /* Rotate-half RoPE in place on x[n_heads, head_dim]: pair (i, i + d/2). */
 void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
 
-/* Causal GQA attention of one token at cache position `pos` over cache rows
- * 0..pos. q[n_heads, hd]; k_cache, v_cache [ctx, n_kv*hd]; out[n_heads, hd];
- * scores[pos + 1] scratch. Query head h reads kv head h / (n_heads/n_kv). */
-void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
-                        int n_heads, int n_kv, int hd, float *scores);
+/* The KV cache is paged: a pool of blocks of CPU_KV_BLOCK token rows, and per
+ * sequence and execution position a block table, blocks[b] = the pool block
+ * holding positions b*CPU_KV_BLOCK.. (a multiple of 4, so the kernels' groups
+ * of four keys never straddle a block). Position j lives in pool row
+ * cpu_kv_row(blocks, j). */
+#define CPU_KV_BLOCK 16
+static inline size_t cpu_kv_row(const int *blocks, int j) {
+    return (size_t)blocks[j / CPU_KV_BLOCK] * CPU_KV_BLOCK + (size_t)(j % CPU_KV_BLOCK);
+}
+
+/* Causal GQA attention of one token at position `pos` over positions
+ * 0..pos. q[n_heads, hd]; k_cache, v_cache: the pool [rows, n_kv*hd] and
+ * blocks the sequence's table (above); out[n_heads, hd]; scores[pos + 1]
+ * scratch. Query head h reads kv head h / (n_heads/n_kv). */
+void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks,
+                        int pos, int h, int n_heads, int n_kv, int hd, float *scores);
 
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);

@@ -150,14 +150,14 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                                 int n_heads, int n_kv, int hd, float *scores) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
     const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     int j = 0;
     for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + (size_t)j * kv_dim;
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int i = 0;
         for (; i + 8 <= hd; i += 8) {
@@ -173,7 +173,7 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
             scores[j + u] = s[u] * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + (size_t)j * kv_dim, hd) * scale;
+    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
     for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m256 mv = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
@@ -195,7 +195,7 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
     for (; i + 32 <= hd; i += 32) {
         __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         for (j = 0; j < n; j++) {
-            const float *vj = vb + (size_t)j * kv_dim + i;
+            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
             __m256 p = _mm256_set1_ps(scores[j]);
             o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
             o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
@@ -209,12 +209,12 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
     }
     for (; i + 8 <= hd; i += 8) {
         __m256 o = _mm256_setzero_ps();
-        for (j = 0; j < n; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(vb + (size_t)j * kv_dim + i), o);
+        for (j = 0; j < n; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + i), o);
         _mm256_storeu_ps(oh + i, o);
     }
     for (; i < hd; i++) {
         float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[(size_t)j * kv_dim + i];
+        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
         oh[i] = o;
     }
 }

@@ -147,14 +147,14 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void avx512_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos,
+static void avx512_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos,
                                   int h, int n_heads, int n_kv, int hd, float *scores) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
     const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     int j = 0;
     for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + (size_t)j * kv_dim;
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int i = 0;
         for (; i + 16 <= hd; i += 16) {
@@ -170,7 +170,7 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
             scores[j + u] = s[u] * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + (size_t)j * kv_dim, hd) * scale;
+    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
     for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m512 mv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
@@ -192,7 +192,7 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
     for (; i + 64 <= hd; i += 64) {
         __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         for (j = 0; j < n; j++) {
-            const float *vj = vb + (size_t)j * kv_dim + i;
+            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
             __m512 p = _mm512_set1_ps(scores[j]);
             o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj), o0);
             o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16), o1);
@@ -207,12 +207,12 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
     for (; i + 16 <= hd; i += 16) {
         __m512 o = _mm512_setzero_ps();
         for (j = 0; j < n; j++)
-            o = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(vb + (size_t)j * kv_dim + i), o);
+            o = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + i), o);
         _mm512_storeu_ps(oh + i, o);
     }
     for (; i < hd; i++) {
         float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[(size_t)j * kv_dim + i];
+        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
         oh[i] = o;
     }
 }

@@ -134,14 +134,14 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void neon_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, int pos, int h,
+static void neon_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                                 int n_heads, int n_kv, int hd, float *scores) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
     const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     int j = 0;
     for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + (size_t)j * kv_dim;
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
         int i = 0;
         for (; i + 4 <= hd; i += 4) {
@@ -157,7 +157,7 @@ static void neon_attention_head(float *out, const float *q, const float *k_cache
             scores[j + u] = s[u] * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + (size_t)j * kv_dim, hd) * scale;
+    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
     for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     float32x4_t mv = vdupq_n_f32(mx), sv = vdupq_n_f32(0.0f);
@@ -179,7 +179,7 @@ static void neon_attention_head(float *out, const float *q, const float *k_cache
     for (; i + 16 <= hd; i += 16) {
         float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
         for (j = 0; j < n; j++) {
-            const float *vj = vb + (size_t)j * kv_dim + i;
+            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
             float32x4_t p = vdupq_n_f32(scores[j]);
             o0 = vfmaq_f32(o0, p, vld1q_f32(vj));
             o1 = vfmaq_f32(o1, p, vld1q_f32(vj + 4));
@@ -193,12 +193,12 @@ static void neon_attention_head(float *out, const float *q, const float *k_cache
     }
     for (; i + 4 <= hd; i += 4) {
         float32x4_t o = vdupq_n_f32(0.0f);
-        for (j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(scores[j]), vld1q_f32(vb + (size_t)j * kv_dim + i));
+        for (j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(scores[j]), vld1q_f32(vb + cpu_kv_row(blocks, j) * kv_dim + i));
         vst1q_f32(oh + i, o);
     }
     for (; i < hd; i++) {
         float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[(size_t)j * kv_dim + i];
+        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
         oh[i] = o;
     }
 }

@@ -1,0 +1,70 @@
+/* Paged KV storage: see kv_pool.h. */
+#include "kv_pool.h"
+
+#include <stdlib.h>
+
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
+    size_t rows = (size_t)n_blocks * CPU_KV_BLOCK;
+    *p = (kv_pool){.n_blocks = n_blocks, .kv_dim = kv_dim};
+    p->k = malloc(rows * (size_t)kv_dim * sizeof(float));
+    p->v = malloc(rows * (size_t)kv_dim * sizeof(float));
+    p->free_blocks = malloc((size_t)n_blocks * sizeof *p->free_blocks);
+    if (!p->k || !p->v || !p->free_blocks) {
+        kv_pool_free(p);
+        return 0;
+    }
+    for (int i = 0; i < n_blocks; i++) p->free_blocks[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    return 1;
+}
+
+void kv_pool_free(kv_pool *p) {
+    free(p->k);
+    free(p->v);
+    free(p->free_blocks);
+    *p = (kv_pool){0};
+}
+
+int kv_blocks_for(int n_program, int n_tokens) {
+    return n_program * ((n_tokens + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK);
+}
+
+int kv_seq_init(kv_seq *s, int cap_program, int max_tokens) {
+    *s = (kv_seq){.cap_program = cap_program, .max_blocks = (max_tokens + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK};
+    s->blocks = malloc((size_t)cap_program * s->max_blocks * sizeof *s->blocks);
+    return s->blocks != NULL;
+}
+
+void kv_seq_free(kv_seq *s) {
+    free(s->blocks);
+    s->blocks = NULL;
+}
+
+int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens) {
+    int need = kv_blocks_for(n_program, n_tokens);
+    if (n_program > s->cap_program || n_tokens > s->max_blocks * CPU_KV_BLOCK || need > p->n_free - p->promised)
+        return 0;
+    p->promised += need;
+    s->reserved = need;
+    s->n_program = n_program;
+    s->n_mapped = 0;
+    return 1;
+}
+
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens) {
+    while (s->n_mapped * CPU_KV_BLOCK < n_tokens) {
+        for (int k = 0; k < s->n_program; k++) s->blocks[(size_t)k * s->max_blocks + s->n_mapped] = p->free_blocks[--p->n_free];
+        p->promised -= s->n_program;
+        s->reserved -= s->n_program;
+        s->n_mapped++;
+    }
+}
+
+void kv_seq_release(kv_pool *p, kv_seq *s) {
+    for (int k = 0; k < s->n_program; k++)
+        for (int b = 0; b < s->n_mapped; b++) p->free_blocks[p->n_free++] = s->blocks[(size_t)k * s->max_blocks + b];
+    p->promised -= s->reserved;
+    s->reserved = 0;
+    s->n_mapped = 0;
+    s->n_program = 0;
+}

@@ -1,0 +1,56 @@
+/* The KV cache of a session or a batch: one pool of blocks of CPU_KV_BLOCK
+ * token rows, and per sequence a block table for each execution position of
+ * its program (kernels/cpu/ops.h says how attention reads it). A sequence is
+ * promised the blocks it can ever need when it is admitted (a reservation),
+ * takes them as its tokens grow and gives them back when it ends, so a
+ * running sequence never waits for memory. */
+#ifndef POLAR_KV_POOL_H
+#define POLAR_KV_POOL_H
+
+#include "../kernels/cpu/ops.h"
+
+typedef struct {
+    float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim] */
+    int n_blocks, kv_dim;
+    int *free_blocks;  /* [n_blocks] stack of the free block ids */
+    int n_free;
+    int promised;      /* free blocks reserved for admitted sequences */
+} kv_pool;
+
+/* One sequence's tables: blocks[k * max_blocks + b] is the pool block of
+ * positions b*CPU_KV_BLOCK.. at execution position k. Every position of the
+ * program holds the same tokens, so one count says how many are mapped. */
+typedef struct {
+    int *blocks;       /* [cap_program, max_blocks] */
+    int cap_program, max_blocks;
+    int n_program;     /* execution positions in use */
+    int n_mapped;      /* blocks mapped at each of them */
+    int reserved;      /* blocks still promised to this sequence */
+} kv_seq;
+
+/* 0 when out of memory. */
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim);
+void kv_pool_free(kv_pool *p);
+
+/* Blocks a sequence needs for n_program positions x n_tokens tokens. */
+int kv_blocks_for(int n_program, int n_tokens);
+
+/* Tables for up to cap_program positions x max_tokens tokens; 0 when out of
+ * memory. */
+int kv_seq_init(kv_seq *s, int cap_program, int max_tokens);
+void kv_seq_free(kv_seq *s);
+
+/* Admit s for n_program positions x n_tokens tokens: promise it the blocks.
+ * 0 (nothing changed) when the pool cannot promise that many. */
+int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens);
+
+/* Map blocks (from the promise) until positions 0..n_tokens-1 have rows. */
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens);
+
+/* Give every block and what is left of the promise back to the pool. */
+void kv_seq_release(kv_pool *p, kv_seq *s);
+
+/* The table of execution position k. */
+static inline const int *kv_seq_table(const kv_seq *s, int k) { return s->blocks + (size_t)k * s->max_blocks; }
+
+#endif
