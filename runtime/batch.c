@@ -1,0 +1,404 @@
+/* Many sequences, each with its own program, advanced one token per step on
+ * the CPU (polar.h says what a batch promises).
+ *
+ * A step lays its tokens out as rows: one per decoding sequence, then
+ * chunks of prompts within the step's token budget. Each sequence walks its
+ * own program with a cursor; while some cursor is not at its end, the
+ * lowest layer among the sequences' next entries runs once over the rows of
+ * every sequence whose next entry it is (gathered into the workspace and
+ * scattered back), each row attending over its own sequence's KV table of
+ * that execution position. Then the final norm and the head run once over
+ * the last row of every sequence that needs logits. A matmul output is
+ * summed in the same order whatever the rows beside it (kernels.h), so each
+ * sequence gets the logits of a session running it alone. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/ops.h"
+#include "cpu_layer.h"
+#include "error.h"
+#include "model.h"
+
+typedef struct {
+    int id;                /* 0: a free slot */
+    polar_seq_state state;
+    int *program;          /* [cap_program] */
+    int n_program;
+    int *tokens;           /* [max_ctx + 1] the prompt, then the generated ids (the last is never run) */
+    int n_prompt, n_run;   /* n_run: tokens whose K/V are in the cache */
+    int n_generated;
+    int stopped_at_eos, has_logits;
+    polar_gen_opts gen;
+    int stop[POLAR_BATCH_MAX_STOP];
+    polar_rng rng;
+    kv_seq kv;
+    /* this step */
+    int row0, n_rows;      /* its rows of the step */
+    int cursor;            /* its next program entry */
+} batch_seq;
+
+struct polar_batch {
+    const polar_model *m;
+    int max_seqs, max_ctx, cap_program, step_tokens, n_threads;
+    int next_id;
+    batch_seq *seqs;       /* [max_seqs] */
+    kv_pool pool;
+    cpu_work work;         /* [step_tokens] rows */
+    float *x;              /* [step_tokens, hidden] the step's residual streams */
+    float *cos, *sin;      /* [step_tokens, head_dim/2] rope tables of the rows' positions */
+    cpu_token_at *at;      /* [step_tokens] one layer pass's rows */
+    int *pass_rows;        /* [step_tokens] their rows in x */
+    batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
+    float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows */
+    float *logits;         /* [max_seqs, vocab] by slot */
+    int *layer_uses;       /* [n_layers] one program's uses of each layer */
+    int *layer_most;       /* [n_layers] the most uses of each layer by one program this step */
+    void *sample_work;     /* polar_sample_work_bytes(vocab) */
+};
+
+polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
+                                polar_error *err) {
+    *out = NULL;
+    if (!m) return polar_fail(err, POLAR_ERR_ARG, "batch: no model given");
+    const polar_arch *a = &m->arch;
+    polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
+    if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0)
+        return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
+    if (o.device == POLAR_DEVICE_CUDA)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED,
+                          "batch: runs on the CPU only in this build (the CUDA batch step is not written yet)");
+    if (o.max_seqs == 0) o.max_seqs = 16;
+    if (o.max_ctx == 0) o.max_ctx = a->max_pos < 2048 ? a->max_pos : 2048;
+    if (o.max_program_len == 0) o.max_program_len = 2 * a->n_layers;
+    if (o.step_tokens == 0) o.step_tokens = 64;
+    if (o.step_tokens < o.max_seqs) o.step_tokens = o.max_seqs;
+    if (o.n_threads == 0) o.n_threads = omp_get_max_threads();
+    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = 2 * CPU_KV_BLOCK * kvd * sizeof(float);
+    size_t n_blocks = o.kv_bytes ? o.kv_bytes / block_bytes
+                                 : (size_t)o.max_seqs * kv_blocks_for(a->n_layers, o.max_ctx);
+    if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
+        return polar_fail(err, POLAR_ERR_ARG, "batch: a KV pool of %zu bytes holds %zu blocks of %zu bytes",
+                          o.kv_bytes, n_blocks, block_bytes);
+    polar_batch *b = calloc(1, sizeof *b);
+    if (!b) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory creating the batch");
+    b->m = m;
+    b->max_seqs = o.max_seqs, b->max_ctx = o.max_ctx, b->cap_program = o.max_program_len;
+    b->step_tokens = o.step_tokens, b->n_threads = o.n_threads;
+    b->next_id = 1;
+    size_t R = (size_t)o.step_tokens, half = (size_t)a->head_dim / 2;
+    int ok = kv_pool_init(&b->pool, (int)n_blocks, (int)kvd) &&
+             cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads);
+    b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
+    b->x = malloc(R * a->hidden * sizeof(float));
+    b->cos = malloc(R * half * sizeof(float));
+    b->sin = malloc(R * half * sizeof(float));
+    b->at = malloc(R * sizeof *b->at);
+    b->pass_rows = malloc(R * sizeof *b->pass_rows);
+    b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
+    b->head_out = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
+    b->logits = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
+    b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
+    b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
+    b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
+    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->order && b->head_out && b->logits &&
+         b->layer_uses && b->layer_most && b->sample_work;
+    for (int i = 0; ok && i < o.max_seqs; i++) {
+        batch_seq *q = &b->seqs[i];
+        q->program = malloc((size_t)o.max_program_len * sizeof *q->program);
+        q->tokens = malloc(((size_t)o.max_ctx + 1) * sizeof *q->tokens);
+        ok = q->program && q->tokens && kv_seq_init(&q->kv, o.max_program_len, o.max_ctx);
+    }
+    if (!ok) {
+        polar_batch_free(b);
+        return polar_fail(err, POLAR_ERR_NOMEM,
+                          "out of memory creating the batch (%d sequences, KV pool of %zu MiB, %d tokens per step)",
+                          o.max_seqs, n_blocks * block_bytes >> 20, o.step_tokens);
+    }
+    *out = b;
+    return POLAR_OK;
+}
+
+void polar_batch_free(polar_batch *b) {
+    if (!b) return;
+    for (int i = 0; b->seqs && i < b->max_seqs; i++) {
+        free(b->seqs[i].program);
+        free(b->seqs[i].tokens);
+        kv_seq_free(&b->seqs[i].kv);
+    }
+    free(b->seqs);
+    kv_pool_free(&b->pool);
+    cpu_work_free(&b->work);
+    free(b->x);
+    free(b->cos);
+    free(b->sin);
+    free(b->at);
+    free(b->pass_rows);
+    free(b->order);
+    free(b->head_out);
+    free(b->logits);
+    free(b->layer_uses);
+    free(b->layer_most);
+    free(b->sample_work);
+    free(b);
+}
+
+static batch_seq *find(const polar_batch *b, int id) {
+    for (int i = 0; id > 0 && i < b->max_seqs; i++)
+        if (b->seqs[i].id == id) return &b->seqs[i];
+    return NULL;
+}
+
+polar_status polar_batch_add(polar_batch *b, const polar_program *program, const int *prompt, int n_prompt,
+                             const polar_gen_opts *gen, int *id, polar_error *err) {
+    if (!b || !program || !program->layers || !prompt || !gen || !id)
+        return polar_fail(err, POLAR_ERR_ARG, "batch add: missing argument");
+    const polar_arch *a = &b->m->arch;
+    if (program->n < 1 || program->n > b->cap_program)
+        return polar_fail(err, POLAR_ERR_PROGRAM, "batch add: a program of %d entries (the batch holds 1..%d)",
+                          program->n, b->cap_program);
+    for (int i = 0; i < program->n; i++)
+        if (program->layers[i] < 0 || program->layers[i] >= a->n_layers)
+            return polar_fail(err, POLAR_ERR_PROGRAM, "batch add: program entry %d is layer %d, outside 0..%d", i,
+                              program->layers[i], a->n_layers - 1);
+    if (n_prompt < 1) return polar_fail(err, POLAR_ERR_ARG, "batch add: no prompt tokens");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= a->vocab)
+            return polar_fail(err, POLAR_ERR_RANGE, "batch add: token %d (at index %d) is outside the vocabulary 0..%d",
+                              prompt[i], i, a->vocab - 1);
+    if (gen->max_new < 0 || gen->n_stop < 0 || gen->n_stop > POLAR_BATCH_MAX_STOP || (gen->n_stop && !gen->stop))
+        return polar_fail(err, POLAR_ERR_ARG, "batch add: max_new %d, %d stop ids (at most %d)", gen->max_new,
+                          gen->n_stop, POLAR_BATCH_MAX_STOP);
+    /* the last generated token is never run, so it needs no cache row */
+    int n_tokens = n_prompt + (gen->max_new > 1 ? gen->max_new - 1 : 0);
+    if (n_tokens > b->max_ctx)
+        return polar_fail(err, POLAR_ERR_RANGE, "batch add: prompt (%d) + generated tokens (%d) exceed the context (%d)",
+                          n_prompt, gen->max_new, b->max_ctx);
+    if (kv_blocks_for(program->n, n_tokens) > b->pool.n_blocks)
+        return polar_fail(err, POLAR_ERR_RANGE, "batch add: %d entries x %d tokens need %d KV blocks, the pool has %d",
+                          program->n, n_tokens, kv_blocks_for(program->n, n_tokens), b->pool.n_blocks);
+    batch_seq *q = NULL;
+    for (int i = 0; !q && i < b->max_seqs; i++)
+        if (!b->seqs[i].id) q = &b->seqs[i];
+    if (!q) return polar_fail(err, POLAR_ERR_FULL, "batch add: all %d sequence slots are held", b->max_seqs);
+    if (!kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens))
+        return polar_fail(err, POLAR_ERR_FULL,
+                          "batch add: the KV pool cannot promise %d blocks (%d of %d free, %d promised to others)",
+                          kv_blocks_for(program->n, n_tokens), b->pool.n_free - b->pool.promised, b->pool.n_blocks,
+                          b->pool.promised);
+    memcpy(q->program, program->layers, (size_t)program->n * sizeof *q->program);
+    memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *q->tokens);
+    q->n_program = program->n;
+    q->n_prompt = n_prompt, q->n_run = 0, q->n_generated = 0;
+    q->stopped_at_eos = 0, q->has_logits = 0;
+    q->gen = *gen;
+    if (gen->n_stop) memcpy(q->stop, gen->stop, (size_t)gen->n_stop * sizeof *q->stop);
+    q->gen.stop = q->stop;
+    polar_rng_seed(&q->rng, gen->seed);
+    q->state = POLAR_SEQ_PREFILL;
+    q->id = *id = b->next_id++;
+    if (gen->max_new == 0) { /* nothing to generate: ends at once */
+        q->state = POLAR_SEQ_ENDED;
+        kv_seq_release(&b->pool, &q->kv);
+    }
+    return POLAR_OK;
+}
+
+static void end_seq(polar_batch *b, batch_seq *q) {
+    q->state = POLAR_SEQ_ENDED;
+    kv_seq_release(&b->pool, &q->kv);
+}
+
+polar_status polar_batch_cancel(polar_batch *b, int id, polar_error *err) {
+    batch_seq *q = b ? find(b, id) : NULL;
+    if (!q) return polar_fail(err, POLAR_ERR_ARG, "batch: no sequence %d", id);
+    if (q->state != POLAR_SEQ_ENDED) end_seq(b, q);
+    return POLAR_OK;
+}
+
+polar_status polar_batch_remove(polar_batch *b, int id, polar_error *err) {
+    polar_status st = polar_batch_cancel(b, id, err);
+    if (st == POLAR_OK) find(b, id)->id = 0;
+    return st;
+}
+
+polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info, polar_error *err) {
+    const batch_seq *q = b ? find(b, id) : NULL;
+    if (!q || !info) return polar_fail(err, POLAR_ERR_ARG, "batch: no sequence %d", id);
+    *info = (polar_seq_info){.state = q->state, .n_prompt = q->n_prompt, .n_generated = q->n_generated,
+                             .stopped_at_eos = q->stopped_at_eos, .tokens = q->tokens + q->n_prompt};
+    return POLAR_OK;
+}
+
+const float *polar_batch_logits(const polar_batch *b, int id) {
+    const batch_seq *q = b ? find(b, id) : NULL;
+    return q && q->has_logits ? b->logits + (size_t)(q - b->seqs) * b->m->arch.vocab : NULL;
+}
+
+int polar_batch_running(const polar_batch *b) {
+    int n = 0;
+    for (int i = 0; i < b->max_seqs; i++) n += b->seqs[i].id && b->seqs[i].state != POLAR_SEQ_ENDED;
+    return n;
+}
+
+/* Lay out the step's rows: decode tokens first (one per generating
+ * sequence, oldest first), then prompt chunks while the budget lasts.
+ * Returns the number of rows; b->order[0..*n_seqs) the sequences in it. */
+static int plan_rows(polar_batch *b, int *n_seqs) {
+    int n = 0;
+    for (int i = 0; i < b->max_seqs; i++) {
+        batch_seq *q = &b->seqs[i];
+        if (!q->id || q->state == POLAR_SEQ_ENDED) continue;
+        int j = n++; /* insertion by id: the oldest first */
+        while (j > 0 && b->order[j - 1]->id > q->id) b->order[j] = b->order[j - 1], j--;
+        b->order[j] = q;
+    }
+    int rows = 0, kept = 0;
+    for (int i = 0; i < n; i++) b->order[i]->n_rows = 0;
+    for (int i = 0; i < n; i++)
+        if (b->order[i]->state == POLAR_SEQ_DECODE) b->order[i]->n_rows = 1, rows++;
+    for (int i = 0; i < n && rows < b->step_tokens; i++) {
+        batch_seq *q = b->order[i];
+        if (q->state != POLAR_SEQ_PREFILL) continue;
+        int left = q->n_prompt - q->n_run, room = b->step_tokens - rows;
+        q->n_rows = left < room ? left : room;
+        rows += q->n_rows;
+    }
+    rows = 0;
+    for (int i = 0; i < n; i++)
+        if (b->order[i]->n_rows) {
+            batch_seq *q = b->order[kept++] = b->order[i];
+            q->row0 = rows;
+            q->cursor = 0;
+            rows += q->n_rows;
+        }
+    *n_seqs = kept;
+    return rows;
+}
+
+/* Embed the rows' tokens and their rope tables; map their cache rows. */
+static void embed_rows(polar_batch *b, int n_seqs) {
+    const polar_model *m = b->m;
+    const polar_arch *a = &m->arch;
+    int half = a->head_dim / 2;
+    for (int i = 0; i < n_seqs; i++) {
+        batch_seq *q = b->order[i];
+        kv_seq_grow(&b->pool, &q->kv, q->n_run + q->n_rows);
+        for (int r = 0; r < q->n_rows; r++) {
+            int row = q->row0 + r, pos = q->n_run + r;
+            cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
+            cpu_rope_angles(b->cos + (size_t)row * half, b->sin + (size_t)row * half, m->rope_inv_freq, half, pos);
+        }
+    }
+}
+
+/* The lower bound of polar_batch_stats for the step's programs. */
+static int min_passes(polar_batch *b, int n_seqs) {
+    int D = b->m->arch.n_layers, longest = 0, sum = 0;
+    memset(b->layer_most, 0, (size_t)D * sizeof(int));
+    for (int i = 0; i < n_seqs; i++) {
+        const batch_seq *q = b->order[i];
+        memset(b->layer_uses, 0, (size_t)D * sizeof(int));
+        for (int k = 0; k < q->n_program; k++)
+            if (++b->layer_uses[q->program[k]] > b->layer_most[q->program[k]]) b->layer_most[q->program[k]]++;
+        if (q->n_program > longest) longest = q->n_program;
+    }
+    for (int l = 0; l < D; l++) sum += b->layer_most[l];
+    return sum > longest ? sum : longest;
+}
+
+/* Run every sequence's program over its rows, one pass per (layer, point
+ * of the walk); returns the passes made. */
+static int walk_programs(polar_batch *b, int n_seqs) {
+    const polar_model *m = b->m;
+    size_t H = (size_t)m->arch.hidden;
+    int half = m->arch.head_dim / 2, passes = 0;
+    cpu_work *w = &b->work;
+    for (;;) {
+        int layer = -1;
+        for (int i = 0; i < n_seqs; i++) {
+            const batch_seq *q = b->order[i];
+            if (q->cursor < q->n_program && (layer < 0 || q->program[q->cursor] < layer)) layer = q->program[q->cursor];
+        }
+        if (layer < 0) return passes;
+        int T = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            batch_seq *q = b->order[i];
+            if (q->cursor >= q->n_program || q->program[q->cursor] != layer) continue;
+            for (int r = 0; r < q->n_rows; r++, T++) {
+                int row = q->row0 + r;
+                b->pass_rows[T] = row;
+                b->at[T] = (cpu_token_at){.pos = q->n_run + r, .blocks = kv_seq_table(&q->kv, q->cursor),
+                                          .cos = b->cos + (size_t)row * half, .sin = b->sin + (size_t)row * half};
+                memcpy(w->x + (size_t)T * H, b->x + (size_t)row * H, H * sizeof(float));
+            }
+            q->cursor++;
+        }
+        cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, 0, 0);
+        for (int t = 0; t < T; t++) memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
+        passes++;
+    }
+}
+
+static int is_stop(const polar_arch *a, const batch_seq *q, int token) {
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos[i] == token) return 1;
+    for (int i = 0; i < q->gen.n_stop; i++)
+        if (q->stop[i] == token) return 1;
+    return 0;
+}
+
+/* Final norm and head over the last row of every sequence that completes a
+ * token this step, then each one's next token. */
+static void next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st) {
+    const polar_model *m = b->m;
+    const polar_arch *a = &m->arch;
+    cpu_work *w = &b->work;
+    size_t H = (size_t)a->hidden;
+    int n = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        batch_seq *q = b->order[i];
+        q->n_run += q->n_rows;
+        if (q->n_run < q->n_prompt) continue; /* mid-prompt: no logits yet */
+        memcpy(w->x + (size_t)n * H, b->x + (size_t)(q->row0 + q->n_rows - 1) * H, H * sizeof(float));
+        cpu_final_norm(m, w, n);
+        b->order[n++] = q; /* the step's walk is done: order now lists the sequences with logits */
+    }
+    if (n) cpu_matmul_q(b->head_out, w->xn, m->lm_head, m->t_lm_head, NULL, n, a->vocab, a->hidden, 0, b->n_threads, w->xq);
+    for (int i = 0; i < n; i++) {
+        batch_seq *q = b->order[i];
+        float *lg = b->logits + (size_t)(q - b->seqs) * a->vocab;
+        memcpy(lg, b->head_out + (size_t)i * a->vocab, (size_t)a->vocab * sizeof *lg);
+        q->has_logits = 1;
+        int token = q->gen.temperature > 0
+                        ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng, b->sample_work)
+                        : polar_argmax(lg, a->vocab);
+        q->tokens[q->n_prompt + q->n_generated++] = token;
+        q->state = POLAR_SEQ_DECODE;
+        int eos = !q->gen.ignore_eos && is_stop(a, q, token);
+        if (eos || q->n_generated >= q->gen.max_new) {
+            q->stopped_at_eos = eos;
+            end_seq(b, q);
+            st->finished++;
+        }
+    }
+}
+
+polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_error *err) {
+    polar_batch_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
+    int n_seqs, rows = plan_rows(b, &n_seqs);
+    if (!rows) return POLAR_OK;
+    stats->sequences = n_seqs;
+    for (int i = 0; i < n_seqs; i++) {
+        if (b->order[i]->state == POLAR_SEQ_DECODE) stats->decode_tokens++;
+        else stats->prompt_tokens += b->order[i]->n_rows;
+    }
+    embed_rows(b, n_seqs);
+    stats->min_layer_passes = min_passes(b, n_seqs);
+    stats->layer_passes = walk_programs(b, n_seqs);
+    next_tokens(b, n_seqs, stats);
+    return POLAR_OK;
+}

@@ -1,0 +1,309 @@
+/* A batch runs each sequence exactly as a session would run it alone: the
+ * same tokens and, on the CPU, bit for bit the same logits, whatever the
+ * other sequences' programs, prompt lengths and arrival times, and whatever
+ * the KV pool's size. Plus the pass counts and the errors. */
+#include "harness.h"
+
+#define MAX_GEN 24
+
+/* One request: its program, prompt and options, and what running it alone
+ * gave (tokens and the logits each was chosen from). */
+typedef struct {
+    const char *program;
+    int n_prompt, max_new;
+    float temperature;
+    int arrive;   /* the step before which it is added */
+    int cancel;   /* > 0: cancelled after this many tokens */
+    int want[MAX_GEN], n_want;
+    float *want_logits; /* [MAX_GEN, vocab] */
+    int id, done;
+} request;
+
+static void prompt_of(const request *r, int vocab, int *out) {
+    for (int i = 0; i < r->n_prompt; i++) out[i] = (i * 31 + r->n_prompt * 7 + 3) % vocab;
+}
+
+static polar_gen_opts gen_of(const request *r) {
+    return (polar_gen_opts){.max_new = r->max_new, .temperature = r->temperature, .top_p = 0.9f, .seed = 1234};
+}
+
+typedef struct {
+    polar_session *s;
+    request *r;
+    int vocab;
+} alone_ctx;
+
+static int record_alone(int token, void *user) {
+    alone_ctx *c = user;
+    request *r = c->r;
+    memcpy(r->want_logits + (size_t)r->n_want * c->vocab, polar_logits(c->s), (size_t)c->vocab * sizeof(float));
+    r->want[r->n_want++] = token;
+    return 0;
+}
+
+/* What polar_generate gives for r in a session of its own. */
+static void run_alone(polar_model *m, request *r, int vocab, int n_layers) {
+    polar_error err;
+    polar_program p;
+    polar_session *s = NULL;
+    int prompt[256], out[MAX_GEN];
+    prompt_of(r, vocab, prompt);
+    CHECK_OK(polar_program_parse(r->program, n_layers, 0, &p, &err));
+    polar_session_opts so = {.max_ctx = r->n_prompt + r->max_new, .n_threads = 2};
+    CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
+    r->want_logits = malloc((size_t)MAX_GEN * vocab * sizeof(float));
+    r->n_want = 0;
+    alone_ctx c = {s, r, vocab};
+    polar_gen_opts g = gen_of(r);
+    if (s) CHECK_OK(polar_generate(s, prompt, r->n_prompt, &g, out, NULL, record_alone, &c, &err));
+    polar_session_free(s);
+    polar_program_free(&p);
+}
+
+/* Serve the requests in one batch: add each at its arrival step (retrying
+ * while the batch is full), step until all have ended, and compare every
+ * token and its logits with the alone run. Returns how often an add met a
+ * full batch. */
+static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo, int vocab, int n_layers) {
+    polar_error err;
+    polar_batch *b = NULL;
+    CHECK_OK(polar_batch_create(m, bo, &b, &err));
+    if (!b) return 0;
+    int full = 0, left = n, got[64] = {0};
+    for (int i = 0; i < n; i++) rq[i].id = 0, rq[i].done = 0;
+    for (int step = 0; left > 0 && step < 2000; step++) {
+        for (int i = 0; i < n; i++) {
+            request *r = &rq[i];
+            if (r->id || r->done || r->arrive > step) continue;
+            int prompt[256];
+            polar_program p;
+            prompt_of(r, vocab, prompt);
+            CHECK_OK(polar_program_parse(r->program, n_layers, 0, &p, &err));
+            polar_gen_opts g = gen_of(r);
+            polar_status st = polar_batch_add(b, &p, prompt, r->n_prompt, &g, &r->id, &err);
+            polar_program_free(&p);
+            if (st == POLAR_ERR_FULL) full++, r->id = 0;
+            else CHECK(st == POLAR_OK, "add %s: %s", r->program, err.msg);
+            got[i] = 0;
+        }
+        polar_batch_stats bs;
+        CHECK_OK(polar_batch_step(b, &bs, &err));
+        CHECK(bs.layer_passes >= bs.min_layer_passes, "step %d: %d passes under the bound %d", step, bs.layer_passes,
+              bs.min_layer_passes);
+        for (int i = 0; i < n; i++) {
+            request *r = &rq[i];
+            if (!r->id) continue;
+            polar_seq_info info;
+            CHECK_OK(polar_batch_seq(b, r->id, &info, &err));
+            if (info.n_generated > got[i]) { /* one new token: compare it and its logits */
+                int t = got[i]++;
+                CHECK(info.n_generated == got[i], "%s: %d tokens in one step", r->program, info.n_generated - t);
+                CHECK(t < r->n_want && info.tokens[t] == r->want[t], "%s token %d: %d in the batch, %d alone",
+                      r->program, t, info.tokens[t], t < r->n_want ? r->want[t] : -1);
+                const float *lg = polar_batch_logits(b, r->id);
+                CHECK(lg && t < r->n_want && !memcmp(lg, r->want_logits + (size_t)t * vocab, (size_t)vocab * 4),
+                      "%s token %d: logits differ from the alone run", r->program, t);
+                if (r->cancel && got[i] == r->cancel) CHECK_OK(polar_batch_cancel(b, r->id, &err));
+            }
+            if (info.state == POLAR_SEQ_ENDED) {
+                int expect = r->cancel && r->cancel < r->n_want ? r->cancel : r->n_want;
+                CHECK(info.n_generated == expect, "%s ended with %d tokens, alone %d", r->program, info.n_generated,
+                      expect);
+                CHECK_OK(polar_batch_remove(b, r->id, &err));
+                r->id = 0, r->done = 1, left--;
+            }
+        }
+    }
+    CHECK(left == 0 && polar_batch_running(b) == 0, "%d requests never finished", left);
+    polar_batch_free(b);
+    return full;
+}
+
+static void free_requests(request *rq, int n) {
+    for (int i = 0; i < n; i++) free(rq[i].want_logits);
+}
+
+/* Base, skip, repeat and reorder programs of different lengths, prompts of
+ * 1 to 40 tokens (longer than a step's budget), greedy and sampled, joining
+ * at different steps, one cancelled mid-run. */
+static void mixed_batch(const char *arch, const char *base, const char *skip, const char *repeat, const char *reorder) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(dir, &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    request rq[] = {
+        {.program = base, .n_prompt = 7, .max_new = 12},
+        {.program = skip, .n_prompt = 40, .max_new = 10},
+        {.program = repeat, .n_prompt = 1, .max_new = 16},
+        {.program = reorder, .n_prompt = 19, .max_new = 8, .arrive = 3},
+        {.program = base, .n_prompt = 23, .max_new = 14, .temperature = 0.8f, .arrive = 5},
+        {.program = repeat, .n_prompt = 5, .max_new = 20, .cancel = 6},
+        {.program = skip, .n_prompt = 12, .max_new = 9, .temperature = 1.2f, .arrive = 9},
+    };
+    int n = (int)(sizeof rq / sizeof *rq);
+    for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
+    polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .max_program_len = 2 * D, .step_tokens = 16, .n_threads = 2};
+    int full = serve(m, rq, n, &bo, V, D);
+    CHECK(full == 0, "a roomy batch was full %d times", full);
+    free_requests(rq, n);
+    polar_model_free(m);
+}
+
+static void batch_llama(void) { mixed_batch("llama", "0-3", "0,2,3", "0,1,1,2,3", "0,2,1,3"); }
+static void batch_qwen3(void) { mixed_batch("qwen3", "0-3", "0,1,3", "0-2,2,3", "1,0,2,3"); }
+static void batch_moe(void) { mixed_batch("qwen2_moe", "0-5", "0,1,3-5", "0-3,3,4,5", "0,2,1,3-5"); }
+
+/* A pool that holds two or three of these sequences at a time and three
+ * slots: adds meet POLAR_ERR_FULL and succeed later, slots and blocks are
+ * reused, and nothing changes what each sequence gets. */
+static void batch_full_pool(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    request rq[8];
+    const char *programs[] = {"0-3", "0,2,3", "0,1,1,2,3", "0,2,1,3"};
+    for (int i = 0; i < 8; i++)
+        rq[i] = (request){.program = programs[i % 4], .n_prompt = 10 + 3 * i, .max_new = 12 - i, .arrive = i / 3};
+    for (int i = 0; i < 8; i++) run_alone(m, &rq[i], V, D);
+    /* 2 x 16 x 32 floats per block: 4 KiB; a sequence of 5 entries x <= 42 tokens needs 15 */
+    size_t block = 2 * 16 * (size_t)info.arch.n_kv_heads * info.arch.head_dim * sizeof(float);
+    polar_batch_opts bo = {.max_seqs = 3, .max_ctx = 64, .kv_bytes = 36 * block, .step_tokens = 8, .n_threads = 2};
+    int full = serve(m, rq, 8, &bo, V, D);
+    CHECK(full > 0, "the small pool was never full");
+    printf("  8 requests through 3 slots and a 36-block pool: %d adds found it full\n", full);
+    free_requests(rq, 8);
+    polar_model_free(m);
+}
+
+/* The quantized default model (GGUF Q4_1): the block-format matmuls too are
+ * the same for a row whatever rows run beside it. */
+static void batch_default_model(void) {
+    const char *path = getenv("POLAR_DEFAULT_MODEL");
+    CHECK(path && *path, "POLAR_DEFAULT_MODEL is not set (make test sets it)");
+    if (!path || !*path) return;
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(path, &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    request rq[] = {
+        {.program = "0-29", .n_prompt = 9, .max_new = 6},
+        {.program = "0-13,15-29", .n_prompt = 21, .max_new = 5},
+        {.program = "0-20,20-29", .n_prompt = 4, .max_new = 7, .arrive = 2},
+    };
+    for (int i = 0; i < 3; i++) run_alone(m, &rq[i], V, D);
+    polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 16, .n_threads = 2};
+    serve(m, rq, 3, &bo, V, D);
+    free_requests(rq, 3);
+    polar_model_free(m);
+}
+
+/* Skip and repeat variants of the base program share the base's passes:
+ * a step makes exactly as many layer passes as the bound. */
+static void batch_passes(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/qwen2_moe", &m, &err));
+    if (!m) return;
+    const char *programs[] = {"0-5", "1-5", "0,2-5", "0-4", "0-2,2-5", "0-5,5", "0,0-5", "0-3,5"};
+    polar_batch *b = NULL;
+    polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 16, .n_threads = 2};
+    CHECK_OK(polar_batch_create(m, &bo, &b, &err));
+    if (!b) return;
+    int prompt[3] = {5, 6, 7}, id;
+    polar_gen_opts g = {.max_new = 4, .ignore_eos = 1};
+    for (int i = 0; i < 8; i++) {
+        polar_program p;
+        CHECK_OK(polar_program_parse(programs[i], 6, 0, &p, &err));
+        CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err));
+        polar_program_free(&p);
+    }
+    polar_batch_stats st;
+    for (int step = 0; step < 4; step++) {
+        CHECK_OK(polar_batch_step(b, &st, &err));
+        /* layers 0, 2 and 5 run twice by one program each: 6 + 3 */
+        CHECK(st.sequences == 8 && st.layer_passes == 9 && st.min_layer_passes == 9,
+              "step %d: %d sequences, %d passes (bound %d); want 8, 9, 9", step, st.sequences, st.layer_passes,
+              st.min_layer_passes);
+        CHECK(st.decode_tokens + st.prompt_tokens == (step ? 8 : 24), "step %d: %d + %d tokens", step,
+              st.decode_tokens, st.prompt_tokens);
+    }
+    CHECK(st.finished == 8 && polar_batch_running(b) == 0, "all end after 4 tokens (%d finished)", st.finished);
+    CHECK_OK(polar_batch_step(b, &st, &err));
+    CHECK(st.sequences == 0 && st.layer_passes == 0, "an idle step does nothing");
+    polar_batch_free(b);
+    polar_model_free(m);
+}
+
+static void batch_errors(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_batch *b = NULL;
+    polar_batch_opts bo = {.device = POLAR_DEVICE_CUDA};
+    CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_UNSUPPORTED && !b, "CUDA batches are not built");
+    bo = (polar_batch_opts){.max_seqs = -1};
+    CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_ARG, "negative options");
+    bo = (polar_batch_opts){.max_seqs = 2, .max_ctx = 32, .kv_bytes = 1};
+    CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_ARG, "a pool smaller than one block");
+    bo = (polar_batch_opts){.max_seqs = 2, .max_ctx = 32, .max_program_len = 6, .n_threads = 1};
+    CHECK_OK(polar_batch_create(m, &bo, &b, &err));
+    if (!b) return;
+    int layers[8] = {0, 1, 2, 3, 0, 1, 2, 3}, bad[2] = {0, 4}, prompt[40] = {1, 2, 3}, id = 0;
+    polar_program p = {4, layers}, too_long = {8, layers}, out_of_range = {2, bad};
+    polar_gen_opts g = {.max_new = 4};
+    CHECK(polar_batch_add(b, &too_long, prompt, 3, &g, &id, &err) == POLAR_ERR_PROGRAM, "program longer than the batch's");
+    CHECK(polar_batch_add(b, &out_of_range, prompt, 3, &g, &id, &err) == POLAR_ERR_PROGRAM, "layer 4 of 4");
+    CHECK(polar_batch_add(b, &p, prompt, 0, &g, &id, &err) == POLAR_ERR_ARG, "no prompt");
+    prompt[1] = 256;
+    CHECK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err) == POLAR_ERR_RANGE, "token outside the vocabulary");
+    prompt[1] = 2;
+    g.max_new = 31;
+    CHECK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err) == POLAR_ERR_RANGE, "past the context: %s", err.msg);
+    g.max_new = 4;
+    g.n_stop = POLAR_BATCH_MAX_STOP + 1;
+    g.stop = layers;
+    CHECK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err) == POLAR_ERR_ARG, "too many stop ids");
+    g.n_stop = 0;
+    int a1, a2, a3;
+    CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &a1, &err));
+    CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &a2, &err));
+    CHECK(polar_batch_add(b, &p, prompt, 3, &g, &a3, &err) == POLAR_ERR_FULL, "two slots: %s", err.msg);
+    polar_seq_info info;
+    CHECK(polar_batch_seq(b, 999, &info, &err) == POLAR_ERR_ARG, "unknown id");
+    CHECK(polar_batch_logits(b, a1) == NULL, "no logits before a step");
+    CHECK_OK(polar_batch_remove(b, a1, &err));
+    CHECK(polar_batch_seq(b, a1, &info, &err) == POLAR_ERR_ARG, "a removed id is unknown");
+    CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &a3, &err));
+    CHECK(a3 != a1, "ids are not reused");
+    g.max_new = 0;
+    CHECK_OK(polar_batch_remove(b, a2, &err));
+    CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &a2, &err));
+    CHECK_OK(polar_batch_seq(b, a2, &info, &err));
+    CHECK(info.state == POLAR_SEQ_ENDED && info.n_generated == 0, "max_new 0 ends at once");
+    polar_batch_free(b);
+    polar_model_free(m);
+}
+
+int main(void) {
+    RUN(batch_llama);
+    RUN(batch_qwen3);
+    RUN(batch_moe);
+    RUN(batch_full_pool);
+    RUN(batch_default_model);
+    RUN(batch_passes);
+    RUN(batch_errors);
+    TEST_EXIT();
+}
