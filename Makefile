@@ -72,7 +72,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            predictor/train_ops.c predictor/train.c predictor/optim.c predictor/labels.c predictor/train_features.c predictor/train_gemm.c \
            eval/record.c eval/summary.c eval/plot.c eval/labels.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
-           cli/eval.c cli/search.c cli/train.c bench/bench.c
+           cli/eval.c cli/search.c cli/train.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
            test_answer test_dataset test_eval test_train test_batch

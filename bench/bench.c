@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../cli/auto.h"
+#include "bench_batch.h"
 
 #define MIN_OF(a, b) ((b) < (a) ? (b) : (a))
 
@@ -139,7 +140,7 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
 
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
-    const char *predictor = NULL, *encoder = NULL, *device_text = NULL;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
     int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
@@ -149,14 +150,24 @@ int cmd_bench(int argc, char **argv) {
         {"--json", OPT_FLAG, &json, 0},        {"--predictor", OPT_STR, &predictor, 0},
         {"--encoder", OPT_STR, &encoder, 0},   {"--device", OPT_STR, &device_text, 0},
         {"--question-len", OPT_INT, &question_len, 0},
+        {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
     polar_device device;
     if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
+    if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
+    if (batch && (predictor || device == POLAR_DEVICE_CUDA))
+        return fail_usage(cmd, "--batch runs on the CPU, without --predictor");
     polar_model *m;
     int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
+    if (batch) {
+        rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, batch, programs_file, program_text,
+                         n_prompt, gen, reps, threads, json);
+        polar_model_free(m);
+        return rc;
+    }
     polar_model_info info;
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers;

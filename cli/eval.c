@@ -30,27 +30,9 @@ static int fixed_programs(const char *cmd, const eval_args *a, int D, polar_cand
         *n = 1;
         return 0;
     }
-    FILE *f = fopen(a->programs_file, "r");
-    if (!f) {
-        fprintf(stderr, "polar %s: error: %s: cannot open the programs file\n", cmd, a->programs_file);
-        return 1;
-    }
-    char line[8192];
-    int lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
-        lineno++;
-        line[strcspn(line, "\r\n")] = 0;
-        if (!line[0] || line[0] == '#') continue;
-        if (*n == MAX_PROGRAMS) rc = fail_usage(cmd, "%s: more than %d programs", a->programs_file, MAX_PROGRAMS);
-        else if (polar_program_parse(line, D, 0, &out[*n].program, &err) != POLAR_OK) {
-            fprintf(stderr, "polar %s: error: %s:%d: %s\n", cmd, a->programs_file, lineno, err.msg);
-            rc = 1;
-        } else {
-            (*n)++;
-        }
-    }
-    fclose(f);
-    if (!rc && !*n) rc = fail_usage(cmd, "%s holds no program", a->programs_file);
+    polar_program progs[MAX_PROGRAMS];
+    int rc = read_programs(cmd, a->programs_file, D, progs, MAX_PROGRAMS, n);
+    for (int i = 0; i < *n; i++) out[i].program = progs[i];
     return rc;
 }
 

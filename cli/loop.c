@@ -164,3 +164,34 @@ void progress_line(const char *cmd, int done, int total, int done_before, double
     if (done == total) fputc('\n', stderr);
     fflush(stderr);
 }
+
+int read_programs(const char *cmd, const char *path, int D, polar_program *out, int max, int *n) {
+    polar_error err;
+    *n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "polar %s: error: %s: cannot open the programs file\n", cmd, path);
+        return 1;
+    }
+    char line[8192];
+    int lineno = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0] || line[0] == '#') continue;
+        if (*n == max) rc = fail_usage(cmd, "%s: more than %d programs", path, max);
+        else if (polar_program_parse(line, D, 0, &out[*n], &err) != POLAR_OK) {
+            fprintf(stderr, "polar %s: error: %s:%d: %s\n", cmd, path, lineno, err.msg);
+            rc = 1;
+        } else {
+            (*n)++;
+        }
+    }
+    fclose(f);
+    if (!rc && !*n) rc = fail_usage(cmd, "%s holds no program", path);
+    if (rc) {
+        for (int i = 0; i < *n; i++) polar_program_free(&out[i]);
+        *n = 0;
+    }
+    return rc;
+}

@@ -58,6 +58,12 @@ int open_dataset(const char *cmd, const char *path, const char *format, const ch
  * printing the error. */
 FILE *resume_results(const char *cmd, const char *path, int first, int count, unsigned char *done, int *n_done);
 
+/* The programs of a file, one per line in SPEC form (blank lines and lines
+ * starting with # skipped), for a model of D layers: at most max into out
+ * (free each with polar_program_free). Returns an exit status, having
+ * printed any error (file and line). */
+int read_programs(const char *cmd, const char *path, int D, polar_program *out, int max, int *n);
+
 /* "\rpolar CMD: 12/300 questions, 0.80/s, ETA 6m 5s" on stderr (a terminal only). */
 void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms);
 

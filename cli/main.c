@@ -44,7 +44,9 @@ static const command commands[] = {
     {"bench", cmd_bench,
      "bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
      "            [--gen N] [--reps N] [--threads N] [--device D] [--predictor FILE --encoder PATH\n"
-     "            [--question-len N]] [--json]\n"},
+     "            [--question-len N]] [--json]\n"
+     "  polar bench (--model PATH | --preset NAME | --arch A) --batch N[,N...] [--programs FILE]\n"
+     "            [--program SPEC] [--prompt-len N] [--gen N] [--reps N] [--threads N] [--json]\n"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

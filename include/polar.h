@@ -365,6 +365,9 @@ polar_status polar_batch_remove(polar_batch *b, int id, polar_error *err);
 /* Sequences not yet ended. */
 int polar_batch_running(const polar_batch *b);
 
+/* CPU threads the batch computes with. */
+int polar_batch_threads(const polar_batch *b);
+
 /* -------------------------------------------------------------- tokenizers */
 
 typedef struct polar_tokenizer polar_tokenizer;

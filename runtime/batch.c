@@ -241,6 +241,8 @@ int polar_batch_running(const polar_batch *b) {
     return n;
 }
 
+int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
+
 /* Lay out the step's rows: decode tokens first (one per generating
  * sequence, oldest first), then prompt chunks while the budget lasts.
  * Returns the number of rows; b->order[0..*n_seqs) the sequences in it. */
