@@ -36,50 +36,6 @@ static int fixed_programs(const char *cmd, const eval_args *a, int D, polar_cand
     return rc;
 }
 
-typedef struct {
-    polar_session *s;
-    const polar_tokenizer *tok;
-    const polar_question *q;
-    prompt_style style;
-    int fallback, max_new, stop_id, *out;
-    text_acc acc;
-    char answer[256], fallback_answer[256];
-} eval_ctx;
-
-/* Generate with program p (temperature 0: greedy) and judge the text into r. */
-static polar_status run_one(eval_ctx *c, const polar_program *p, const int *ids, int n_ids, float temperature,
-                            float top_p, uint64_t seed, polar_eval_run *r, polar_error *err) {
-    polar_status st = polar_session_set_program(c->s, p, err);
-    if (st != POLAR_OK) return st;
-    polar_gen_opts go = {.max_new = c->max_new,
-                         .stop = &c->stop_id,
-                         .n_stop = c->stop_id >= 0,
-                         .temperature = temperature,
-                         .top_p = top_p,
-                         .seed = seed};
-    polar_gen_stats gs;
-    text_acc_reset(&c->acc);
-    double t0 = polar_time_ms();
-    if ((st = polar_generate(c->s, ids, n_ids, &go, c->out, &gs, text_acc_token, &c->acc, err)) != POLAR_OK) return st;
-    if (c->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "eval: no memory for the generated text");
-    const char *text = c->acc.text ? c->acc.text : "";
-    memset(r, 0, sizeof *r);
-    r->text = text, r->tokens = gs.n_generated, r->ms = polar_time_ms() - t0, r->executed_layers = p->n;
-    if (c->q->n_choices > 0) {
-        int choice = polar_answer_choice(text, c->q->n_choices);
-        if (choice >= 0) {
-            snprintf(c->answer, sizeof c->answer, "%c", 'A' + choice);
-            r->answer = c->answer, r->correct = choice == c->q->answer_index;
-        }
-        return POLAR_OK;
-    }
-    if (polar_answer_boxed(text, c->answer, sizeof c->answer))
-        r->answer = c->answer, r->correct = polar_answer_equal(c->answer, c->q->answer);
-    if (c->fallback && polar_answer_last_number(text, c->fallback_answer, sizeof c->fallback_answer))
-        r->fallback_answer = c->fallback_answer, r->fallback_correct = polar_answer_equal(c->fallback_answer, c->q->answer);
-    return POLAR_OK;
-}
-
 /* Texts and answers of a question's runs, owned until its line is written. */
 typedef struct {
     char *text, *answer, *fallback, *program;
@@ -100,6 +56,106 @@ static void free_strings(run_strings *k, int n) {
     for (int i = 0; i < n; i++) free(k[i].text), free(k[i].answer), free(k[i].fallback), free(k[i].program);
 }
 
+typedef struct {
+    polar_session *s;   /* a session (CUDA), or */
+    polar_batch *b;     /* a batch running all of a question's runs at once (CPU) */
+    const polar_tokenizer *tok;
+    const polar_question *q;
+    prompt_style style;
+    int fallback, max_new, stop_id, *out;
+    text_acc acc;
+    text_acc *accs;     /* [runs] the batch's texts */
+    int *ids, *fed;     /* [runs] their sequence ids, tokens fed to accs */
+    double *ended;      /* [runs] ms from the question's start to the run's end; < 0 while it runs */
+    char answer[256], fallback_answer[256];
+} eval_ctx;
+
+/* One run of a question: a program, greedy (temperature 0) or sampled. */
+typedef struct {
+    const polar_program *p;
+    float temperature, top_p;
+    uint64_t seed;
+    int sample; /* -1: a program run; k: base sample k */
+} planned_run;
+
+static polar_gen_opts gen_opts(const eval_ctx *c, const planned_run *pr) {
+    return (polar_gen_opts){.max_new = c->max_new,
+                            .stop = &c->stop_id,
+                            .n_stop = c->stop_id >= 0,
+                            .temperature = pr->temperature,
+                            .top_p = pr->top_p,
+                            .seed = pr->seed};
+}
+
+/* Judge a generated text into r (its strings point into c until kept). */
+static void judge(eval_ctx *c, const char *text, int tokens, double ms, const polar_program *p, polar_eval_run *r) {
+    memset(r, 0, sizeof *r);
+    r->text = text, r->tokens = tokens, r->ms = ms, r->executed_layers = p->n;
+    if (c->q->n_choices > 0) {
+        int choice = polar_answer_choice(text, c->q->n_choices);
+        if (choice >= 0) {
+            snprintf(c->answer, sizeof c->answer, "%c", 'A' + choice);
+            r->answer = c->answer, r->correct = choice == c->q->answer_index;
+        }
+        return;
+    }
+    if (polar_answer_boxed(text, c->answer, sizeof c->answer))
+        r->answer = c->answer, r->correct = polar_answer_equal(c->answer, c->q->answer);
+    if (c->fallback && polar_answer_last_number(text, c->fallback_answer, sizeof c->fallback_answer))
+        r->fallback_answer = c->fallback_answer, r->fallback_correct = polar_answer_equal(c->fallback_answer, c->q->answer);
+}
+
+/* Generate one planned run in the session and judge the text into r. */
+static polar_status run_one(eval_ctx *c, const planned_run *pr, const int *ids, int n_ids, polar_eval_run *r,
+                            polar_error *err) {
+    polar_status st = polar_session_set_program(c->s, pr->p, err);
+    if (st != POLAR_OK) return st;
+    polar_gen_opts go = gen_opts(c, pr);
+    polar_gen_stats gs;
+    text_acc_reset(&c->acc);
+    double t0 = polar_time_ms();
+    if ((st = polar_generate(c->s, ids, n_ids, &go, c->out, &gs, text_acc_token, &c->acc, err)) != POLAR_OK) return st;
+    if (c->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "eval: no memory for the generated text");
+    judge(c, c->acc.text ? c->acc.text : "", gs.n_generated, polar_time_ms() - t0, pr->p, r);
+    return POLAR_OK;
+}
+
+/* All n planned runs of a question as sequences of one batch, each ended
+ * once its text stops (a \boxed{} closed) as a session run would be: the
+ * same tokens. A run's ms: from the question's start until it ended. Each
+ * judged run is kept before the next reuses c's answer buffers. */
+static polar_status run_batched(eval_ctx *c, const planned_run *plan, int n, const int *ids, int n_ids,
+                                polar_eval_run *runs, run_strings *kept, polar_error *err) {
+    double t0 = polar_time_ms(), *ended = c->ended;
+    polar_status st = POLAR_OK;
+    for (int i = 0; i < n && st == POLAR_OK; i++) {
+        polar_gen_opts go = gen_opts(c, &plan[i]);
+        text_acc_reset(&c->accs[i]);
+        c->fed[i] = 0, ended[i] = -1;
+        st = polar_batch_add(c->b, plan[i].p, ids, n_ids, &go, &c->ids[i], err);
+    }
+    for (int left = n; st == POLAR_OK && left > 0;) {
+        if ((st = polar_batch_step(c->b, NULL, err)) != POLAR_OK) break;
+        for (int i = 0; i < n && st == POLAR_OK; i++) {
+            polar_seq_info info;
+            if (ended[i] >= 0 || (st = polar_batch_seq(c->b, c->ids[i], &info, err)) != POLAR_OK) continue;
+            int stop = 0;
+            while (!stop && c->fed[i] < info.n_generated) stop = text_acc_token(info.tokens[c->fed[i]++], &c->accs[i]);
+            if (stop) st = polar_batch_cancel(c->b, c->ids[i], err);
+            if (stop || info.state == POLAR_SEQ_ENDED) ended[i] = polar_time_ms() - t0, left--;
+        }
+    }
+    for (int i = 0; i < n && st == POLAR_OK; i++) {
+        if (c->accs[i].out_of_memory) st = cli_error(err, POLAR_ERR_NOMEM, "eval: no memory for the generated text");
+        else {
+            judge(c, c->accs[i].text ? c->accs[i].text : "", c->fed[i], ended[i], plan[i].p, &runs[i]);
+            if (!keep_strings(&runs[i], &kept[i], plan[i].p)) st = cli_error(err, POLAR_ERR_NOMEM, "out of memory");
+        }
+    }
+    for (int i = 0; i < n; i++) polar_batch_remove(c->b, c->ids[i], NULL);
+    return st;
+}
+
 static int evaluate(const char *cmd, const eval_args *a, const char *model_path, prompt_style style, polar_model *m,
                     polar_tokenizer *tok,
                     const polar_dataset *data, int first, int count, const polar_question *const *shots,
@@ -118,7 +174,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     run_strings *kept = calloc((size_t)n_runs_max + 1, sizeof *kept);
     int n_done = 0, max_prompt = 0, cap_len = 4 * D;
     FILE *f = NULL;
-    polar_session *s = NULL;
+    planned_run *plan = NULL;
     eval_ctx c = {.tok = tok, .style = style, .fallback = a->fallback != NULL, .max_new = a->max_new};
     c.acc = (text_acc){.tok = tok, .stop_at_box = style != STYLE_MC, .stop_id = -1, .arch = &info.arch};
     if (!done || !runs || !kept || polar_program_parse("base", D, 0, &base, &err) != POLAR_OK) {
@@ -126,7 +182,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         goto done;
     }
     if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto done;
-    /* One session for every question: its context fits the longest prompt. */
+    /* The context fits the longest prompt. */
     for (int i = 0; i < count; i++) {
         char *text;
         int *ids, n;
@@ -145,19 +201,31 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         rc = EXIT_USAGE;
         goto done;
     }
-    polar_session_opts so = {.max_ctx = max_prompt + a->max_new + 1,
-                             .max_program_len = cap_len,
-                             .n_threads = a->threads,
-                             .device = device,
-                             .share_prompt = device != POLAR_DEVICE_CUDA};
-    if (n_done < count && polar_session_create(m, &base, &so, &s, &err) != POLAR_OK) {
+    /* CUDA: one session for every question, its context fitting the longest
+     * prompt; the CPU: one batch running a question's runs together */
+    int use_batch = device != POLAR_DEVICE_CUDA, max_ctx = max_prompt + a->max_new + 1;
+    polar_session_opts so = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads, .device = device};
+    polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
+                           .n_threads = a->threads, .device = POLAR_DEVICE_CPU};
+    bo.kv_bytes = (size_t)n_runs_max * cap_len * ((max_ctx + 15) / 16) * 16 * 2 * info.arch.n_kv_heads *
+                  info.arch.head_dim * sizeof(float);
+    if (n_done < count && (use_batch ? polar_batch_create(m, &bo, &c.b, &err)
+                                     : polar_session_create(m, &base, &so, &c.s, &err)) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    c.s = s;
     c.out = malloc((size_t)a->max_new * sizeof *c.out);
+    c.accs = calloc((size_t)n_runs_max, sizeof *c.accs);
+    c.ids = malloc((size_t)n_runs_max * sizeof *c.ids);
+    c.fed = malloc((size_t)n_runs_max * sizeof *c.fed);
+    c.ended = malloc((size_t)n_runs_max * sizeof *c.ended);
+    plan = malloc((size_t)n_runs_max * sizeof *plan);
     if (style == STYLE_CHAT) c.stop_id = c.acc.stop_id = polar_tokenizer_end_of_turn(tok);
-    if (!c.out) goto done;
+    if (!c.out || !c.accs || !c.ids || !c.fed || !c.ended || !plan) {
+        fprintf(stderr, "polar %s: error: out of memory\n", cmd);
+        goto done;
+    }
+    for (int i = 0; i < n_runs_max; i++) c.accs[i] = c.acc;
     double t_start = polar_time_ms();
     int done_before = n_done;
     for (int i = 0; i < count; i++) {
@@ -179,20 +247,19 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
             list = predicted;
         }
         c.q = q;
-        for (int p = 0; st == POLAR_OK && p < n_prog; p++) {
-            st = run_one(&c, &list[p].program, ids, n_ids, 0, 1, 0, &runs[n_runs], &err);
-            if (st == POLAR_OK && !keep_strings(&runs[n_runs], &kept[n_runs], &list[p].program))
-                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
-            if (st == POLAR_OK) runs[n_runs++].sample = -1;
-        }
-        for (int k = 0; st == POLAR_OK && k < a->samples; k++) {
+        for (int p = 0; p < n_prog; p++) plan[n_runs++] = (planned_run){&list[p].program, 0, 1, 0, -1};
+        for (int k = 0; k < a->samples; k++) {
             /* each (question, sample) its own stream: a resumed run draws the same */
             uint64_t seed = a->seed * 1000003u + (uint64_t)(first + i) * 1009u + (uint64_t)k;
-            st = run_one(&c, &base, ids, n_ids, a->temperature, a->top_p, seed, &runs[n_runs], &err);
-            if (st == POLAR_OK && !keep_strings(&runs[n_runs], &kept[n_runs], &base))
-                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
-            if (st == POLAR_OK) runs[n_runs++].sample = k;
+            plan[n_runs++] = (planned_run){&base, a->temperature, a->top_p, seed, k};
         }
+        if (st == POLAR_OK && c.b) st = run_batched(&c, plan, n_runs, ids, n_ids, runs, kept, &err);
+        for (int r = 0; st == POLAR_OK && !c.b && r < n_runs; r++) {
+            st = run_one(&c, &plan[r], ids, n_ids, &runs[r], &err);
+            if (st == POLAR_OK && !keep_strings(&runs[r], &kept[r], plan[r].p))
+                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
+        }
+        for (int r = 0; r < n_runs; r++) runs[r].sample = plan[r].sample;
         char *line = NULL;
         if (st == POLAR_OK) {
             polar_eval_record r = {.index = first + i,
@@ -230,9 +297,11 @@ done:
     }
     for (int i = 0; i < n_fixed; i++) polar_program_free(&programs[i].program);
     polar_program_free(&base);
-    polar_session_free(s);
+    polar_session_free(c.s);
+    polar_batch_free(c.b);
+    for (int i = 0; c.accs && i < n_runs_max; i++) text_acc_free(&c.accs[i]);
     text_acc_free(&c.acc);
-    free(c.out), free(done), free(runs), free(kept);
+    free(c.out), free(done), free(runs), free(kept), free(c.accs), free(c.ids), free(c.fed), free(c.ended), free(plan);
     return rc;
 }
 

@@ -290,6 +290,12 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * is evicted, and blocks go back to the pool as soon as a sequence ends
  * (an eos before max_new returns its unused promise too).
  *
+ * Sequences added with the same prompt before the first of them has started
+ * it share it: the later ones follow the oldest through the program entries
+ * they have in common with it (a sample of the same program: all of them)
+ * and compute only from where their programs part; the K/V of the shared
+ * entries for the prompt are the leader's blocks. The result is the same.
+ *
  * Everything is allocated by polar_batch_create; adding a sequence copies
  * its prompt, program and stop ids into its slot. A batch is used by one
  * thread at a time; several batches (and sessions) may share a model on
@@ -325,6 +331,8 @@ typedef struct {
     int sequences;        /* sequences that ran a token this step */
     int decode_tokens;    /* of them, one generated token each */
     int prompt_tokens;    /* prompt tokens run (chunks of prompts being prefilled) */
+    int shared_prompt_tokens; /* of them, tokens of sequences following a leader with the same prompt */
+    int shared_entries;   /* (token, program entry) pairs those did not compute */
     int finished;         /* sequences that ended with this step */
     int layer_passes;     /* layer-weight reads the step made */
     int min_layer_passes; /* a lower bound for these programs: the longest program, or the sum over layers of

@@ -33,9 +33,16 @@ typedef struct {
     int stop[POLAR_BATCH_MAX_STOP];
     polar_rng rng;
     kv_seq kv;
+    /* prompt sharing: added while an older sequence with the same prompt
+     * had not started it, this one follows that leader through its first
+     * `shared` program entries (the same in both) for the prompt: it
+     * computes nothing there and its K/V are the leader's */
+    int leader;            /* the leader's id, 0: none (or no longer aligned with it) */
+    int shared;            /* program entries in common with the leader */
     /* this step */
     int row0, n_rows;      /* its rows of the step */
     int cursor;            /* its next program entry */
+    int following;         /* its rows are the leader's until its cursor reaches `shared` */
 } batch_seq;
 
 struct polar_batch {
@@ -196,6 +203,16 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     q->gen.stop = q->stop;
     polar_rng_seed(&q->rng, gen->seed);
     q->state = POLAR_SEQ_PREFILL;
+    q->leader = 0, q->shared = 0;
+    for (int i = 0; i < b->max_seqs; i++) {
+        const batch_seq *o = &b->seqs[i];
+        if (o == q || !o->id || o->state != POLAR_SEQ_PREFILL || o->n_run || o->leader || o->n_prompt != n_prompt ||
+            memcmp(o->tokens, prompt, (size_t)n_prompt * sizeof *prompt))
+            continue;
+        int k = 0;
+        while (k < o->n_program && k < q->n_program && o->program[k] == q->program[k]) k++;
+        if (k > q->shared) q->leader = o->id, q->shared = k;
+    }
     q->id = *id = b->next_id++;
     if (gen->max_new == 0) { /* nothing to generate: ends at once */
         q->state = POLAR_SEQ_ENDED;
@@ -256,15 +273,30 @@ static int plan_rows(polar_batch *b, int *n_seqs) {
         b->order[j] = q;
     }
     int rows = 0, kept = 0;
-    for (int i = 0; i < n; i++) b->order[i]->n_rows = 0;
+    for (int i = 0; i < n; i++) {
+        batch_seq *q = b->order[i];
+        const batch_seq *l = q->leader ? find(b, q->leader) : NULL;
+        if (q->leader && (!l || l->state != POLAR_SEQ_PREFILL || l->n_run != q->n_run)) q->leader = 0; /* out of step */
+        q->n_rows = 0, q->following = 0;
+    }
     for (int i = 0; i < n; i++)
         if (b->order[i]->state == POLAR_SEQ_DECODE) b->order[i]->n_rows = 1, rows++;
+    /* prompt chunks, a leader's followers taking the same chunk beside it */
     for (int i = 0; i < n && rows < b->step_tokens; i++) {
         batch_seq *q = b->order[i];
-        if (q->state != POLAR_SEQ_PREFILL) continue;
-        int left = q->n_prompt - q->n_run, room = b->step_tokens - rows;
-        q->n_rows = left < room ? left : room;
+        if (q->state != POLAR_SEQ_PREFILL || q->leader) continue;
+        int followers = 0;
+        for (int j = i + 1; j < n; j++) followers += b->order[j]->leader == q->id;
+        int left = q->n_prompt - q->n_run, room = b->step_tokens - rows, each = room / (1 + followers);
+        if (!each) { /* no room for them all: the followers go their own way */
+            for (int j = i + 1; j < n; j++)
+                if (b->order[j]->leader == q->id) b->order[j]->leader = 0;
+            each = room;
+        }
+        q->n_rows = left < each ? left : each;
         rows += q->n_rows;
+        for (int j = i + 1; j < n; j++)
+            if (b->order[j]->leader == q->id) b->order[j]->n_rows = q->n_rows, b->order[j]->following = 1, rows += q->n_rows;
     }
     rows = 0;
     for (int i = 0; i < n; i++)
@@ -285,7 +317,8 @@ static void embed_rows(polar_batch *b, int n_seqs) {
     int half = a->head_dim / 2;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
-        kv_seq_grow(&b->pool, &q->kv, q->n_run + q->n_rows);
+        const batch_seq *l = q->following ? find(b, q->leader) : NULL;
+        kv_seq_grow(&b->pool, &q->kv, q->n_run + q->n_rows, l ? &l->kv : NULL, q->shared, q->n_prompt);
         for (int r = 0; r < q->n_rows; r++) {
             int row = q->row0 + r, pos = q->n_run + r;
             cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
@@ -327,7 +360,7 @@ static int walk_programs(polar_batch *b, int n_seqs) {
         for (int i = 0; i < n_seqs; i++) {
             batch_seq *q = b->order[i];
             if (q->cursor >= q->n_program || q->program[q->cursor] != layer) continue;
-            for (int r = 0; r < q->n_rows; r++, T++) {
+            for (int r = 0; r < q->n_rows && q->following != 1; r++, T++) {
                 int row = q->row0 + r;
                 b->pass_rows[T] = row;
                 b->at[T] = (cpu_token_at){.pos = q->n_run + r, .blocks = kv_seq_table(&q->kv, q->cursor),
@@ -339,6 +372,32 @@ static int walk_programs(polar_batch *b, int n_seqs) {
         cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, 0, 0);
         for (int t = 0; t < T; t++) memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
         passes++;
+        for (int i = 0; i < n_seqs; i++) { /* followers parting from their leader take its rows as they are now */
+            batch_seq *q = b->order[i];
+            if (q->following != 1 || q->cursor < q->shared) continue;
+            const batch_seq *l = find(b, q->leader);
+            memcpy(b->x + (size_t)q->row0 * H, b->x + (size_t)l->row0 * H, (size_t)q->n_rows * H * sizeof(float));
+            q->following = 2;
+        }
+    }
+}
+
+/* A follower's K/V of this step's prompt rows at the shared entries, where
+ * its block is not the leader's (the block the prompt ends in, which their
+ * generated tokens will fill differently): copied from the leader. */
+static void copy_followed_kv(polar_batch *b, int n_seqs) {
+    size_t kvd = (size_t)b->pool.kv_dim;
+    for (int i = 0; i < n_seqs; i++) {
+        const batch_seq *q = b->order[i];
+        if (!q->following) continue;
+        const batch_seq *l = find(b, q->leader);
+        for (int k = 0; k < q->shared; k++)
+            for (int j = q->n_run; j < q->n_run + q->n_rows; j++) {
+                size_t from = cpu_kv_row(kv_seq_table(&l->kv, k), j) * kvd, to = cpu_kv_row(kv_seq_table(&q->kv, k), j) * kvd;
+                if (from == to) continue;
+                memcpy(b->pool.k + to, b->pool.k + from, kvd * sizeof(float));
+                memcpy(b->pool.v + to, b->pool.v + from, kvd * sizeof(float));
+            }
     }
 }
 
@@ -395,12 +454,15 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     if (!rows) return POLAR_OK;
     stats->sequences = n_seqs;
     for (int i = 0; i < n_seqs; i++) {
-        if (b->order[i]->state == POLAR_SEQ_DECODE) stats->decode_tokens++;
-        else stats->prompt_tokens += b->order[i]->n_rows;
+        const batch_seq *q = b->order[i];
+        if (q->state == POLAR_SEQ_DECODE) stats->decode_tokens++;
+        else stats->prompt_tokens += q->n_rows;
+        if (q->following) stats->shared_prompt_tokens += q->n_rows, stats->shared_entries += q->n_rows * q->shared;
     }
     embed_rows(b, n_seqs);
     stats->min_layer_passes = min_passes(b, n_seqs);
     stats->layer_passes = walk_programs(b, n_seqs);
+    copy_followed_kv(b, n_seqs);
     next_tokens(b, n_seqs, stats);
     return POLAR_OK;
 }

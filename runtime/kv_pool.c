@@ -9,7 +9,8 @@ int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
     p->k = malloc(rows * (size_t)kv_dim * sizeof(float));
     p->v = malloc(rows * (size_t)kv_dim * sizeof(float));
     p->free_blocks = malloc((size_t)n_blocks * sizeof *p->free_blocks);
-    if (!p->k || !p->v || !p->free_blocks) {
+    p->refs = calloc((size_t)n_blocks, sizeof *p->refs);
+    if (!p->k || !p->v || !p->free_blocks || !p->refs) {
         kv_pool_free(p);
         return 0;
     }
@@ -22,6 +23,7 @@ void kv_pool_free(kv_pool *p) {
     free(p->k);
     free(p->v);
     free(p->free_blocks);
+    free(p->refs);
     *p = (kv_pool){0};
 }
 
@@ -51,9 +53,15 @@ int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens) {
     return 1;
 }
 
-void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens) {
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const kv_seq *leader, int shared, int n_prompt) {
     while (s->n_mapped * CPU_KV_BLOCK < n_tokens) {
-        for (int k = 0; k < s->n_program; k++) s->blocks[(size_t)k * s->max_blocks + s->n_mapped] = p->free_blocks[--p->n_free];
+        int b = s->n_mapped, in_prompt = leader && (b + 1) * CPU_KV_BLOCK <= n_prompt;
+        for (int k = 0; k < s->n_program; k++) {
+            int id = in_prompt && k < shared ? leader->blocks[(size_t)k * leader->max_blocks + b]
+                                             : p->free_blocks[--p->n_free];
+            p->refs[id]++;
+            s->blocks[(size_t)k * s->max_blocks + b] = id;
+        }
         p->promised -= s->n_program;
         s->reserved -= s->n_program;
         s->n_mapped++;
@@ -62,7 +70,10 @@ void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens) {
 
 void kv_seq_release(kv_pool *p, kv_seq *s) {
     for (int k = 0; k < s->n_program; k++)
-        for (int b = 0; b < s->n_mapped; b++) p->free_blocks[p->n_free++] = s->blocks[(size_t)k * s->max_blocks + b];
+        for (int b = 0; b < s->n_mapped; b++) {
+            int id = s->blocks[(size_t)k * s->max_blocks + b];
+            if (--p->refs[id] == 0) p->free_blocks[p->n_free++] = id;
+        }
     p->promised -= s->reserved;
     s->reserved = 0;
     s->n_mapped = 0;

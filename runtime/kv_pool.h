@@ -13,6 +13,7 @@ typedef struct {
     float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim] */
     int n_blocks, kv_dim;
     int *free_blocks;  /* [n_blocks] stack of the free block ids */
+    int *refs;         /* [n_blocks] tables holding each block (several when a prompt's blocks are shared) */
     int n_free;
     int promised;      /* free blocks reserved for admitted sequences */
 } kv_pool;
@@ -44,8 +45,12 @@ void kv_seq_free(kv_seq *s);
  * 0 (nothing changed) when the pool cannot promise that many. */
 int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens);
 
-/* Map blocks (from the promise) until positions 0..n_tokens-1 have rows. */
-void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens);
+/* Map blocks (from the promise) until positions 0..n_tokens-1 have rows.
+ * With a leader (else NULL): at execution positions k < shared, the blocks
+ * wholly inside the first n_prompt positions are the leader's own (which
+ * must be mapped already): a prompt both run the same way has the same K/V
+ * there. */
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const kv_seq *leader, int shared, int n_prompt);
 
 /* Give every block and what is left of the promise back to the pool. */
 void kv_seq_release(kv_pool *p, kv_seq *s);

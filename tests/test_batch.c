@@ -64,12 +64,14 @@ static void run_alone(polar_model *m, request *r, int vocab, int n_layers) {
  * while the batch is full), step until all have ended, and compare every
  * token and its logits with the alone run. Returns how often an add met a
  * full batch. */
-static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo, int vocab, int n_layers) {
+static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo, int vocab, int n_layers,
+                 int *shared_entries) {
     polar_error err;
     polar_batch *b = NULL;
     CHECK_OK(polar_batch_create(m, bo, &b, &err));
     if (!b) return 0;
     int full = 0, left = n, got[64] = {0};
+    if (shared_entries) *shared_entries = 0;
     for (int i = 0; i < n; i++) rq[i].id = 0, rq[i].done = 0;
     for (int step = 0; left > 0 && step < 2000; step++) {
         for (int i = 0; i < n; i++) {
@@ -88,6 +90,7 @@ static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo,
         }
         polar_batch_stats bs;
         CHECK_OK(polar_batch_step(b, &bs, &err));
+        if (shared_entries) *shared_entries += bs.shared_entries;
         CHECK(bs.layer_passes >= bs.min_layer_passes, "step %d: %d passes under the bound %d", step, bs.layer_passes,
               bs.min_layer_passes);
         for (int i = 0; i < n; i++) {
@@ -148,7 +151,7 @@ static void mixed_batch(const char *arch, const char *base, const char *skip, co
     int n = (int)(sizeof rq / sizeof *rq);
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .max_program_len = 2 * D, .step_tokens = 16, .n_threads = 2};
-    int full = serve(m, rq, n, &bo, V, D);
+    int full = serve(m, rq, n, &bo, V, D, NULL);
     CHECK(full == 0, "a roomy batch was full %d times", full);
     free_requests(rq, n);
     polar_model_free(m);
@@ -177,7 +180,7 @@ static void batch_full_pool(void) {
     /* 2 x 16 x 32 floats per block: 4 KiB; a sequence of 5 entries x <= 42 tokens needs 15 */
     size_t block = 2 * 16 * (size_t)info.arch.n_kv_heads * info.arch.head_dim * sizeof(float);
     polar_batch_opts bo = {.max_seqs = 3, .max_ctx = 64, .kv_bytes = 36 * block, .step_tokens = 8, .n_threads = 2};
-    int full = serve(m, rq, 8, &bo, V, D);
+    int full = serve(m, rq, 8, &bo, V, D, NULL);
     CHECK(full > 0, "the small pool was never full");
     printf("  8 requests through 3 slots and a 36-block pool: %d adds found it full\n", full);
     free_requests(rq, 8);
@@ -204,8 +207,53 @@ static void batch_default_model(void) {
     };
     for (int i = 0; i < 3; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 16, .n_threads = 2};
-    serve(m, rq, 3, &bo, V, D);
+    serve(m, rq, 3, &bo, V, D, NULL);
     free_requests(rq, 3);
+    polar_model_free(m);
+}
+
+/* Sequences added together with the same prompt share it through the
+ * program entries they have in common (the same program sampled: all of
+ * them), over a prompt of several blocks ending mid-block and chunked over
+ * steps; a late arrival with the same prompt does not share; and when a
+ * step has no room for a leader's followers beside it, they go their own
+ * way. Every sequence still gets what it gets alone. */
+static void batch_shared_prompt(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers, shared;
+    request rq[] = {
+        {.program = "0-3", .n_prompt = 37, .max_new = 9},
+        {.program = "0-3", .n_prompt = 37, .max_new = 11, .temperature = 0.8f},
+        {.program = "0-3", .n_prompt = 37, .max_new = 7, .temperature = 1.2f},
+        {.program = "0,1,3", .n_prompt = 37, .max_new = 10},
+        {.program = "0-2,2,3", .n_prompt = 37, .max_new = 8},
+        {.program = "1-3", .n_prompt = 37, .max_new = 6},
+        {.program = "0-3", .n_prompt = 37, .max_new = 5, .arrive = 2},
+    };
+    int n = (int)(sizeof rq / sizeof *rq);
+    for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
+    polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .step_tokens = 16, .n_threads = 2};
+    serve(m, rq, n, &bo, V, D, &shared);
+    /* four followers x 37 tokens x 4, 4, 2 and 3 shared entries */
+    CHECK(shared == 37 * (4 + 4 + 2 + 3), "%d (token, entry) pairs shared, want %d", shared, 37 * 13);
+    free_requests(rq, n);
+    request tight[] = { /* the first pair takes 3 rows each of 7, leaving 1 for the three after it */
+        {.program = "0-3", .n_prompt = 30, .max_new = 6},
+        {.program = "0,1,3", .n_prompt = 30, .max_new = 6},
+        {.program = "0-3", .n_prompt = 21, .max_new = 6, .temperature = 0.8f},
+        {.program = "0-2,2,3", .n_prompt = 21, .max_new = 6},
+        {.program = "0-3", .n_prompt = 21, .max_new = 6},
+    };
+    for (int i = 0; i < 5; i++) run_alone(m, &tight[i], V, D);
+    bo = (polar_batch_opts){.max_seqs = 5, .max_ctx = 64, .step_tokens = 7, .n_threads = 2};
+    serve(m, tight, 5, &bo, V, D, &shared);
+    CHECK(shared > 0 && shared < 30 * 2 + 21 * (4 + 3), "%d pairs shared: the tight batch shares only part", shared);
+    free_requests(tight, 5);
     polar_model_free(m);
 }
 
@@ -302,6 +350,7 @@ int main(void) {
     RUN(batch_qwen3);
     RUN(batch_moe);
     RUN(batch_full_pool);
+    RUN(batch_shared_prompt);
     RUN(batch_default_model);
     RUN(batch_passes);
     RUN(batch_errors);
