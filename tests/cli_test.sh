@@ -44,6 +44,14 @@ expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
 expect_out bench '"decode_time_vs_base":' $P bench --arch llama --program 0-1,2-3x2 --prompt-len 8 --gen 4 --reps 1 --json
+# polar bench --batch: one program and distinct ones per size; a programs file; bad sizes and files.
+expect_out bench_batch '"programs":"mixed","prefill_ms"' $P bench --arch llama --batch 1,3 --prompt-len 5 --gen 2 --reps 1 --json
+printf '# two programs\n0-3\n0,1,1,2,3\n' >"$D/batch_progs.txt"
+expect_out bench_batch_file "    3 mixed" $P bench --arch llama --batch 3 --programs "$D/batch_progs.txt" --prompt-len 5 --gen 2 --reps 1
+expect usage_bench_batch 2 "--batch wants up to 16 sizes" $P bench --arch llama --batch 2,x
+printf '0-3\n0-9\n' >"$D/batch_bad.txt"
+expect bench_batch_bad_file 1 "batch_bad.txt:2:" $P bench --arch llama --batch 2 --programs "$D/batch_bad.txt"
+expect usage_bench_programs 2 "--programs goes with --batch" $P bench --arch llama --programs "$D/batch_progs.txt"
 # POLAR_CPU picks the kernel level; a level this CPU cannot run is refused with one line, and the best one runs.
 expect_out bench_cpu_generic '"cpu_kernels":"generic"' env POLAR_CPU=generic $P bench --arch llama --prompt-len 4 --gen 2 \
     --reps 1 --json
