@@ -401,13 +401,6 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
     }
 }
 
-static int is_stop(const polar_arch *a, const batch_seq *q, int token) {
-    for (int i = 0; i < a->n_eos; i++)
-        if (a->eos[i] == token) return 1;
-    for (int i = 0; i < q->gen.n_stop; i++)
-        if (q->stop[i] == token) return 1;
-    return 0;
-}
 
 /* Final norm and head over the last row of every sequence that completes a
  * token this step, then each one's next token. */
@@ -436,7 +429,7 @@ static void next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st) {
                         : polar_argmax(lg, a->vocab);
         q->tokens[q->n_prompt + q->n_generated++] = token;
         q->state = POLAR_SEQ_DECODE;
-        int eos = !q->gen.ignore_eos && is_stop(a, q, token);
+        int eos = !q->gen.ignore_eos && gen_stops_at(a, &q->gen, token);
         if (eos || q->n_generated >= q->gen.max_new) {
             q->stopped_at_eos = eos;
             end_seq(b, q);

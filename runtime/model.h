@@ -98,6 +98,10 @@ polar_status model_fill_random(polar_model *m, uint64_t seed, polar_error *err);
 /* Keep a buffer alive as long as the model; returns 0 when out of memory. */
 int model_own(polar_model *m, void *buf);
 
+/* 1 when token ends a generation: an eos id of the model or a stop id of o
+ * (ignore_eos is the caller's to check). Sessions and batches both. */
+int gen_stops_at(const polar_arch *a, const polar_gen_opts *o, int token);
+
 /* Fill m->rope_inv_freq from the arch (default or llama3 scaling). */
 int model_init_rope(polar_model *m);
 

@@ -1,8 +1,10 @@
 /* Temperature / top-p (nucleus) sampling with a seeded generator the caller
- * owns, so runs repeat exactly and threads never share state. */
+ * owns, so runs repeat exactly and threads never share state; and what ends
+ * a generation. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "model.h"
 #include "polar.h"
 
 /* splitmix64: one 64-bit state, every seed (0 included) gives a full-period stream. */
@@ -62,3 +64,11 @@ int polar_sample(const float *logits, int n, float temperature, float top_p, pol
 }
 
 size_t polar_sample_work_bytes(int n) { return (size_t)n * sizeof(cand); }
+
+int gen_stops_at(const polar_arch *a, const polar_gen_opts *o, int token) {
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos[i] == token) return 1;
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop[i] == token) return 1;
+    return 0;
+}

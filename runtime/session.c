@@ -291,13 +291,6 @@ int polar_argmax(const float *logits, int n) {
     return best;
 }
 
-static int is_stop(const polar_arch *a, const polar_gen_opts *o, int token) {
-    for (int i = 0; i < a->n_eos; i++)
-        if (a->eos[i] == token) return 1;
-    for (int i = 0; i < o->n_stop; i++)
-        if (o->stop[i] == token) return 1;
-    return 0;
-}
 
 /* What a generation has produced so far, for the device's accept callback. */
 typedef struct {
@@ -314,7 +307,7 @@ static int gen_accept(int token, void *arg) {
     gen_state *g = arg;
     g->out[g->stats->n_generated++] = token;
     if (g->cb && g->cb(token, g->user)) return 0;
-    if (!g->opts->ignore_eos && is_stop(&g->s->m->arch, g->opts, token)) {
+    if (!g->opts->ignore_eos && gen_stops_at(&g->s->m->arch, g->opts, token)) {
         g->stats->stopped_at_eos = 1;
         return 0;
     }
