@@ -207,8 +207,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     polar_session_opts so = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads, .device = device};
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
                            .n_threads = a->threads, .device = POLAR_DEVICE_CPU};
-    bo.kv_bytes = (size_t)n_runs_max * cap_len * ((max_ctx + 15) / 16) * 16 * 2 * info.arch.n_kv_heads *
-                  info.arch.head_dim * sizeof(float);
+    bo.kv_bytes = polar_batch_kv_bytes(m, n_runs_max, cap_len, max_ctx);
     if (n_done < count && (use_batch ? polar_batch_create(m, &bo, &c.b, &err)
                                      : polar_session_create(m, &base, &so, &c.s, &err)) != POLAR_OK) {
         rc = fail_status(cmd, &err);

@@ -316,6 +316,10 @@ typedef struct {
     polar_device device; /* AUTO or CPU (see above) */
 } polar_batch_opts;
 
+/* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
+ * tokens each (a polar_batch_opts.kv_bytes that never refuses them). */
+size_t polar_batch_kv_bytes(const polar_model *m, int n_seqs, int program_len, int n_tokens);
+
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
                                 polar_error *err);
 void polar_batch_free(polar_batch *b);

@@ -64,6 +64,11 @@ struct polar_batch {
     void *sample_work;     /* polar_sample_work_bytes(vocab) */
 };
 
+size_t polar_batch_kv_bytes(const polar_model *m, int n_seqs, int program_len, int n_tokens) {
+    size_t block_bytes = 2 * CPU_KV_BLOCK * (size_t)m->arch.n_kv_heads * m->arch.head_dim * sizeof(float);
+    return (size_t)n_seqs * kv_blocks_for(program_len, n_tokens) * block_bytes;
+}
+
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
                                 polar_error *err) {
     *out = NULL;
