@@ -296,6 +296,20 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * and compute only from where their programs part; the K/V of the shared
  * entries for the prompt are the leader's blocks. The result is the same.
  *
+ * With a prefix cache (opts.prefix_cache_bytes), prompts share across time
+ * too: the K/V and residual stream of each full 16-token prompt block at
+ * each program entry are kept, keyed by hashes of the tokens up to the
+ * block's end and of the program's entries up to that one (128 bits; a
+ * collision, about n^2 / 2^128 for n items, is the one way to a wrong
+ * result). A later prompt starting with the same tokens under a program
+ * starting with the same entries maps those K/V blocks and computes each
+ * block only from the first entry the cache lacks: a few-shot prefix common
+ * to many questions, or a program search's neighbours that part after
+ * their first L entries, runs once. The block holding a prompt's last token
+ * always runs. Least recently used items go first when the cache is full
+ * or the pool must admit a sequence. The result is the same (CPU: bit for
+ * bit: a row's sums do not depend on the rows beside it).
+ *
  * Everything is allocated by polar_batch_create; adding a sequence copies
  * its prompt, program and stop ids into its slot. A batch is used by one
  * thread at a time; several batches (and sessions) may share a model on
@@ -314,6 +328,8 @@ typedef struct {
                           * (never fewer than max_seqs) */
     int n_threads;       /* CPU threads; 0: all available */
     polar_device device; /* AUTO or CPU (see above) */
+    size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (items of 16 x (2 x kv_dim + hidden)
+                                * floats); 0: none */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
@@ -337,6 +353,8 @@ typedef struct {
     int prompt_tokens;    /* prompt tokens run (chunks of prompts being prefilled) */
     int shared_prompt_tokens; /* of them, tokens of sequences following a leader with the same prompt */
     int shared_entries;   /* (token, program entry) pairs those did not compute */
+    int cached_entries;   /* (token, program entry) pairs of the prompts that started this step found in the
+                           * prefix cache */
     int finished;         /* sequences that ended with this step */
     int layer_passes;     /* layer-weight reads the step made */
     int min_layer_passes; /* a lower bound for these programs: the longest program, or the sum over layers of
@@ -357,6 +375,8 @@ typedef struct {
     polar_seq_state state;
     int n_prompt, n_generated;
     int stopped_at_eos;
+    long prompt_skipped;  /* (prompt token, program entry) pairs it did not compute: it followed a sequence
+                           * with the same prompt, or found them in the prefix cache */
     const int *tokens;    /* the n_generated ids so far; valid until the sequence is removed */
 } polar_seq_info;
 

@@ -19,6 +19,7 @@
 #include "cpu_layer.h"
 #include "error.h"
 #include "model.h"
+#include "prefix_cache.h"
 
 typedef struct {
     int id;                /* 0: a free slot */
@@ -39,10 +40,22 @@ typedef struct {
      * computes nothing there and its K/V are the leader's */
     int leader;            /* the leader's id, 0: none (or no longer aligned with it) */
     int shared;            /* program entries in common with the leader */
+    int *share;            /* [cap_program, max_blocks] blocks to map rather than take fresh (-1: fresh) */
+    /* the prefix cache (batches that have one): at its first step a prompt
+     * looks up each of its full blocks (all but the one holding its last
+     * token) at entries 0, 1, ...; a block found at entries 0..s-1 maps
+     * those K/V blocks and starts at entry s from the cached residual */
+    uint64_t *block_hash;  /* [max_blocks] the prompt's tokens up to each block's end */
+    uint64_t *entry_hash;  /* [cap_program] the program's entries 0..k */
+    int *block_start;      /* [max_blocks] the first entry each prompt block computes */
+    float *x_start;        /* [max_ctx, hidden] the residual rows the blocks with start > 0 start from */
+    int looked_up;
+    long skipped;          /* (prompt token, entry) pairs it did not compute: followed or cached */
     /* this step */
     int row0, n_rows;      /* its rows of the step */
-    int cursor;            /* its next program entry */
+    int cursor;            /* its next program entry (rows join the walk at their block's start) */
     int following;         /* its rows are the leader's until its cursor reaches `shared` */
+    int in_pass;           /* it took part in the walk's current pass */
 } batch_seq;
 
 struct polar_batch {
@@ -51,11 +64,13 @@ struct polar_batch {
     int next_id;
     batch_seq *seqs;       /* [max_seqs] */
     kv_pool pool;
+    prefix_cache cache;    /* cap 0: none */
     cpu_work work;         /* [step_tokens] rows */
     float *x;              /* [step_tokens, hidden] the step's residual streams */
     float *cos, *sin;      /* [step_tokens, head_dim/2] rope tables of the rows' positions */
     cpu_token_at *at;      /* [step_tokens] one layer pass's rows */
     int *pass_rows;        /* [step_tokens] their rows in x */
+    int *row_start;        /* [step_tokens] the program entry each row starts at */
     batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
     float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows */
     float *logits;         /* [max_seqs, vocab] by slot */
@@ -92,6 +107,9 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
         return polar_fail(err, POLAR_ERR_ARG, "batch: a KV pool of %zu bytes holds %zu blocks of %zu bytes",
                           o.kv_bytes, n_blocks, block_bytes);
+    size_t cached = o.prefix_cache_bytes / prefix_cache_item_bytes((int)kvd, a->hidden);
+    if (cached > (size_t)1 << 28)
+        return polar_fail(err, POLAR_ERR_ARG, "batch: a prefix cache of %zu bytes is too large", o.prefix_cache_bytes);
     polar_batch *b = calloc(1, sizeof *b);
     if (!b) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory creating the batch");
     b->m = m;
@@ -99,7 +117,9 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->step_tokens = o.step_tokens, b->n_threads = o.n_threads;
     b->next_id = 1;
     size_t R = (size_t)o.step_tokens, half = (size_t)a->head_dim / 2;
-    int ok = kv_pool_init(&b->pool, (int)n_blocks, (int)kvd) &&
+    /* the cache's blocks come on top of the sequences' */
+    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) &&
+             prefix_cache_init(&b->cache, (int)cached, a->hidden) &&
              cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads);
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
     b->x = malloc(R * a->hidden * sizeof(float));
@@ -107,25 +127,39 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->sin = malloc(R * half * sizeof(float));
     b->at = malloc(R * sizeof *b->at);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);
+    b->row_start = calloc(R, sizeof *b->row_start);
     b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
     b->head_out = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
     b->logits = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
     b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
     b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
     b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
-    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->order && b->head_out && b->logits &&
+    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->row_start && b->order &&
+         b->head_out && b->logits &&
          b->layer_uses && b->layer_most && b->sample_work;
     for (int i = 0; ok && i < o.max_seqs; i++) {
         batch_seq *q = &b->seqs[i];
         q->program = malloc((size_t)o.max_program_len * sizeof *q->program);
         q->tokens = malloc(((size_t)o.max_ctx + 1) * sizeof *q->tokens);
         ok = q->program && q->tokens && kv_seq_init(&q->kv, o.max_program_len, o.max_ctx);
+        if (!ok) break;
+        size_t mb = (size_t)q->kv.max_blocks;
+        q->share = malloc((size_t)o.max_program_len * mb * sizeof *q->share);
+        q->block_start = calloc(mb, sizeof *q->block_start);
+        ok = q->share && q->block_start;
+        if (ok && cached) {
+            q->block_hash = malloc(mb * sizeof *q->block_hash);
+            q->entry_hash = malloc((size_t)o.max_program_len * sizeof *q->entry_hash);
+            q->x_start = malloc((size_t)o.max_ctx * a->hidden * sizeof *q->x_start);
+            ok = q->block_hash && q->entry_hash && q->x_start;
+        }
     }
     if (!ok) {
         polar_batch_free(b);
         return polar_fail(err, POLAR_ERR_NOMEM,
-                          "out of memory creating the batch (%d sequences, KV pool of %zu MiB, %d tokens per step)",
-                          o.max_seqs, n_blocks * block_bytes >> 20, o.step_tokens);
+                          "out of memory creating the batch (%d sequences, KV pool of %zu MiB, prefix cache of %zu "
+                          "MiB, %d tokens per step)",
+                          o.max_seqs, n_blocks * block_bytes >> 20, o.prefix_cache_bytes >> 20, o.step_tokens);
     }
     *out = b;
     return POLAR_OK;
@@ -136,9 +170,15 @@ void polar_batch_free(polar_batch *b) {
     for (int i = 0; b->seqs && i < b->max_seqs; i++) {
         free(b->seqs[i].program);
         free(b->seqs[i].tokens);
+        free(b->seqs[i].share);
+        free(b->seqs[i].block_hash);
+        free(b->seqs[i].entry_hash);
+        free(b->seqs[i].block_start);
+        free(b->seqs[i].x_start);
         kv_seq_free(&b->seqs[i].kv);
     }
     free(b->seqs);
+    prefix_cache_free(&b->cache, &b->pool);
     kv_pool_free(&b->pool);
     cpu_work_free(&b->work);
     free(b->x);
@@ -146,6 +186,7 @@ void polar_batch_free(polar_batch *b) {
     free(b->sin);
     free(b->at);
     free(b->pass_rows);
+    free(b->row_start);
     free(b->order);
     free(b->head_out);
     free(b->logits);
@@ -193,7 +234,10 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     for (int i = 0; !q && i < b->max_seqs; i++)
         if (!b->seqs[i].id) q = &b->seqs[i];
     if (!q) return polar_fail(err, POLAR_ERR_FULL, "batch add: all %d sequence slots are held", b->max_seqs);
-    if (!kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens))
+    int admitted;
+    while (!(admitted = kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens)) && prefix_cache_evict(&b->cache, &b->pool)) {
+    }
+    if (!admitted)
         return polar_fail(err, POLAR_ERR_FULL,
                           "batch add: the KV pool cannot promise %d blocks (%d of %d free, %d promised to others)",
                           kv_blocks_for(program->n, n_tokens), b->pool.n_free - b->pool.promised, b->pool.n_blocks,
@@ -209,6 +253,16 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     polar_rng_seed(&q->rng, gen->seed);
     q->state = POLAR_SEQ_PREFILL;
     q->leader = 0, q->shared = 0;
+    q->looked_up = 0, q->skipped = 0;
+    memset(q->share, 0xff, (size_t)q->kv.cap_program * q->kv.max_blocks * sizeof *q->share);
+    memset(q->block_start, 0, (size_t)q->kv.max_blocks * sizeof *q->block_start);
+    if (b->cache.cap) {
+        uint64_t h = 0;
+        for (int k = 0; k < q->n_program; k++) q->entry_hash[k] = h = prefix_hash_entry(h, q->program[k]);
+        h = 0;
+        for (int j = 0; j < (n_prompt - 1) / CPU_KV_BLOCK; j++)
+            q->block_hash[j] = h = prefix_hash_tokens(h, prompt + j * CPU_KV_BLOCK, CPU_KV_BLOCK);
+    }
     for (int i = 0; i < b->max_seqs; i++) {
         const batch_seq *o = &b->seqs[i];
         if (o == q || !o->id || o->state != POLAR_SEQ_PREFILL || o->n_run || o->leader || o->n_prompt != n_prompt ||
@@ -248,7 +302,8 @@ polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info,
     const batch_seq *q = b ? find(b, id) : NULL;
     if (!q || !info) return polar_fail(err, POLAR_ERR_ARG, "batch: no sequence %d", id);
     *info = (polar_seq_info){.state = q->state, .n_prompt = q->n_prompt, .n_generated = q->n_generated,
-                             .stopped_at_eos = q->stopped_at_eos, .tokens = q->tokens + q->n_prompt};
+                             .stopped_at_eos = q->stopped_at_eos, .prompt_skipped = q->skipped,
+                             .tokens = q->tokens + q->n_prompt};
     return POLAR_OK;
 }
 
@@ -265,10 +320,42 @@ int polar_batch_running(const polar_batch *b) {
 
 int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
+/* Full blocks of q's prompt the prefix cache may hold: all but the one with
+ * its last token, whose row must run for the logits. */
+static int cacheable_blocks(const batch_seq *q) { return (q->n_prompt - 1) / CPU_KV_BLOCK; }
+
+/* A prompt's first step with a prefix cache: map what the cache holds of its
+ * blocks (now: the cache may drop an item before the block's turn) and skip
+ * the leading blocks it holds at every entry. Followers leave their leader
+ * at their `shared` entry with its rows as they are there, so no block of
+ * the leader may start later than that. */
+static void look_up_prefix(polar_batch *b, batch_seq *q, int n, polar_batch_stats *st) {
+    size_t H = (size_t)b->m->arch.hidden, mb = (size_t)q->kv.max_blocks, block_rows = CPU_KV_BLOCK * H;
+    int limit = q->n_program, lead = 0;
+    q->looked_up = 1;
+    for (int i = 0; i < n; i++)
+        if (b->order[i]->leader == q->id && b->order[i]->shared < limit) limit = b->order[i]->shared;
+    for (int j = 0; j < cacheable_blocks(q); j++) {
+        int s = 0, item = -1;
+        for (int found; s < limit && (found = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
+            q->share[s * mb + j] = b->cache.items[found].block, item = found;
+        q->block_start[j] = s;
+        if (item >= 0) memcpy(q->x_start + j * block_rows, prefix_cache_residual(&b->cache, item), block_rows * sizeof(float));
+        q->skipped += (long)s * CPU_KV_BLOCK;
+        st->cached_entries += s * CPU_KV_BLOCK;
+        if (s == q->n_program && lead == j) lead = j + 1;
+    }
+    kv_seq_grow(&b->pool, &q->kv, cacheable_blocks(q) * CPU_KV_BLOCK, q->share);
+    q->n_run = lead * CPU_KV_BLOCK;
+    for (int i = 0; lead && i < n; i++) /* only samples of this program follow it here (limit is n_program) */
+        if (b->order[i]->leader == q->id) b->order[i]->n_run = q->n_run, b->order[i]->skipped += (long)q->n_run * q->n_program;
+}
+
 /* Lay out the step's rows: decode tokens first (one per generating
- * sequence, oldest first), then prompt chunks while the budget lasts.
- * Returns the number of rows; b->order[0..*n_seqs) the sequences in it. */
-static int plan_rows(polar_batch *b, int *n_seqs) {
+ * sequence, oldest first), then prompt chunks while the budget lasts, each
+ * row with the program entry it starts at. Returns the number of rows;
+ * b->order[0..*n_seqs) the sequences in it. */
+static int plan_rows(polar_batch *b, int *n_seqs, polar_batch_stats *st) {
     int n = 0;
     for (int i = 0; i < b->max_seqs; i++) {
         batch_seq *q = &b->seqs[i];
@@ -278,6 +365,10 @@ static int plan_rows(polar_batch *b, int *n_seqs) {
         b->order[j] = q;
     }
     int rows = 0, kept = 0;
+    for (int i = 0; b->cache.cap && i < n; i++) {
+        batch_seq *q = b->order[i];
+        if (q->state == POLAR_SEQ_PREFILL && !q->n_run && !q->leader && !q->looked_up) look_up_prefix(b, q, n, st);
+    }
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
         const batch_seq *l = q->leader ? find(b, q->leader) : NULL;
@@ -299,6 +390,9 @@ static int plan_rows(polar_batch *b, int *n_seqs) {
             each = room;
         }
         q->n_rows = left < each ? left : each;
+        int end = q->n_run + q->n_rows;
+        if (b->cache.cap && q->n_rows < left && end % CPU_KV_BLOCK < q->n_rows) /* whole blocks, to be cached */
+            q->n_rows -= end % CPU_KV_BLOCK;
         rows += q->n_rows;
         for (int j = i + 1; j < n; j++)
             if (b->order[j]->leader == q->id) b->order[j]->n_rows = q->n_rows, b->order[j]->following = 1, rows += q->n_rows;
@@ -308,25 +402,44 @@ static int plan_rows(polar_batch *b, int *n_seqs) {
         if (b->order[i]->n_rows) {
             batch_seq *q = b->order[kept++] = b->order[i];
             q->row0 = rows;
-            q->cursor = 0;
+            q->cursor = q->n_program;
+            for (int r = 0; r < q->n_rows; r++) {
+                int block = (q->n_run + r) / CPU_KV_BLOCK, start = 0;
+                if (q->state == POLAR_SEQ_PREFILL && block < cacheable_blocks(q)) start = q->block_start[block];
+                b->row_start[rows + r] = start;
+                if (start < q->cursor) q->cursor = start;
+            }
             rows += q->n_rows;
         }
     *n_seqs = kept;
     return rows;
 }
 
-/* Embed the rows' tokens and their rope tables; map their cache rows. */
+/* Map q's cache rows up to n_tokens: a follower's prompt blocks at the
+ * shared entries are its leader's (mapped already: it is older). */
+static void grow_rows(polar_batch *b, batch_seq *q, int n_tokens) {
+    const batch_seq *l = q->following ? find(b, q->leader) : NULL;
+    size_t mb = (size_t)q->kv.max_blocks, lmb = l ? (size_t)l->kv.max_blocks : 0;
+    for (int j = q->kv.n_mapped; l && j * CPU_KV_BLOCK < n_tokens && (j + 1) * CPU_KV_BLOCK <= q->n_prompt; j++)
+        for (int k = 0; k < q->shared; k++) q->share[k * mb + j] = l->kv.blocks[k * lmb + j];
+    kv_seq_grow(&b->pool, &q->kv, n_tokens, q->share);
+}
+
+/* Embed the rows' tokens (or take the cached residual they start from) and
+ * their rope tables; map their cache rows. */
 static void embed_rows(polar_batch *b, int n_seqs) {
     const polar_model *m = b->m;
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
-        const batch_seq *l = q->following ? find(b, q->leader) : NULL;
-        kv_seq_grow(&b->pool, &q->kv, q->n_run + q->n_rows, l ? &l->kv : NULL, q->shared, q->n_prompt);
+        grow_rows(b, q, q->n_run + q->n_rows);
         for (int r = 0; r < q->n_rows; r++) {
             int row = q->row0 + r, pos = q->n_run + r;
-            cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
+            if (b->row_start[row])
+                memcpy(b->x + (size_t)row * a->hidden, q->x_start + (size_t)pos * a->hidden, a->hidden * sizeof(float));
+            else
+                cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
             cpu_rope_angles(b->cos + (size_t)row * half, b->sin + (size_t)row * half, m->rope_inv_freq, half, pos);
         }
     }
@@ -347,6 +460,21 @@ static int min_passes(polar_batch *b, int n_seqs) {
     return sum > longest ? sum : longest;
 }
 
+/* Into the prefix cache: the prompt blocks a pass just ran whole, their
+ * K/V at the entry it ran and their residual rows after it. */
+static void cache_pass(polar_batch *b, int n_seqs) {
+    size_t H = (size_t)b->m->arch.hidden;
+    for (int i = 0; i < n_seqs; i++) {
+        const batch_seq *q = b->order[i];
+        if (!q->in_pass || q->state != POLAR_SEQ_PREFILL || q->following == 1) continue;
+        int k = q->cursor - 1, end = q->n_run + q->n_rows;
+        for (int j = (q->n_run + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK; j < cacheable_blocks(q) && (j + 1) * CPU_KV_BLOCK <= end; j++)
+            if (q->block_start[j] <= k)
+                prefix_cache_insert(&b->cache, &b->pool, q->block_hash[j], q->entry_hash[k], kv_seq_table(&q->kv, k)[j],
+                                    b->x + (size_t)(q->row0 + j * CPU_KV_BLOCK - q->n_run) * H);
+    }
+}
+
 /* Run every sequence's program over its rows, one pass per (layer, point
  * of the walk); returns the passes made. */
 static int walk_programs(polar_batch *b, int n_seqs) {
@@ -364,19 +492,22 @@ static int walk_programs(polar_batch *b, int n_seqs) {
         int T = 0;
         for (int i = 0; i < n_seqs; i++) {
             batch_seq *q = b->order[i];
-            if (q->cursor >= q->n_program || q->program[q->cursor] != layer) continue;
-            for (int r = 0; r < q->n_rows && q->following != 1; r++, T++) {
+            q->in_pass = q->cursor < q->n_program && q->program[q->cursor] == layer;
+            if (!q->in_pass) continue;
+            for (int r = 0; r < q->n_rows && q->following != 1; r++) {
                 int row = q->row0 + r;
+                if (b->row_start[row] > q->cursor) continue; /* its block is cached here */
                 b->pass_rows[T] = row;
                 b->at[T] = (cpu_token_at){.pos = q->n_run + r, .blocks = kv_seq_table(&q->kv, q->cursor),
                                           .cos = b->cos + (size_t)row * half, .sin = b->sin + (size_t)row * half};
-                memcpy(w->x + (size_t)T * H, b->x + (size_t)row * H, H * sizeof(float));
+                memcpy(w->x + (size_t)T++ * H, b->x + (size_t)row * H, H * sizeof(float));
             }
             q->cursor++;
         }
         cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, 0, 0);
         for (int t = 0; t < T; t++) memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
         passes++;
+        if (b->cache.cap) cache_pass(b, n_seqs);
         for (int i = 0; i < n_seqs; i++) { /* followers parting from their leader take its rows as they are now */
             batch_seq *q = b->order[i];
             if (q->following != 1 || q->cursor < q->shared) continue;
@@ -448,14 +579,17 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
-    int n_seqs, rows = plan_rows(b, &n_seqs);
+    int n_seqs, rows = plan_rows(b, &n_seqs, stats);
     if (!rows) return POLAR_OK;
     stats->sequences = n_seqs;
     for (int i = 0; i < n_seqs; i++) {
-        const batch_seq *q = b->order[i];
+        batch_seq *q = b->order[i];
         if (q->state == POLAR_SEQ_DECODE) stats->decode_tokens++;
         else stats->prompt_tokens += q->n_rows;
-        if (q->following) stats->shared_prompt_tokens += q->n_rows, stats->shared_entries += q->n_rows * q->shared;
+        if (q->following) { /* cached pairs are counted at the look-up */
+            stats->shared_prompt_tokens += q->n_rows, stats->shared_entries += q->n_rows * q->shared;
+            q->skipped += (long)q->n_rows * q->shared;
+        }
     }
     embed_rows(b, n_seqs);
     stats->min_layer_passes = min_passes(b, n_seqs);

@@ -53,14 +53,14 @@ int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens) {
     return 1;
 }
 
-void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const kv_seq *leader, int shared, int n_prompt) {
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const int *share) {
     while (s->n_mapped * CPU_KV_BLOCK < n_tokens) {
-        int b = s->n_mapped, in_prompt = leader && (b + 1) * CPU_KV_BLOCK <= n_prompt;
+        int b = s->n_mapped;
         for (int k = 0; k < s->n_program; k++) {
-            int id = in_prompt && k < shared ? leader->blocks[(size_t)k * leader->max_blocks + b]
-                                             : p->free_blocks[--p->n_free];
+            size_t at = (size_t)k * s->max_blocks + b;
+            int id = share && share[at] >= 0 ? share[at] : p->free_blocks[--p->n_free];
             p->refs[id]++;
-            s->blocks[(size_t)k * s->max_blocks + b] = id;
+            s->blocks[at] = id;
         }
         p->promised -= s->n_program;
         s->reserved -= s->n_program;

@@ -45,12 +45,11 @@ void kv_seq_free(kv_seq *s);
  * 0 (nothing changed) when the pool cannot promise that many. */
 int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens);
 
-/* Map blocks (from the promise) until positions 0..n_tokens-1 have rows.
- * With a leader (else NULL): at execution positions k < shared, the blocks
- * wholly inside the first n_prompt positions are the leader's own (which
- * must be mapped already): a prompt both run the same way has the same K/V
- * there. */
-void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const kv_seq *leader, int shared, int n_prompt);
+/* Map blocks until positions 0..n_tokens-1 have rows: from the promise, or
+ * where share (NULL: nowhere) names a block (>= 0, laid out as s->blocks),
+ * that block, one more reference taken: K/V rows another sequence (or the
+ * prefix cache) holds for the same tokens run the same way. */
+void kv_seq_grow(kv_pool *p, kv_seq *s, int n_tokens, const int *share);
 
 /* Give every block and what is left of the promise back to the pool. */
 void kv_seq_release(kv_pool *p, kv_seq *s);

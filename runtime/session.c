@@ -98,7 +98,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     int n_blocks = s->cuda ? 0 : kv_blocks_for(s->cap_program, s->max_ctx);
     int kv_ok = s->cuda || (kv_pool_init(&s->pool, n_blocks, (int)kv) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
                             kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx));
-    if (kv_ok && !s->cuda) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL, 0, 0);
+    if (kv_ok && !s->cuda) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL);
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
     int work_ok = cpu_work_init(&s->work, m, PREFILL_CHUNK, s->max_ctx, s->n_threads);
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));

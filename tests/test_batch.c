@@ -12,6 +12,7 @@ typedef struct {
     const char *program;
     int n_prompt, max_new;
     float temperature;
+    int prefix, variant; /* prefix > 0: the first prefix tokens are the same for every variant, the rest not */
     int arrive;   /* the step before which it is added */
     int cancel;   /* > 0: cancelled after this many tokens */
     int want[MAX_GEN], n_want;
@@ -20,7 +21,9 @@ typedef struct {
 } request;
 
 static void prompt_of(const request *r, int vocab, int *out) {
-    for (int i = 0; i < r->n_prompt; i++) out[i] = (i * 31 + r->n_prompt * 7 + 3) % vocab;
+    for (int i = 0; i < r->n_prompt; i++)
+        out[i] = r->prefix ? (i < r->prefix ? i * 31 + 3 : i * 17 + r->variant * 101 + 5) % vocab
+                           : (i * 31 + r->n_prompt * 7 + 3) % vocab;
 }
 
 static polar_gen_opts gen_of(const request *r) {
@@ -65,13 +68,13 @@ static void run_alone(polar_model *m, request *r, int vocab, int n_layers) {
  * token and its logits with the alone run. Returns how often an add met a
  * full batch. */
 static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo, int vocab, int n_layers,
-                 int *shared_entries) {
+                 polar_batch_stats *total) {
     polar_error err;
     polar_batch *b = NULL;
     CHECK_OK(polar_batch_create(m, bo, &b, &err));
     if (!b) return 0;
     int full = 0, left = n, got[64] = {0};
-    if (shared_entries) *shared_entries = 0;
+    if (total) memset(total, 0, sizeof *total);
     for (int i = 0; i < n; i++) rq[i].id = 0, rq[i].done = 0;
     for (int step = 0; left > 0 && step < 2000; step++) {
         for (int i = 0; i < n; i++) {
@@ -90,7 +93,7 @@ static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo,
         }
         polar_batch_stats bs;
         CHECK_OK(polar_batch_step(b, &bs, &err));
-        if (shared_entries) *shared_entries += bs.shared_entries;
+        if (total) total->shared_entries += bs.shared_entries, total->cached_entries += bs.cached_entries;
         CHECK(bs.layer_passes >= bs.min_layer_passes, "step %d: %d passes under the bound %d", step, bs.layer_passes,
               bs.min_layer_passes);
         for (int i = 0; i < n; i++) {
@@ -225,7 +228,8 @@ static void batch_shared_prompt(void) {
     if (!m) return;
     polar_model_info info;
     polar_model_info_get(m, &info);
-    int V = info.arch.vocab, D = info.arch.n_layers, shared;
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    polar_batch_stats total;
     request rq[] = {
         {.program = "0-3", .n_prompt = 37, .max_new = 9},
         {.program = "0-3", .n_prompt = 37, .max_new = 11, .temperature = 0.8f},
@@ -238,9 +242,10 @@ static void batch_shared_prompt(void) {
     int n = (int)(sizeof rq / sizeof *rq);
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .step_tokens = 16, .n_threads = 2};
-    serve(m, rq, n, &bo, V, D, &shared);
+    serve(m, rq, n, &bo, V, D, &total);
     /* four followers x 37 tokens x 4, 4, 2 and 3 shared entries */
-    CHECK(shared == 37 * (4 + 4 + 2 + 3), "%d (token, entry) pairs shared, want %d", shared, 37 * 13);
+    CHECK(total.shared_entries == 37 * (4 + 4 + 2 + 3), "%d (token, entry) pairs shared, want %d",
+          total.shared_entries, 37 * 13);
     free_requests(rq, n);
     request tight[] = { /* the first pair takes 3 rows each of 7, leaving 1 for the three after it */
         {.program = "0-3", .n_prompt = 30, .max_new = 6},
@@ -251,9 +256,58 @@ static void batch_shared_prompt(void) {
     };
     for (int i = 0; i < 5; i++) run_alone(m, &tight[i], V, D);
     bo = (polar_batch_opts){.max_seqs = 5, .max_ctx = 64, .step_tokens = 7, .n_threads = 2};
-    serve(m, tight, 5, &bo, V, D, &shared);
-    CHECK(shared > 0 && shared < 30 * 2 + 21 * (4 + 3), "%d pairs shared: the tight batch shares only part", shared);
+    serve(m, tight, 5, &bo, V, D, &total);
+    CHECK(total.shared_entries > 0 && total.shared_entries < 30 * 2 + 21 * (4 + 3),
+          "%d pairs shared: the tight batch shares only part", total.shared_entries);
     free_requests(tight, 5);
+    polar_model_free(m);
+}
+
+/* The prefix cache: prompts with a common 40-token prefix (two full blocks)
+ * and programs with common first entries, arriving one after another, find
+ * exactly the (block, entry) pairs that earlier prompts left; sequences
+ * added together still follow each other beside the cache; a cache too
+ * small for everything evicts. Every sequence gets what it gets alone. */
+static void batch_prefix_cache(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    polar_batch_stats total;
+    request rq[] = {
+        /* 50 tokens: full blocks 0-2 may be cached; blocks 0 and 1 are the common prefix */
+        {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1},
+        /* blocks 0, 1 at entries 0, 1 (then 3 differs from 2): 2 x 16 x 2 */
+        {.program = "0,1,3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 2, .arrive = 1},
+        /* the first prompt again: blocks 0-2 at every entry, skipped: 3 x 16 x 4 */
+        {.program = "0-3", .n_prompt = 50, .max_new = 5, .prefix = 40, .variant = 1, .arrive = 2, .temperature = 0.7f},
+        /* entries 0, 1 of the first: 3 x 16 x 2 */
+        {.program = "0,1,1,2,3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1, .arrive = 3},
+        /* added together: the second follows the first through 0, 1; the first finds blocks 0, 1 at
+         * entries 0, 1 (and no further: its follower leaves it at entry 2): 2 x 16 x 2 */
+        {.program = "0-3", .n_prompt = 45, .max_new = 6, .prefix = 40, .variant = 3, .arrive = 4},
+        {.program = "0,1,3", .n_prompt = 45, .max_new = 6, .prefix = 40, .variant = 3, .arrive = 4},
+        /* another order of layers from the start: nothing to find */
+        {.program = "1,0,2,3", .n_prompt = 50, .max_new = 4, .prefix = 40, .variant = 1, .arrive = 5},
+    };
+    int n = (int)(sizeof rq / sizeof *rq);
+    for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
+    polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .step_tokens = 64, .n_threads = 2, .prefix_cache_bytes = 8 << 20};
+    serve(m, rq, n, &bo, V, D, &total);
+    int want = 16 * (2 * 2 + 3 * 4 + 3 * 2 + 2 * 2);
+    CHECK(total.cached_entries == want, "%d (token, entry) pairs found in the cache, want %d", total.cached_entries, want);
+    CHECK(total.shared_entries == 45 * 2, "%d pairs followed, want %d", total.shared_entries, 45 * 2);
+    /* chunks of at most 20 tokens less the decoding sequences' (some blocks split over steps, not cached)
+     * and a cache of 5 items */
+    bo.step_tokens = 20;
+    bo.prefix_cache_bytes = 5 * 16 * (2 * (size_t)info.arch.n_kv_heads * info.arch.head_dim + info.arch.hidden) * 4;
+    serve(m, rq, n, &bo, V, D, &total);
+    CHECK(total.cached_entries > 0 && total.cached_entries < want, "%d pairs found in a 5-item cache",
+          total.cached_entries);
+    free_requests(rq, n);
     polar_model_free(m);
 }
 
@@ -351,6 +405,7 @@ int main(void) {
     RUN(batch_moe);
     RUN(batch_full_pool);
     RUN(batch_shared_prompt);
+    RUN(batch_prefix_cache);
     RUN(batch_default_model);
     RUN(batch_passes);
     RUN(batch_errors);

@@ -1,0 +1,67 @@
+/* The prompt prefix cache of a batch. The K/V that a block of 16 prompt
+ * tokens gets at execution position k, and its residual stream after that
+ * position, depend only on the tokens up to the block's end and on the
+ * program's entries 0..k. So one item, keyed by (hash of those tokens, hash
+ * of those entries), serves every later sequence whose prompt starts with
+ * the same tokens and whose program starts with the same entries: a
+ * few-shot prefix shared by every question, or a program search's
+ * neighbours that differ after their first L entries. The K/V rows stay in
+ * the KV pool (the item holds a reference on their block, which sequences
+ * then map read-only); the residual rows are the cache's own. Least
+ * recently used items go first when it is full. */
+#ifndef POLAR_PREFIX_CACHE_H
+#define POLAR_PREFIX_CACHE_H
+
+#include <stdint.h>
+
+#include "kv_pool.h"
+
+typedef struct {
+    uint64_t tokens_hash, entries_hash; /* the key: 128 bits of hashes */
+    int block;         /* the pool block holding the K/V rows */
+    int next;          /* the next item of its bucket, or of the free list; -1: none */
+    int older, newer;  /* the LRU list; -1: none */
+} prefix_item;
+
+typedef struct {
+    prefix_item *items;  /* [cap] */
+    float *residual;     /* [cap, CPU_KV_BLOCK, hidden] */
+    int *buckets;        /* [n_buckets] first item of each, -1: empty */
+    int cap, n_buckets, hidden;
+    int free_head;       /* unused items */
+    int oldest, newest;  /* the LRU list's ends */
+    int n_items;
+} prefix_cache;
+
+/* Room for cap items of hidden-wide residual rows; 0 when out of memory. A
+ * cap of 0 is a cache that holds nothing. */
+int prefix_cache_init(prefix_cache *c, int cap, int hidden);
+/* Gives every item's block reference back to p first. */
+void prefix_cache_free(prefix_cache *c, kv_pool *p);
+
+/* Bytes one item costs (its K/V block in the pool, its residual rows). */
+size_t prefix_cache_item_bytes(int kv_dim, int hidden);
+
+/* The item of a key (now the most recently used), or -1. */
+int prefix_cache_find(prefix_cache *c, uint64_t tokens_hash, uint64_t entries_hash);
+
+/* Keep block (one reference taken) and its residual rows [CPU_KV_BLOCK,
+ * hidden] under a key not yet held, evicting the least recently used item
+ * when full. Nothing happens with a cap of 0 or a key already held. */
+void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block,
+                         const float *residual);
+
+/* Drop the least recently used item (its block goes back to the pool when
+ * no sequence maps it); 0 when empty. */
+int prefix_cache_evict(prefix_cache *c, kv_pool *p);
+
+static inline const float *prefix_cache_residual(const prefix_cache *c, int item) {
+    return c->residual + (size_t)item * CPU_KV_BLOCK * c->hidden;
+}
+
+/* The chains the keys are made of: a hash of the tokens up to a block's
+ * end extends the previous block's; a hash of entries 0..k extends 0..k-1's. */
+uint64_t prefix_hash_tokens(uint64_t previous, const int *tokens, int n);
+uint64_t prefix_hash_entry(uint64_t previous, int layer);
+
+#endif
