@@ -183,17 +183,9 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     }
     if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto done;
     /* The context fits the longest prompt. */
-    for (int i = 0; i < count; i++) {
-        char *text;
-        int *ids, n;
-        if (done[i]) continue;
-        if (question_prompt(tok, style, polar_dataset_get(data, first + i), shots, n_shots, &text, &ids, &n, &err) !=
-            POLAR_OK) {
-            rc = fail_status(cmd, &err);
-            goto done;
-        }
-        max_prompt = n > max_prompt ? n : max_prompt;
-        polar_free(text), polar_free(ids);
+    if (longest_prompt(tok, style, data, first, count, done, shots, n_shots, &max_prompt, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
     }
     for (int i = 0; i < n_fixed; i++) cap_len = programs[i].program.n > cap_len ? programs[i].program.n : cap_len;
     polar_device device;

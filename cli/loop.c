@@ -155,6 +155,23 @@ FILE *resume_results(const char *cmd, const char *path, int first, int count, un
     return f;
 }
 
+polar_status longest_prompt(const polar_tokenizer *tok, prompt_style style, const polar_dataset *data, int first,
+                            int count, const unsigned char *done, const polar_question *const *shots, int n_shots,
+                            int *longest, polar_error *err) {
+    *longest = 0;
+    for (int i = 0; i < count; i++) {
+        char *text;
+        int *ids, n;
+        if (done[i]) continue;
+        polar_status st = question_prompt(tok, style, polar_dataset_get(data, first + i), shots, n_shots, &text, &ids,
+                                          &n, err);
+        if (st != POLAR_OK) return st;
+        *longest = n > *longest ? n : *longest;
+        polar_free(text), polar_free(ids);
+    }
+    return POLAR_OK;
+}
+
 void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms) {
     if (!isatty(2)) return;
     double s = (polar_time_ms() - t_start_ms) / 1000, rate = s > 0 ? (done - done_before) / s : 0;

@@ -35,6 +35,12 @@ polar_status question_prompt(const polar_tokenizer *tok, prompt_style style, con
                              const polar_question *const *shots, int n_shots, char **text, int **ids, int *n,
                              polar_error *err);
 
+/* Tokens in the longest prompt of questions first..first+count-1 not marked
+ * done (the context a run over them needs). */
+polar_status longest_prompt(const polar_tokenizer *tok, prompt_style style, const polar_dataset *data, int first,
+                            int count, const unsigned char *done, const polar_question *const *shots, int n_shots,
+                            int *longest, polar_error *err);
+
 /* At most this many worked examples before a question (--shots). */
 #define MAX_SHOTS 64
 

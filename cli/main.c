@@ -30,7 +30,8 @@ static const command commands[] = {
     {"search", cmd_search,
      "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"
      "            [--lambda 5] [--max-new 50] [--min-layers A --max-layers B] [--style boxed|chat]\n"
-     "            [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] -o LABELS.jsonl [--quiet]\n"
+     "            [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] [--batch 8]\n"
+     "            [--cache-mb 1024] -o LABELS.jsonl [--quiet]\n"
      "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"},
     {"train", cmd_train,
      "train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"

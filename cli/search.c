@@ -3,40 +3,111 @@
  * the reference rewards them: greedy generation of at most 50 tokens with
  * its \boxed{} prompt, 1 when the boxed answer equals the gold one. One JSONL
  * line per question with the reference's field names (its tooling and
- * `polar train` read them), appended, so a stopped run resumes. The prompt's
- * KV of the last program is reused up to the first entry where the next
- * program differs (share_prompt). */
+ * `polar train` read them), appended, so a stopped run resumes. On the CPU
+ * --batch questions are searched at once in one batch whose prefix cache
+ * shares prompts (a few-shot prefix across questions, a question's prompt
+ * across programs with the same first entries); with CUDA one at a time in
+ * a session whose share_prompt reuses the last program's prompt. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "loop.h"
 
+/* One question's search in flight: its prompt, the text of the program being
+ * rewarded, and the figures of its line. */
 typedef struct {
-    polar_session *s;
+    int index;                /* in the data set; -1: a free slot */
     const polar_question *q;
-    const int *prompt;
-    int n_prompt, max_new, *out;
+    polar_search *search;
+    char *text;
+    int *ids, n_ids;
     text_acc acc;
-    long tokens, entries_run, entries_needed; /* for the question's line */
-} reward_ctx;
+    int seq, fed;             /* batch: the program's sequence, its tokens given to acc */
+    int n_program;            /* the program being rewarded */
+    long tokens, entries_run, entries_needed;
+    double t0;
+} job;
 
-static polar_status reward(void *ctx, const polar_program *program, double *score, polar_error *err) {
-    reward_ctx *r = ctx;
-    polar_status st = polar_session_set_program(r->s, program, err);
-    polar_gen_opts go = {.max_new = r->max_new, .stop = &r->acc.stop_id, .n_stop = r->acc.stop_id >= 0};
-    polar_gen_stats gs;
-    text_acc_reset(&r->acc);
-    if (st == POLAR_OK) st = polar_generate(r->s, r->prompt, r->n_prompt, &go, r->out, &gs, text_acc_token, &r->acc, err);
-    if (st != POLAR_OK) return st;
-    if (r->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "search: no memory for the generated text");
-    r->tokens += gs.n_generated;
-    r->entries_needed += (long)program->n * r->n_prompt;
-    r->entries_run += (long)(program->n - polar_session_prompt_reused(r->s)) * r->n_prompt;
+/* How programs are run: as sequences of one batch (the CPU: many
+ * questions at once, prompts shared through its prefix cache), or one at a
+ * time in a session (CUDA; the session's share_prompt reuses the last
+ * program's prompt up to the first entry where the next one differs). */
+typedef struct {
+    polar_batch *b;
+    polar_session *s;
+    int max_new, *out;        /* the session's tokens [max_new] */
+} runner;
+
+/* 1 when the text gives the gold answer in a \boxed{}. */
+static double reward_of(const job *j) {
     char answer[256];
-    *score = r->acc.text && polar_answer_boxed(r->acc.text, answer, sizeof answer) &&
-             polar_answer_equal(answer, r->q->answer);
+    return j->acc.text && polar_answer_boxed(j->acc.text, answer, sizeof answer) &&
+           polar_answer_equal(answer, j->q->answer);
+}
+
+static polar_gen_opts gen_opts(const runner *r, const job *j) {
+    return (polar_gen_opts){.max_new = r->max_new, .stop = &j->acc.stop_id, .n_stop = j->acc.stop_id >= 0};
+}
+
+/* Run program p for j in the session now; its reward into *reward. */
+static polar_status run_in_session(runner *r, job *j, const polar_program *p, double *reward, polar_error *err) {
+    polar_status st = polar_session_set_program(r->s, p, err);
+    polar_gen_opts go = gen_opts(r, j);
+    polar_gen_stats gs;
+    if (st == POLAR_OK) st = polar_generate(r->s, j->ids, j->n_ids, &go, r->out, &gs, text_acc_token, &j->acc, err);
+    if (st != POLAR_OK) return st;
+    j->tokens += gs.n_generated;
+    j->entries_run += (long)(p->n - polar_session_prompt_reused(r->s)) * j->n_ids;
+    *reward = reward_of(j);
     return POLAR_OK;
+}
+
+/* Hand j's search its next programs until one is running in the batch
+ * (*finished 0) or the search is done (*finished 1); in a session every
+ * program runs to its reward here. */
+static polar_status advance(runner *r, job *j, int *finished, polar_error *err) {
+    polar_status st = POLAR_OK;
+    *finished = 0;
+    for (;;) {
+        polar_program p;
+        if ((st = polar_search_next(j->search, &p, err)) != POLAR_OK) return st;
+        if (!p.n) {
+            *finished = 1;
+            return POLAR_OK;
+        }
+        text_acc_reset(&j->acc);
+        j->entries_needed += (long)p.n * j->n_ids;
+        j->n_program = p.n;
+        if (r->b) {
+            polar_gen_opts go = gen_opts(r, j);
+            j->fed = 0;
+            return polar_batch_add(r->b, &p, j->ids, j->n_ids, &go, &j->seq, err);
+        }
+        double reward;
+        if ((st = run_in_session(r, j, &p, &reward, err)) != POLAR_OK ||
+            (st = polar_search_reward(j->search, reward, err)) != POLAR_OK)
+            return st;
+        }
+}
+
+/* After a batch step: the new tokens of j's program; once its text stops
+ * (a \boxed{} closed, the end of turn) or the sequence ends, its reward. */
+static polar_status poll(runner *r, job *j, int *rewarded, polar_error *err) {
+    polar_seq_info info;
+    polar_status st = polar_batch_seq(r->b, j->seq, &info, err);
+    *rewarded = 0;
+    if (st != POLAR_OK) return st;
+    int stop = 0;
+    while (!stop && j->fed < info.n_generated) stop = text_acc_token(info.tokens[j->fed++], &j->acc);
+    if (!stop && info.state != POLAR_SEQ_ENDED) return POLAR_OK;
+    if (j->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "search: no memory for the generated text");
+    j->tokens += j->fed;
+    j->entries_run += (long)j->n_program * j->n_ids - info.prompt_skipped;
+    if ((st = polar_batch_remove(r->b, j->seq, err)) != POLAR_OK) return st;
+    j->seq = 0;
+    *rewarded = 1;
+    return polar_search_reward(j->search, reward_of(j), err);
 }
 
 static int add_layers(FILE *f, const polar_program *p) {
@@ -46,14 +117,14 @@ static int add_layers(FILE *f, const polar_program *p) {
 }
 
 /* The question's line: the reference's fields, then ours. */
-static int write_line(FILE *f, int index, const polar_question *q, const polar_search_result *res,
-                      const reward_ctx *r, double seconds) {
+static int write_line(FILE *f, const job *j, const polar_search_result *res, double seconds) {
+    const polar_question *q = j->q;
     char *question = polar_json_quote(q->question), *gold = polar_json_quote(q->answer);
     if (!question || !gold) {
         polar_free(question), polar_free(gold);
         return 0;
     }
-    fprintf(f, "{\"index\":%d,\"line\":%ld,\"question\":%s,\"gt_ans\":%s,\"initial_score\":%g", index, q->line,
+    fprintf(f, "{\"index\":%d,\"line\":%ld,\"question\":%s,\"gt_ans\":%s,\"initial_score\":%g", j->index, q->line,
             question, gold, res->initial_score);
     polar_free(question), polar_free(gold);
     for (int valid = 1; valid >= 0; valid--) {
@@ -76,102 +147,173 @@ static int write_line(FILE *f, int index, const polar_question *q, const polar_s
     fprintf(f,
             "],\"simulations\":%d,\"programs_evaluated\":%d,\"tokens_generated\":%ld,\"prompt_tokens\":%d,"
             "\"prompt_layer_tokens_run\":%ld,\"prompt_layer_tokens_needed\":%ld,\"seconds\":%.3f}\n",
-            res->simulations, res->evaluations, r->tokens, r->n_prompt, r->entries_run, r->entries_needed, seconds);
+            res->simulations, res->evaluations, j->tokens, j->n_ids, j->entries_run, j->entries_needed, seconds);
     return fflush(f) == 0;
 }
 
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *summary, *plot, *shots_from;
     float lambda;
-    int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots;
+    int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots, batch, cache_mb;
     uint64_t seed;
     const polar_question *shots[MAX_SHOTS];
 } search_args;
 
+/* The run's summary line. */
+typedef struct {
+    int done, valid, fixed;
+    long evaluated, run, needed;
+} totals;
+
+static void job_clear(job *j) {
+    polar_search_free(j->search);
+    polar_free(j->ids), polar_free(j->text);
+    j->search = NULL, j->ids = NULL, j->text = NULL;
+    j->index = -1;
+}
+
+static polar_status job_start(job *j, int index, const polar_question *q, const search_args *a, prompt_style style,
+                              const polar_tokenizer *tok, const polar_search_opts *so, polar_error *err) {
+    j->index = index, j->q = q, j->seq = 0;
+    j->tokens = j->entries_run = j->entries_needed = 0;
+    j->t0 = polar_time_ms();
+    polar_status st = question_prompt(tok, style, q, a->shots, a->n_shots, &j->text, &j->ids, &j->n_ids, err);
+    return st == POLAR_OK ? polar_search_begin(so, &j->search, err) : st;
+}
+
+/* The question's line, then the totals; the slot is free again. */
+static polar_status job_finish(job *j, FILE *f, const char *path, totals *t, polar_error *err) {
+    polar_search_result res;
+    polar_status st = polar_search_result_get(j->search, &res, err);
+    if (st == POLAR_OK && !write_line(f, j, &res, (polar_time_ms() - j->t0) / 1000))
+        st = cli_error(err, POLAR_ERR_IO, "%s: write failed", path);
+    if (st == POLAR_OK) {
+        int valid = res.n > 0 && res.programs[0].score == 1.0;
+        t->done++, t->valid += valid, t->fixed += valid && res.initial_score < 1.0;
+        t->evaluated += res.evaluations, t->run += j->entries_run, t->needed += j->entries_needed;
+    }
+    polar_search_result_free(&res);
+    job_clear(j);
+    return st;
+}
+
+/* Questions run as jobs: on the CPU a.batch of them at once, their programs
+ * sequences of one batch (one step serves them all, and its prefix cache
+ * runs a few-shot prefix once per program prefix for all of them); with
+ * CUDA one at a time in a session. Lines are written as questions
+ * finish (so not always in data set order; each names its index). */
 static int run_searches(const char *cmd, const search_args *a, prompt_style style, polar_model *m,
                         const polar_tokenizer *tok, const polar_dataset *data, int first, int count) {
     polar_error err;
     polar_model_info info;
     polar_model_info_get(m, &info);
-    int D = info.arch.n_layers, n_done = 0, rc = 1;
+    int D = info.arch.n_layers, n_done = 0, rc = 1, longest = 0;
     polar_search_opts so = polar_search_defaults(D);
     so.simulations = a->sims, so.seed = a->seed, so.lambda = a->lambda;
     if (a->min_layers) so.min_len = a->min_layers;
     if (a->max_layers) so.max_len = a->max_layers;
     if (so.min_len > so.max_len) return fail_usage(cmd, "--min-layers %d is above --max-layers %d", so.min_len, so.max_len);
+    polar_device device;
+    if (!parse_device(cmd, a->device_text, &device)) return EXIT_USAGE;
+    int n_jobs = device == POLAR_DEVICE_CUDA ? 1 : a->batch, cap_len = so.max_len > D ? so.max_len : D;
     unsigned char *done = calloc((size_t)count, 1);
-    reward_ctx r = {.max_new = a->max_new};
-    r.acc = (text_acc){.tok = tok,
-                       .stop_at_box = 1,
-                       .stop_id = style == STYLE_CHAT ? polar_tokenizer_end_of_turn(tok) : -1,
-                       .arch = &info.arch};
-    r.out = malloc((size_t)a->max_new * sizeof *r.out);
+    job *jobs = calloc((size_t)n_jobs, sizeof *jobs);
+    runner r = {.max_new = a->max_new};
     FILE *f = NULL;
-    if (!done || !r.out) {
+    if (!done || !jobs) {
         fprintf(stderr, "polar %s: error: out of memory\n", cmd);
         goto out;
     }
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i] = (job){.index = -1,
+                        .acc = {.tok = tok,
+                                .stop_at_box = 1,
+                                .stop_id = style == STYLE_CHAT ? polar_tokenizer_end_of_turn(tok) : -1,
+                                .arch = &info.arch}};
     if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto out;
-    polar_device device;
-    if (!parse_device(cmd, a->device_text, &device)) {
-        rc = EXIT_USAGE;
+    polar_status st = longest_prompt(tok, style, data, first, count, done, a->shots, a->n_shots, &longest, &err);
+    int max_ctx = longest + a->max_new;
+    if (st == POLAR_OK && n_done < count && device == POLAR_DEVICE_CUDA) {
+        polar_program base = {0};
+        polar_session_opts o = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads,
+                                .device = device, .share_prompt = 1};
+        st = polar_program_base(D, &base, &err);
+        if (st == POLAR_OK) st = polar_session_create(m, &base, &o, &r.s, &err);
+        polar_program_free(&base);
+        if (st == POLAR_OK && !(r.out = malloc((size_t)a->max_new * sizeof *r.out)))
+            st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
+    } else if (st == POLAR_OK && n_done < count) {
+        polar_batch_opts bo = {.max_seqs = n_jobs, .max_ctx = max_ctx, .max_program_len = cap_len,
+                               .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = POLAR_DEVICE_CPU,
+                               .prefix_cache_bytes = (size_t)a->cache_mb << 20};
+        bo.kv_bytes = polar_batch_kv_bytes(m, n_jobs, cap_len, max_ctx);
+        st = polar_batch_create(m, &bo, &r.b, &err);
+    }
+    if (st != POLAR_OK) {
+        rc = fail_status(cmd, &err);
         goto out;
     }
     double t_start = polar_time_ms();
-    int done_before = n_done, n_valid = 0, n_fixed = 0;
-    long evaluated = 0, run_total = 0, needed_total = 0;
-    for (int i = 0; i < count; i++) {
-        if (done[i]) continue;
-        const polar_question *q = polar_dataset_get(data, first + i);
-        char *text = NULL;
-        int *ids = NULL, n_ids = 0;
-        polar_session *s = NULL;
-        polar_program base = {0};
-        polar_search_result res = {0};
-        double t0 = polar_time_ms();
-        polar_status st = question_prompt(tok, style, q, a->shots, a->n_shots, &text, &ids, &n_ids, &err);
-        polar_session_opts o = {.max_ctx = n_ids + a->max_new,
-                                .max_program_len = so.max_len > D ? so.max_len : D,
-                                .n_threads = a->threads,
-                                .device = device,
-                                .share_prompt = 1};
-        if (st == POLAR_OK) st = polar_program_base(D, &base, &err);
-        if (st == POLAR_OK) st = polar_session_create(m, &base, &o, &s, &err);
-        r.s = s, r.q = q, r.prompt = ids, r.n_prompt = n_ids, r.tokens = r.entries_run = r.entries_needed = 0;
-        if (st == POLAR_OK) st = polar_search_programs(&so, reward, &r, &res, &err);
-        if (st == POLAR_OK && !write_line(f, first + i, q, &res, &r, (polar_time_ms() - t0) / 1000))
-            st = cli_error(&err, POLAR_ERR_IO, "%s: write failed", a->out);
-        if (st == POLAR_OK) {
-            int valid = res.n > 0 && res.programs[0].score == 1.0;
-            n_valid += valid, n_fixed += valid && res.initial_score < 1.0;
-            evaluated += res.evaluations, run_total += r.entries_run, needed_total += r.entries_needed;
+    int done_before = n_done, next = 0, failed = -1;
+    totals t = {0};
+    while (st == POLAR_OK) {
+        int active = 0, slot = -1;
+        for (int i = 0; i < n_jobs; i++)
+            if (jobs[i].index >= 0) active++;
+            else if (slot < 0) slot = i;
+        while (next < count && done[next]) next++;
+        if (next < count && slot >= 0) {
+            job *j = &jobs[slot];
+            int finished;
+            failed = first + next;
+            st = job_start(j, first + next, polar_dataset_get(data, first + next), a, style, tok, &so, &err);
+            next++, active++;
+            if (st == POLAR_OK) st = advance(&r, j, &finished, &err);
+            if (st == POLAR_OK && finished) {
+                st = job_finish(j, f, a->out, &t, &err);
+                if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
+            }
+            continue;
         }
-        polar_search_result_free(&res);
-        polar_session_free(s);
-        polar_program_free(&base);
-        polar_free(ids), polar_free(text);
-        if (st != POLAR_OK) {
-            fprintf(stderr, "\npolar %s: error: question %d: %s\n", cmd, first + i, err.msg);
-            goto out;
+        if (!active) break;
+        if ((st = polar_batch_step(r.b, NULL, &err)) != POLAR_OK) break;
+        for (int i = 0; i < n_jobs && st == POLAR_OK; i++) {
+            job *j = &jobs[i];
+            int rewarded, finished = 0;
+            if (j->index < 0) continue;
+            failed = j->index;
+            st = poll(&r, j, &rewarded, &err);
+            if (st == POLAR_OK && rewarded) st = advance(&r, j, &finished, &err);
+            if (st == POLAR_OK && finished) {
+                st = job_finish(j, f, a->out, &t, &err);
+                if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
+            }
         }
-        n_done++;
-        if (!a->quiet) progress_line(cmd, n_done, count, done_before, t_start);
+    }
+    if (st != POLAR_OK) {
+        fprintf(stderr, "\npolar %s: error: question %d: %s\n", cmd, failed, err.msg);
+        goto out;
     }
     printf("searched %d questions (%d done before): %d with a valid program, %d of them fixing a wrong base answer; "
            "%ld programs evaluated; prompt layer-tokens run: %.1f%% of those needed\n",
-           n_done - done_before, done_before, n_valid, n_fixed, evaluated,
-           needed_total ? 100.0 * run_total / needed_total : 0.0);
+           t.done, done_before, t.valid, t.fixed, t.evaluated, t.needed ? 100.0 * t.run / t.needed : 0.0);
     rc = 0;
 out:
     if (f && fclose(f) && !rc) rc = 1, fprintf(stderr, "polar %s: error: %s: write failed\n", cmd, a->out);
-    free(done), free(r.out);
-    text_acc_free(&r.acc);
+    for (int i = 0; jobs && i < n_jobs; i++) {
+        job_clear(&jobs[i]);
+        text_acc_free(&jobs[i].acc);
+    }
+    polar_batch_free(r.b);
+    polar_session_free(r.s);
+    free(done), free(jobs), free(r.out);
     return rc;
 }
 
 int cmd_search(int argc, char **argv) {
     const char *cmd = "search";
-    search_args a = {.style_text = "boxed", .sims = 100, .max_new = 50, .seed = 42, .lambda = 5};
+    search_args a = {.style_text = "boxed", .sims = 100, .max_new = 50, .seed = 42, .lambda = 5, .batch = 8,
+                     .cache_mb = 1024};
     cli_opt opts[] = {
         {"--model", OPT_STR, &a.model, 0},           {"--data", OPT_STR, &a.data, 0},
         {"--format", OPT_STR, &a.format, 0},         {"--question-field", OPT_STR, &a.qfield, 0},
@@ -185,7 +327,8 @@ int cmd_search(int argc, char **argv) {
         {"--device", OPT_STR, &a.device_text, 0},    {"--summary", OPT_STR, &a.summary, 0},
         {"--layers", OPT_INT, &a.layers, 0},         {"--json", OPT_FLAG, &a.json, 0},
         {"--plot", OPT_STR, &a.plot, 0},             {"--shots", OPT_INT, &a.n_shots, 0},
-        {"--shots-from", OPT_STR, &a.shots_from, 0},
+        {"--shots-from", OPT_STR, &a.shots_from, 0}, {"--batch", OPT_INT, &a.batch, 0},
+        {"--cache-mb", OPT_INT, &a.cache_mb, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (a.summary) {
@@ -205,6 +348,8 @@ int cmd_search(int argc, char **argv) {
     if (style == STYLE_MC) return fail_usage(cmd, "--style is boxed or chat (the reward checks a \\boxed{} answer)");
     if (a.sims < 1) return fail_usage(cmd, "--sims must be at least 1");
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be at least 1");
+    if (a.batch < 1 || a.batch > 256) return fail_usage(cmd, "--batch must be 1 to 256 questions");
+    if (a.cache_mb < 0) return fail_usage(cmd, "--cache-mb must not be negative");
     polar_dataset *data = NULL, *shot_data = NULL;
     int first, count, rc;
     if ((rc = load_shots(cmd, a.n_shots, a.shots_from, &shot_data, a.shots))) return rc;

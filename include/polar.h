@@ -306,7 +306,9 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * block only from the first entry the cache lacks: a few-shot prefix common
  * to many questions, or a program search's neighbours that part after
  * their first L entries, runs once. The block holding a prompt's last token
- * always runs. Least recently used items go first when the cache is full
+ * always runs. A prompt that starts like one being run at the time (its
+ * first block, under the same first entry) waits until that one is done,
+ * then finds what it left. Least recently used items go first when the cache is full
  * or the pool must admit a sequence. The result is the same (CPU: bit for
  * bit: a row's sums do not depend on the rows beside it).
  *
@@ -677,6 +679,18 @@ typedef struct {
 polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn reward, void *ctx,
                                    polar_search_result *out, polar_error *err);
 void polar_search_result_free(polar_search_result *r);
+
+/* The same search, driven by the caller (so that many questions' searches
+ * can run at once, e.g. as sequences of one batch): polar_search_next hands
+ * out the next program to reward (valid until the next call; n = 0: the
+ * search is done), polar_search_reward takes its reward. The programs and
+ * the result are those of polar_search_programs. */
+typedef struct polar_search polar_search;
+polar_status polar_search_begin(const polar_search_opts *o, polar_search **out, polar_error *err);
+polar_status polar_search_next(polar_search *s, polar_program *next, polar_error *err);
+polar_status polar_search_reward(polar_search *s, double reward, polar_error *err);
+polar_status polar_search_result_get(polar_search *s, polar_search_result *out, polar_error *err);
+void polar_search_free(polar_search *s);
 
 /* Encoder states: reset the session, run the tokens through its program and
  * write each token's final hidden state after the final norm (n x hidden). */

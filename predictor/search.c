@@ -5,9 +5,11 @@
  * blocks of 2-4 layers; each program appears once in the tree. Selection
  * walks down by UCB = mean reward - lambda * len / D + sqrt(2 ln(N + 1) / n)
  * (a random child with probability `explore`), expands the node it stops
- * at, picks one of its children at random and asks the caller's reward
- * function for it, once per program. The search knows nothing of models:
- * the reward is a callback. */
+ * at, picks one of its children at random and asks the caller for its
+ * reward, once per program. The search knows nothing of models: it hands
+ * out programs (polar_search_next) and takes their rewards, so a caller may
+ * run many questions' searches at once; polar_search_programs is the loop
+ * with a reward callback. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +28,7 @@ typedef struct {
 } node;
 
 typedef struct {
-    const polar_search_opts *o;
+    const polar_search_opts *o;   /* the search's own copy */
     node *nodes;
     int n_nodes, cap_nodes;
     int *pool;                  /* every node's program, concatenated */
@@ -218,16 +220,6 @@ static void backpropagate(tree *t, int id, double reward) {
     }
 }
 
-static polar_status evaluate(tree *t, int id, polar_reward_fn reward, void *ctx, int *evaluations, polar_error *err) {
-    polar_program p = {t->nodes[id].len, (int *)program_of(t, id)};
-    double r = 0;
-    polar_status st = reward(ctx, &p, &r, err);
-    if (st != POLAR_OK) return st;
-    t->nodes[id].score = r;
-    (*evaluations)++;
-    return POLAR_OK;
-}
-
 /* Every evaluated node in breadth-first order (the reference's listing),
  * then stably by score descending, length ascending. */
 static polar_status collect(tree *t, polar_search_result *out, polar_error *err) {
@@ -299,10 +291,17 @@ static void tree_free(tree *t) {
     free(t->expanding);
 }
 
-polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn reward, void *ctx,
-                                   polar_search_result *out, polar_error *err) {
-    if (!o || !reward || !out) return polar_fail(err, POLAR_ERR_ARG, "search: missing argument");
-    memset(out, 0, sizeof *out);
+struct polar_search {
+    polar_search_opts o;
+    tree t;
+    int pending;      /* the node whose reward is awaited, -1: none */
+    int sims, evaluations;
+    double initial_score;
+};
+
+polar_status polar_search_begin(const polar_search_opts *o, polar_search **out, polar_error *err) {
+    if (!o || !out) return polar_fail(err, POLAR_ERR_ARG, "search: missing argument");
+    *out = NULL;
     int D = o->n_layers;
     if (D < 1 || D > POLAR_SEARCH_MAX_DEPTH)
         return polar_fail(err, POLAR_ERR_ARG, "search: %d layers (1 to %d)", D, POLAR_SEARCH_MAX_DEPTH);
@@ -312,37 +311,98 @@ polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn r
     if (o->simulations < 0 || !(o->lambda >= 0) || !(o->explore >= 0 && o->explore <= 1))
         return polar_fail(err, POLAR_ERR_ARG, "search: simulations %d, lambda %g, explore %g out of range",
                           o->simulations, o->lambda, o->explore);
-    tree t = {.o = o, .rng = o->seed * 0x9E3779B97F4A7C15ull + 1};
+    polar_search *s = calloc(1, sizeof *s);
+    if (!s) return polar_fail(err, POLAR_ERR_NOMEM, "search: out of memory");
+    s->o = *o;
+    s->t = (tree){.o = &s->o, .rng = o->seed * 0x9E3779B97F4A7C15ull + 1};
+    tree *t = &s->t;
     int longest = D > o->max_len ? D : o->max_len; /* the root may exceed max_len */
-    t.candidate = malloc((size_t)(longest + 4) * sizeof *t.candidate);
-    t.expanding = malloc((size_t)longest * sizeof *t.expanding);
-    polar_status st = t.candidate && t.expanding ? grow_table(&t, err)
-                                                 : polar_fail(err, POLAR_ERR_NOMEM, "search: out of memory");
-    int root = 0, evaluations = 0;
-    if (st == POLAR_OK) {
-        for (int i = 0; i < D; i++) t.candidate[i] = i;
-        st = add_node(&t, -1, t.candidate, D, &root, err);
+    t->candidate = malloc((size_t)(longest + 4) * sizeof *t->candidate);
+    t->expanding = malloc((size_t)longest * sizeof *t->expanding);
+    polar_status st = t->candidate && t->expanding ? grow_table(t, err)
+                                                   : polar_fail(err, POLAR_ERR_NOMEM, "search: out of memory");
+    int root;
+    for (int i = 0; i < D; i++) t->candidate[i] = i;
+    if (st == POLAR_OK) st = add_node(t, -1, t->candidate, D, &root, err);
+    if (st != POLAR_OK) {
+        polar_search_free(s);
+        return st;
     }
-    if (st == POLAR_OK) st = evaluate(&t, 0, reward, ctx, &evaluations, err);
-    if (st == POLAR_OK) out->initial_score = t.nodes[0].score;
-    int sims = 0;
-    for (; st == POLAR_OK && sims < o->simulations; sims++) {
-        int id = select_node(&t);
-        if (!t.nodes[id].fully_explored) {
-            if ((st = expand(&t, id, err)) != POLAR_OK) break;
-            if (t.nodes[id].n_children) id = random_child(&t, id);
-            else t.nodes[id].fully_explored = 1;
+    s->pending = -1;
+    *out = s;
+    return POLAR_OK;
+}
+
+polar_status polar_search_next(polar_search *s, polar_program *next, polar_error *err) {
+    if (!s || !next) return polar_fail(err, POLAR_ERR_ARG, "search next: missing argument");
+    if (s->pending >= 0) return polar_fail(err, POLAR_ERR_ARG, "search next: the last program has no reward yet");
+    tree *t = &s->t;
+    *next = (polar_program){0};
+    int id = 0; /* the root first */
+    while (!isnan(t->nodes[0].score) && s->sims < s->o.simulations) {
+        id = select_node(t);
+        if (!t->nodes[id].fully_explored) {
+            if (expand(t, id, err) != POLAR_OK) return POLAR_ERR_NOMEM;
+            if (t->nodes[id].n_children) id = random_child(t, id);
+            else t->nodes[id].fully_explored = 1;
         }
-        if (isnan(t.nodes[id].score) && (st = evaluate(&t, id, reward, ctx, &evaluations, err)) != POLAR_OK) break;
+        if (isnan(t->nodes[id].score)) break;
         /* The reference backs up the last evaluated score when this node was
          * evaluated before (a stale variable); we back up the node's own. */
-        backpropagate(&t, id, t.nodes[id].score);
+        backpropagate(t, id, t->nodes[id].score);
+        s->sims++;
     }
-    if (st == POLAR_OK) st = collect(&t, out, err);
-    out->simulations = sims;
-    out->evaluations = evaluations;
-    out->nodes = t.n_nodes;
-    tree_free(&t);
+    if (isnan(t->nodes[0].score) || s->sims < s->o.simulations) {
+        s->pending = id;
+        *next = (polar_program){t->nodes[id].len, (int *)program_of(t, id)};
+    }
+    return POLAR_OK;
+}
+
+polar_status polar_search_reward(polar_search *s, double reward, polar_error *err) {
+    if (!s || s->pending < 0) return polar_fail(err, POLAR_ERR_ARG, "search reward: no program was handed out");
+    tree *t = &s->t;
+    int id = s->pending;
+    s->pending = -1;
+    t->nodes[id].score = reward;
+    s->evaluations++;
+    if (id == 0 && s->evaluations == 1) s->initial_score = reward; /* the root is not a simulation */
+    else {
+        backpropagate(t, id, reward);
+        s->sims++;
+    }
+    return POLAR_OK;
+}
+
+polar_status polar_search_result_get(polar_search *s, polar_search_result *out, polar_error *err) {
+    if (!s || !out) return polar_fail(err, POLAR_ERR_ARG, "search result: missing argument");
+    memset(out, 0, sizeof *out);
+    polar_status st = collect(&s->t, out, err);
+    out->initial_score = s->initial_score;
+    out->simulations = s->sims;
+    out->evaluations = s->evaluations;
+    out->nodes = s->t.n_nodes;
     if (st != POLAR_OK) polar_search_result_free(out);
+    return st;
+}
+
+void polar_search_free(polar_search *s) {
+    if (!s) return;
+    tree_free(&s->t);
+    free(s);
+}
+
+polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn reward, void *ctx,
+                                   polar_search_result *out, polar_error *err) {
+    if (!reward || !out) return polar_fail(err, POLAR_ERR_ARG, "search: missing argument");
+    memset(out, 0, sizeof *out);
+    polar_search *s;
+    polar_status st = polar_search_begin(o, &s, err);
+    for (polar_program p; st == POLAR_OK && (st = polar_search_next(s, &p, err)) == POLAR_OK && p.n;) {
+        double r = 0;
+        if ((st = reward(ctx, &p, &r, err)) == POLAR_OK) st = polar_search_reward(s, r, err);
+    }
+    if (st == POLAR_OK) st = polar_search_result_get(s, out, err);
+    polar_search_free(s);
     return st;
 }

@@ -56,6 +56,7 @@ typedef struct {
     int cursor;            /* its next program entry (rows join the walk at their block's start) */
     int following;         /* its rows are the leader's until its cursor reaches `shared` */
     int in_pass;           /* it took part in the walk's current pass */
+    int waiting;           /* its prompt waits for another's with the same start to be cached */
 } batch_seq;
 
 struct polar_batch {
@@ -351,6 +352,20 @@ static void look_up_prefix(polar_batch *b, batch_seq *q, int n, polar_batch_stat
         if (b->order[i]->leader == q->id) b->order[i]->n_run = q->n_run, b->order[i]->skipped += (long)q->n_run * q->n_program;
 }
 
+/* Whether another prompt being run now starts like q's (its first block,
+ * under the same first entry): then q waits for it to finish and finds in
+ * the cache what it left, rather than compute the same blocks beside it. */
+static int runs_same_start(const polar_batch *b, const batch_seq *q, int n) {
+    if (!cacheable_blocks(q)) return 0;
+    for (int i = 0; i < n; i++) {
+        const batch_seq *o = b->order[i];
+        if (o != q && o->state == POLAR_SEQ_PREFILL && o->looked_up && cacheable_blocks(o) &&
+            o->block_hash[0] == q->block_hash[0] && o->entry_hash[0] == q->entry_hash[0])
+            return 1;
+    }
+    return 0;
+}
+
 /* Lay out the step's rows: decode tokens first (one per generating
  * sequence, oldest first), then prompt chunks while the budget lasts, each
  * row with the program entry it starts at. Returns the number of rows;
@@ -365,9 +380,11 @@ static int plan_rows(polar_batch *b, int *n_seqs, polar_batch_stats *st) {
         b->order[j] = q;
     }
     int rows = 0, kept = 0;
-    for (int i = 0; b->cache.cap && i < n; i++) {
+    for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
-        if (q->state == POLAR_SEQ_PREFILL && !q->n_run && !q->leader && !q->looked_up) look_up_prefix(b, q, n, st);
+        q->waiting = 0;
+        if (!b->cache.cap || q->state != POLAR_SEQ_PREFILL || q->n_run || q->leader || q->looked_up) continue;
+        if (!(q->waiting = runs_same_start(b, q, n))) look_up_prefix(b, q, n, st);
     }
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
@@ -380,7 +397,7 @@ static int plan_rows(polar_batch *b, int *n_seqs, polar_batch_stats *st) {
     /* prompt chunks, a leader's followers taking the same chunk beside it */
     for (int i = 0; i < n && rows < b->step_tokens; i++) {
         batch_seq *q = b->order[i];
-        if (q->state != POLAR_SEQ_PREFILL || q->leader) continue;
+        if (q->state != POLAR_SEQ_PREFILL || q->leader || q->waiting) continue;
         int followers = 0;
         for (int j = i + 1; j < n; j++) followers += b->order[j]->leader == q->id;
         int left = q->n_prompt - q->n_run, room = b->step_tokens - rows, each = room / (1 + followers);

@@ -192,6 +192,26 @@ if [ -n "$n0" ] && [ -n "$n2" ] && [ "$n2" -gt $((n0 + 100)) ]; then
 else
     echo "FAIL cli_search_shots_prompt: prompt tokens $n0 without shots, $n2 with 2"
 fi
+# questions searched together in one batch find exactly the programs they find one at a time; the
+# prefix cache runs the shot once per program prefix for all of them, so well under half of the
+# prompt layer-tokens are computed (a program's neighbour alone would reuse about 40%)
+SB="--model $M --data $Q --limit 3 --sims 5 --max-new 6 --shots 1 --shots-from tests/data/gsm8k_train2.jsonl --quiet"
+expect_out search_batch1 "searched 3 questions" $P search $SB --batch 1 -o "$D/lab1.jsonl"
+expect_out search_batch3 "searched 3 questions" $P search $SB --batch 3 -o "$D/lab3.jsonl"
+strip() { sed 's/"prompt_layer_tokens_run":[0-9]*,//; s/"seconds":[0-9.]*//' "$1" | sort; }
+field_sum() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | awk '{s+=$1} END {print s+0}'; }
+strip "$D/lab1.jsonl" >"$D/lab1.s"
+strip "$D/lab3.jsonl" >"$D/lab3.s"
+if [ "$(wc -l <"$D/lab3.jsonl")" -eq 3 ] && cmp -s "$D/lab1.s" "$D/lab3.s" &&
+    [ $(($(field_sum "$D/lab3.jsonl" prompt_layer_tokens_run) * 2)) -lt \
+        "$(field_sum "$D/lab3.jsonl" prompt_layer_tokens_needed)" ]; then
+    echo "PASS cli_search_batch_same"
+else
+    echo "FAIL cli_search_batch_same: $(field_sum "$D/lab3.jsonl" prompt_layer_tokens_run) of" \
+        "$(field_sum "$D/lab3.jsonl" prompt_layer_tokens_needed) layer-tokens run;" \
+        "$(diff "$D/lab1.s" "$D/lab3.s" | head -c 300)"
+fi
+expect search_batch_zero 2 "--batch must be 1 to 256" $P search $SB --batch 0 -o "$D/x.jsonl"
 expect search_shots_alone 2 "--shots N and --shots-from FILE go together" $P search --model "$M" --data "$Q" --shots 2 \
     -o "$D/x.jsonl"
 
