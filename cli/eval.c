@@ -16,7 +16,7 @@ enum { MAX_PROGRAMS = 64 };
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
     const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *summary_of;
-    int start, limit, shots, k, samples, max_new, threads, quiet;
+    int start, limit, shots, k, samples, max_new, threads, quiet, cache_mb;
     float temperature, top_p;
     uint64_t seed;
 } eval_args;
@@ -198,7 +198,8 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     int use_batch = device != POLAR_DEVICE_CUDA, max_ctx = max_prompt + a->max_new + 1;
     polar_session_opts so = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads, .device = device};
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
-                           .n_threads = a->threads, .device = POLAR_DEVICE_CPU};
+                           .n_threads = a->threads, .device = POLAR_DEVICE_CPU,
+                           .prefix_cache_bytes = (size_t)a->cache_mb << 20};
     bo.kv_bytes = polar_batch_kv_bytes(m, n_runs_max, cap_len, max_ctx);
     if (n_done < count && (use_batch ? polar_batch_create(m, &bo, &c.b, &err)
                                      : polar_session_create(m, &base, &so, &c.s, &err)) != POLAR_OK) {
@@ -317,7 +318,8 @@ static int summarise(const char *cmd, const char *results, const char *summary, 
 
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval";
-    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64, .temperature = 0.7f, .top_p = 1};
+    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64, .temperature = 0.7f, .top_p = 1,
+                   .cache_mb = 1024};
     cli_opt opts[] = {
         {"--model", OPT_STR, &a.model, 0},           {"--data", OPT_STR, &a.data, 0},
         {"--format", OPT_STR, &a.format, 0},         {"--question-field", OPT_STR, &a.qfield, 0},
@@ -330,6 +332,7 @@ int cmd_eval(int argc, char **argv) {
         {"--temperature", OPT_FLOAT, &a.temperature, 0}, {"--top-p", OPT_FLOAT, &a.top_p, 0},
         {"--seed", OPT_U64, &a.seed, 0},             {"--max-new", OPT_INT, &a.max_new, 0},
         {"--fallback", OPT_STR, &a.fallback, 0},     {"--threads", OPT_INT, &a.threads, 0},
+        {"--cache-mb", OPT_INT, &a.cache_mb, 0},
         {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
         {"--summary", OPT_STR, &a.summary, 0},       {"--plot", OPT_STR, &a.plot, 0},
         {"--quiet", OPT_FLAG, &a.quiet, 0},          {"--summary-of", OPT_STR, &a.summary_of, 0},
@@ -351,6 +354,7 @@ int cmd_eval(int argc, char **argv) {
     if (a.samples && a.temperature <= 0) return fail_usage(cmd, "--samples needs --temperature > 0");
     if (a.top_p <= 0 || a.top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be >= 1");
+    if (a.cache_mb < 0) return fail_usage(cmd, "--cache-mb must not be negative");
     if (a.fallback && strcmp(a.fallback, "last-number")) return fail_usage(cmd, "--fallback takes last-number");
 
     polar_dataset *data = NULL, *shot_data = NULL;

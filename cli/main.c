@@ -25,7 +25,8 @@ static const command commands[] = {
      "            [--start I] [--limit N] [--style boxed|chat|mc] [--shots N --shots-from FILE]\n"
      "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] -k K]\n"
      "            [--samples N --temperature T --top-p P --seed S] [--max-new N] [--fallback last-number]\n"
-     "            [--threads N] [--device D] -o RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg] [--quiet]\n"
+     "            [--threads N] [--device D] [--cache-mb 1024] -o RESULTS.jsonl [--summary FILE.json]\n"
+     "            [--plot FILE.svg] [--quiet]\n"
      "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},
     {"search", cmd_search,
      "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"

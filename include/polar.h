@@ -308,7 +308,9 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * their first L entries, runs once. The block holding a prompt's last token
  * always runs. A prompt that starts like one being run at the time (its
  * first block, under the same first entry) waits until that one is done,
- * then finds what it left. Least recently used items go first when the cache is full
+ * then finds what it left; so with a cache, sequences added together with
+ * the same prompt do this instead of following the first (which would
+ * share only the entries their programs have in common with it). Least recently used items go first when the cache is full
  * or the pool must admit a sequence. The result is the same (CPU: bit for
  * bit: a row's sums do not depend on the rows beside it).
  *

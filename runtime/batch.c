@@ -264,7 +264,7 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
         for (int j = 0; j < (n_prompt - 1) / CPU_KV_BLOCK; j++)
             q->block_hash[j] = h = prefix_hash_tokens(h, prompt + j * CPU_KV_BLOCK, CPU_KV_BLOCK);
     }
-    for (int i = 0; i < b->max_seqs; i++) {
+    for (int i = 0; !b->cache.cap && i < b->max_seqs; i++) { /* with a cache: see runs_same_start */
         const batch_seq *o = &b->seqs[i];
         if (o == q || !o->id || o->state != POLAR_SEQ_PREFILL || o->n_run || o->leader || o->n_prompt != n_prompt ||
             memcmp(o->tokens, prompt, (size_t)n_prompt * sizeof *prompt))
@@ -327,18 +327,14 @@ static int cacheable_blocks(const batch_seq *q) { return (q->n_prompt - 1) / CPU
 
 /* A prompt's first step with a prefix cache: map what the cache holds of its
  * blocks (now: the cache may drop an item before the block's turn) and skip
- * the leading blocks it holds at every entry. Followers leave their leader
- * at their `shared` entry with its rows as they are there, so no block of
- * the leader may start later than that. */
-static void look_up_prefix(polar_batch *b, batch_seq *q, int n, polar_batch_stats *st) {
+ * the leading blocks it holds at every entry. */
+static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) {
     size_t H = (size_t)b->m->arch.hidden, mb = (size_t)q->kv.max_blocks, block_rows = CPU_KV_BLOCK * H;
-    int limit = q->n_program, lead = 0;
+    int lead = 0;
     q->looked_up = 1;
-    for (int i = 0; i < n; i++)
-        if (b->order[i]->leader == q->id && b->order[i]->shared < limit) limit = b->order[i]->shared;
     for (int j = 0; j < cacheable_blocks(q); j++) {
         int s = 0, item = -1;
-        for (int found; s < limit && (found = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
+        for (int found; s < q->n_program && (found = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
             q->share[s * mb + j] = b->cache.items[found].block, item = found;
         q->block_start[j] = s;
         if (item >= 0) memcpy(q->x_start + j * block_rows, prefix_cache_residual(&b->cache, item), block_rows * sizeof(float));
@@ -348,8 +344,6 @@ static void look_up_prefix(polar_batch *b, batch_seq *q, int n, polar_batch_stat
     }
     kv_seq_grow(&b->pool, &q->kv, cacheable_blocks(q) * CPU_KV_BLOCK, q->share);
     q->n_run = lead * CPU_KV_BLOCK;
-    for (int i = 0; lead && i < n; i++) /* only samples of this program follow it here (limit is n_program) */
-        if (b->order[i]->leader == q->id) b->order[i]->n_run = q->n_run, b->order[i]->skipped += (long)q->n_run * q->n_program;
 }
 
 /* Whether another prompt being run now starts like q's (its first block,
@@ -383,8 +377,8 @@ static int plan_rows(polar_batch *b, int *n_seqs, polar_batch_stats *st) {
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
         q->waiting = 0;
-        if (!b->cache.cap || q->state != POLAR_SEQ_PREFILL || q->n_run || q->leader || q->looked_up) continue;
-        if (!(q->waiting = runs_same_start(b, q, n))) look_up_prefix(b, q, n, st);
+        if (!b->cache.cap || q->state != POLAR_SEQ_PREFILL || q->n_run || q->looked_up) continue;
+        if (!(q->waiting = runs_same_start(b, q, n))) look_up_prefix(b, q, st);
     }
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
