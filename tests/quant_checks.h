@@ -180,14 +180,14 @@ static void dots_on_level(const cpu_kernels *k, const char *name) {
 }
 
 /* The matmul over rows and tokens: the same bits as each row's dot
- * product (plus bias, or added into y), whatever T (tiles of 1 and 4
+ * product (plus bias, or added into y), whatever T (tiles of 1 to 4
  * tokens, 4 and 2 rows, and their tails) and thread count; two outputs of
  * different types from one input, as q/k/v run. */
 static void matmul_on_level(const cpu_kernels *k, const char *name) {
     enum { COLS = 256, NB = COLS / 32, MAXT = 9 };
-    static const int Ts[] = {1, 3, 5, 9}, out_rows[2] = {37, 22};
+    static const int Ts[] = {1, 2, 3, 5, 6, 7, 9}, out_rows[2] = {37, 22};
     for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
-        for (int ti = 0; ti < 4 && cpu_wtype_kept((cpu_wtype)t); ti++)
+        for (int ti = 0; ti < 7 && cpu_wtype_kept((cpu_wtype)t); ti++)
             for (int acc = 0; acc < 2; acc++)
                 for (int threads = 1; threads <= 3; threads += 2) {
                     int T = Ts[ti];

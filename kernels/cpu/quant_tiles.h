@@ -12,17 +12,22 @@
 #ifndef POLAR_CPU_QUANT_TILES_H
 #define POLAR_CPU_QUANT_TILES_H
 
-/* Rows r..r+R-1 of y[T, rows] for every token, 4 tokens a tile while
- * 4 remain. */
+/* Rows r..r+R-1 of y[T, rows] for every token, up to 4 tokens a tile (so
+ * a weight block is unpacked once for all of them: batches of 2 or 3
+ * sequences, and the tokens left after the 4-token tiles). */
 INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
                       const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
     const uint8_t *wr = w + (size_t)r * row_bytes;
     for (int c = 0; c < T;) {
         float out[4][4];
-        int nc = T - c >= 4 && R <= 2 ? 4 : 1;
+        int nc = R > 2 ? 1 : T - c < 4 ? T - c : 4;
         const cpu_q8_block *xc = xq + (size_t)c * nb;
-        if (nc == 4) tile(t, R, 4, wr, row_bytes, xc, nb, nb, out);
-        else tile(t, R, 1, wr, row_bytes, xc, nb, nb, out);
+        switch (nc) { /* constant tile shapes, unrolled */
+        case 4: tile(t, R, 4, wr, row_bytes, xc, nb, nb, out); break;
+        case 3: tile(t, R, 3, wr, row_bytes, xc, nb, nb, out); break;
+        case 2: tile(t, R, 2, wr, row_bytes, xc, nb, nb, out); break;
+        default: tile(t, R, 1, wr, row_bytes, xc, nb, nb, out); break;
+        }
         for (int i = 0; i < R; i++) {
             float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
             for (int j = 0; j < nc; j++) {
@@ -35,7 +40,7 @@ INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, cons
 }
 
 /* Rows r0..r1-1 for every token: 4-row tiles for one token (decode), 2 rows
- * x 4 tokens otherwise (prefill), single rows at the tail. */
+ * x up to 4 tokens otherwise (batches, prefill), single rows at the tail. */
 INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
                    int T, int rows, int nb, int accumulate, int r0, int r1) {
     int r = r0;
