@@ -362,7 +362,8 @@ typedef struct {
     int finished;         /* sequences that ended with this step */
     int layer_passes;     /* layer-weight reads the step made */
     int min_layer_passes; /* a lower bound for these programs: the longest program, or the sum over layers of
-                           * the most times one program runs it, whichever is larger */
+                           * the most times one program runs it, whichever is larger (each program from the
+                           * first entry it runs this step: prompt blocks found in the prefix cache start later) */
 } polar_batch_stats;
 
 /* One step for every sequence not yet ended. Nothing to do is not an error

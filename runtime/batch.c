@@ -347,14 +347,22 @@ static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) 
 }
 
 /* Whether another prompt being run now starts like q's (its first block,
- * under the same first entry): then q waits for it to finish and finds in
- * the cache what it left, rather than compute the same blocks beside it. */
-static int runs_same_start(const polar_batch *b, const batch_seq *q, int n) {
-    if (!cacheable_blocks(q)) return 0;
+ * under the same first entry) and will leave in the cache blocks q lacks
+ * (the last block they have in common, at the last entry their programs
+ * have in common, is not there yet): then q waits for it to finish and
+ * finds them, rather than compute the same blocks beside it. */
+static int runs_same_start(polar_batch *b, const batch_seq *q, int n) {
     for (int i = 0; i < n; i++) {
         const batch_seq *o = b->order[i];
-        if (o != q && o->state == POLAR_SEQ_PREFILL && o->looked_up && cacheable_blocks(o) &&
-            o->block_hash[0] == q->block_hash[0] && o->entry_hash[0] == q->entry_hash[0])
+        if (o == q || o->state != POLAR_SEQ_PREFILL || !o->looked_up) continue;
+        int blocks = 0, entries = 0;
+        while (blocks < cacheable_blocks(q) && blocks < cacheable_blocks(o) &&
+               o->block_hash[blocks] == q->block_hash[blocks])
+            blocks++;
+        while (entries < q->n_program && entries < o->n_program && o->entry_hash[entries] == q->entry_hash[entries])
+            entries++;
+        if (blocks && entries &&
+            prefix_cache_find(&b->cache, q->block_hash[blocks - 1], q->entry_hash[entries - 1]) < 0)
             return 1;
     }
     return 0;
@@ -463,9 +471,9 @@ static int min_passes(polar_batch *b, int n_seqs) {
     for (int i = 0; i < n_seqs; i++) {
         const batch_seq *q = b->order[i];
         memset(b->layer_uses, 0, (size_t)D * sizeof(int));
-        for (int k = 0; k < q->n_program; k++)
+        for (int k = q->cursor; k < q->n_program; k++) /* from its first entry to run (later with cached blocks) */
             if (++b->layer_uses[q->program[k]] > b->layer_most[q->program[k]]) b->layer_most[q->program[k]]++;
-        if (q->n_program > longest) longest = q->n_program;
+        if (q->n_program - q->cursor > longest) longest = q->n_program - q->cursor;
     }
     for (int l = 0; l < D; l++) sum += b->layer_most[l];
     return sum > longest ? sum : longest;
