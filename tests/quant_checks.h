@@ -226,6 +226,36 @@ static void matmul_on_level(const cpu_kernels *k, const char *name) {
                 }
 }
 
+/* The level's activation quantizer gives cpu_quantize_q8's blocks bit for
+ * bit: random magnitudes, exact halves (ties to even), zeros, a block of
+ * zeros, and blocks holding inf or NaN. */
+static void quantize_on_level(const cpu_kernels *k, const char *name) {
+    enum { N = 32 * 40 };
+    static float x[N];
+    static cpu_q8_block want[N / 32], got[N / 32];
+    uint64_t st = 7;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        float u = (float)((st >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
+        x[i] = u * (float)(1 << (i % 20)) * 1e-3f;
+    }
+    for (int i = 0; i < 32; i++) x[32 + i] = (float)(i - 16) + 0.5f; /* 127 / 16.5 is not a tie, so: */
+    x[64] = 127.0f;
+    for (int i = 1; i < 32; i++) x[64 + i] = (float)(i - 16) + 0.5f; /* id 1: ties at every other entry */
+    for (int i = 0; i < 32; i++) x[96 + i] = i % 3 ? 0.0f : -0.0f;
+    x[130] = INFINITY, x[170] = -INFINITY, x[200] = NAN, x[250] = -0.0f;
+    cpu_quantize_q8(want, x, N);
+    k->quantize_q8(got, x, N);
+    int same = 1;
+    for (int b = 0; b < N / 32; b++) {
+        int nan_w = isnan(want[b].d), nan_g = isnan(got[b].d);
+        if (nan_w != nan_g || memcmp(want[b].q, got[b].q, 32) ||
+            (!nan_w && (memcmp(&want[b].d, &got[b].d, sizeof(float)) || memcmp(&want[b].s, &got[b].s, sizeof(float)))))
+            same = 0;
+    }
+    CHECK(same, "%s: quantize_q8 differs from cpu_quantize_q8", name);
+}
+
 static void levels(void) {
     for (int l = 0; l < CPU_N_LEVELS; l++) {
         const char *why;
@@ -236,6 +266,7 @@ static void levels(void) {
         }
         dots_on_level(k, level_names[l]);
         matmul_on_level(k, level_names[l]);
+        quantize_on_level(k, level_names[l]);
     }
 }
 

@@ -34,6 +34,9 @@ typedef struct cpu_kernels {
      * points at the plain C ones or at another level it implies. */
     const cpu_dot_q_fn *dot_q;
     const cpu_rows_q_fn *rows_q;
+    /* Activations into int8 blocks for dot_q / rows_q: cpu_quantize_q8's
+     * blocks exactly (quant.h). */
+    void (*quantize_q8)(cpu_q8_block *out, const float *x, int n);
 } cpu_kernels;
 
 /* One table per level; only those built for the target exist. */

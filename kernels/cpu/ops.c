@@ -163,4 +163,5 @@ const cpu_kernels cpu_kernels_generic = {
     .swiglu = generic_swiglu,
     .dot_q = cpu_dot_q_generic,
     .rows_q = cpu_rows_q_generic,
+    .quantize_q8 = cpu_quantize_q8,
 };

@@ -240,4 +240,5 @@ const cpu_kernels cpu_kernels_avx2 = {
     .swiglu = avx2_swiglu,
     .dot_q = cpu_dot_q_avx2,
     .rows_q = cpu_rows_q_avx2,
+    .quantize_q8 = cpu_quantize_q8_avx2,
 };

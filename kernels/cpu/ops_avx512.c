@@ -238,4 +238,5 @@ const cpu_kernels cpu_kernels_avx512 = {
     .swiglu = avx512_swiglu,
     .dot_q = cpu_dot_q_avx2, /* no AVX-512 CPU lacks avx2 and fma; 512-bit block dots are left to do */
     .rows_q = cpu_rows_q_avx2,
+    .quantize_q8 = cpu_quantize_q8_avx2,
 };

@@ -224,4 +224,5 @@ const cpu_kernels cpu_kernels_neon = {
     .swiglu = neon_swiglu,
     .dot_q = cpu_dot_q_neon,
     .rows_q = cpu_rows_q_neon,
+    .quantize_q8 = cpu_quantize_q8,
 };

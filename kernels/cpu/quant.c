@@ -114,7 +114,7 @@ void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_
         return;
     }
     int nb = cols / CPU_QK;
-    for (int i = 0; i < T; i++) cpu_quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
+    for (int i = 0; i < T; i++) k->quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
     long blocks = 0;
     for (int i = 0; i < n_outs; i++) blocks += (outs[i].rows + 15) / 16;
     if (n_threads > blocks) n_threads = (int)blocks;

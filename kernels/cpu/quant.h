@@ -77,9 +77,11 @@ static inline void cpu_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     }
 }
 
-/* x[n] (n a multiple of 32) -> n/32 blocks. Plain C on every level, so all
+/* x[n] (n a multiple of 32) -> n/32 blocks: the plain C definition. Each
+ * level's quantize_q8 (kernels.h) gives the same blocks bit for bit, so all
  * levels see the same integers. A block holding inf or NaN gets d = NaN. */
 void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n);
+void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n);
 
 /* n weights (a multiple of the block) of a row of type t -> f32, by the
  * format's definition. bf16 rows are widened. */

@@ -151,5 +151,47 @@ INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, 
         for (int c = 0; c < C; c++) out[r][c] = hsum8(acc[r][c]) + off[r][c];
 }
 
+/* cpu_quantize_q8 (quant.c) eight lanes at a time: the same largest
+ * magnitude (max is exact in any order), scale, products, rounding to
+ * nearest even (cvtps under the default rounding, as lrintf) and integer
+ * sum, so the same blocks. */
+void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+    const __m256i lim = _mm256_set1_epi32(127), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / CPU_QK; b++, x += CPU_QK) {
+        __m256 v[4], amax = zero, bad = zero;
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+            /* x - x is 0 but for inf and NaN */
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v[i], v[i]), zero, _CMP_NEQ_UQ));
+        }
+        cpu_q8_block *o = &out[b];
+        if (_mm256_movemask_ps(bad)) {
+            o->d = o->s = __builtin_nanf("");
+            _mm256_storeu_si256((__m256i *)o->q, _mm256_setzero_si256());
+            continue;
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        float d = m / 127.0f, id = m > 0.0f ? 127.0f / m : 0.0f;
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+            q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], lim), _mm256_sub_epi32(_mm256_setzero_si256(), lim));
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        /* packs interleave the 128-bit lanes; the permute puts 0..31 back in order */
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)o->q, _mm256_permutevar8x32_epi32(bytes, order));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        o->d = d;
+        o->s = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
 #define QUANT_LEVEL avx2
 #include "quant_tiles.h"
