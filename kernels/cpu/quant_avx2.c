@@ -124,9 +124,11 @@ INLINE __m256 block_sum(cpu_wtype t, const wblock *w, const int8_t *xq) {
 INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, const cpu_q8_block *x, size_t xs,
                  int nb, float out[4][4]) {
     __m256 acc[4][4];
-    float off[4][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps(), off[r][c] = 0.0f;
+    __m128 off[4]; /* lane c: the sum of m * x over token c's blocks (offset types) */
+    for (int r = 0; r < R; r++) {
+        off[r] = _mm_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    }
     const size_t ahead = PREFETCH_TILES * (size_t)R * row_bytes, step = nb ? row_bytes / (size_t)nb : 0;
     for (int k = 0; k < nb; k++) {
         wblock wb[4];
@@ -143,12 +145,19 @@ INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, 
                 __m256 d = t == CPU_W_Q6_K ? _mm256_set_m128(_mm_set1_ps(wb[r].d[1] * xb->d), _mm_set1_ps(wb[r].d[0] * xb->d))
                                            : _mm256_set1_ps(wb[r].d[0] * xb->d);
                 acc[r][c] = _mm256_fmadd_ps(d, block_sum(t, &wb[r], xb->q), acc[r][c]);
-                if (!is_signed(t)) off[r][c] += wb[r].m * xb->s; /* sum of m * x */
             }
         }
+        if (!is_signed(t)) { /* m * x for all the tile's tokens at once: one multiply and add per lane, as in C */
+            __m128 s = _mm_setr_ps(x[k].s, C > 1 ? x[xs + k].s : 0.0f, C > 2 ? x[2 * xs + k].s : 0.0f,
+                                   C > 3 ? x[3 * xs + k].s : 0.0f);
+            for (int r = 0; r < R; r++) off[r] = _mm_add_ps(off[r], _mm_mul_ps(_mm_set1_ps(wb[r].m), s));
+        }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) out[r][c] = hsum8(acc[r][c]) + off[r][c];
+    for (int r = 0; r < R; r++) {
+        float o[4];
+        _mm_storeu_ps(o, off[r]);
+        for (int c = 0; c < C; c++) out[r][c] = hsum8(acc[r][c]) + o[c];
+    }
 }
 
 /* cpu_quantize_q8 (quant.c) eight lanes at a time: the same largest
