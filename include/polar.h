@@ -297,21 +297,23 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * entries for the prompt are the leader's blocks. The result is the same.
  *
  * With a prefix cache (opts.prefix_cache_bytes), prompts share across time
- * too: the K/V and residual stream of each full 16-token prompt block at
- * each program entry are kept, keyed by hashes of the tokens up to the
+ * too: the K/V and residual stream of each 16-token prompt block (the last
+ * may be shorter) at each program entry are kept, keyed by hashes of the tokens up to the
  * block's end and of the program's entries up to that one (128 bits; a
  * collision, about n^2 / 2^128 for n items, is the one way to a wrong
  * result). A later prompt starting with the same tokens under a program
  * starting with the same entries maps those K/V blocks and computes each
  * block only from the first entry the cache lacks: a few-shot prefix common
  * to many questions, or a program search's neighbours that part after
- * their first L entries, runs once. The block holding a prompt's last token
- * always runs. A prompt that starts like one being run at the time (its
- * first block, under the same first entry) waits until that one is done,
- * then finds what it left; so with a cache, sequences added together with
- * the same prompt do this instead of following the first (which would
- * share only the entries their programs have in common with it). Least recently used items go first when the cache is full
- * or the pool must admit a sequence. The result is the same (CPU: bit for
+ * their first L entries, runs once (the same prompt under the same program:
+ * its last token's row comes from the cache too). A partial last block is
+ * copied rather than shared, as the sequence's own tokens go on filling it.
+ * A prompt that starts like one being run at the time (its first block,
+ * under the same first entry) waits until that one is done, then finds
+ * what it left; so with a cache, sequences added together with the same
+ * prompt do this instead of following the first (which would share only
+ * the entries their programs have in common with it). Least recently used
+ * items go first when the cache is full or the pool must admit a sequence. The result is the same (CPU: bit for
  * bit: a row's sums do not depend on the rows beside it).
  *
  * Everything is allocated by polar_batch_create; adding a sequence copies

@@ -71,6 +71,7 @@ struct polar_batch {
     float *cos, *sin;      /* [step_tokens, head_dim/2] rope tables of the rows' positions */
     cpu_token_at *at;      /* [step_tokens] one layer pass's rows */
     int *pass_rows;        /* [step_tokens] their rows in x */
+    int *found;            /* [max_program_len] a prompt block's pool blocks found in the prefix cache */
     int *row_start;        /* [step_tokens] the program entry each row starts at */
     batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
     float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows */
@@ -129,13 +130,14 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->at = malloc(R * sizeof *b->at);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);
     b->row_start = calloc(R, sizeof *b->row_start);
+    b->found = malloc((size_t)o.max_program_len * sizeof *b->found);
     b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
     b->head_out = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
     b->logits = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
     b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
     b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
     b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
-    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->row_start && b->order &&
+    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->row_start && b->found && b->order &&
          b->head_out && b->logits &&
          b->layer_uses && b->layer_most && b->sample_work;
     for (int i = 0; ok && i < o.max_seqs; i++) {
@@ -188,6 +190,7 @@ void polar_batch_free(polar_batch *b) {
     free(b->at);
     free(b->pass_rows);
     free(b->row_start);
+    free(b->found);
     free(b->order);
     free(b->head_out);
     free(b->logits);
@@ -201,6 +204,13 @@ static batch_seq *find(const polar_batch *b, int id) {
     for (int i = 0; id > 0 && i < b->max_seqs; i++)
         if (b->seqs[i].id == id) return &b->seqs[i];
     return NULL;
+}
+
+/* Blocks of q's prompt (the last may be partial) and the rows of block j. */
+static int prompt_blocks(const batch_seq *q) { return (q->n_prompt + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK; }
+static int block_rows(const batch_seq *q, int j) {
+    int left = q->n_prompt - j * CPU_KV_BLOCK;
+    return left < CPU_KV_BLOCK ? left : CPU_KV_BLOCK;
 }
 
 polar_status polar_batch_add(polar_batch *b, const polar_program *program, const int *prompt, int n_prompt,
@@ -261,8 +271,8 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
         uint64_t h = 0;
         for (int k = 0; k < q->n_program; k++) q->entry_hash[k] = h = prefix_hash_entry(h, q->program[k]);
         h = 0;
-        for (int j = 0; j < (n_prompt - 1) / CPU_KV_BLOCK; j++)
-            q->block_hash[j] = h = prefix_hash_tokens(h, prompt + j * CPU_KV_BLOCK, CPU_KV_BLOCK);
+        for (int j = 0; j * CPU_KV_BLOCK < n_prompt; j++) /* the last may be partial: its length is hashed too */
+            q->block_hash[j] = h = prefix_hash_tokens(h, prompt + j * CPU_KV_BLOCK, block_rows(q, j));
     }
     for (int i = 0; !b->cache.cap && i < b->max_seqs; i++) { /* with a cache: see runs_same_start */
         const batch_seq *o = &b->seqs[i];
@@ -321,28 +331,47 @@ int polar_batch_running(const polar_batch *b) {
 
 int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
-/* Full blocks of q's prompt the prefix cache may hold: all but the one with
- * its last token, whose row must run for the logits. */
-static int cacheable_blocks(const batch_seq *q) { return (q->n_prompt - 1) / CPU_KV_BLOCK; }
+/* Block j of q's prompt: the entries 0..s-1 at which the cache holds it
+ * (their pool blocks into found[]), and the residual rows after entry s-1
+ * into x_start. */
+static int find_block(polar_batch *b, batch_seq *q, int j, int *found) {
+    size_t H = (size_t)b->m->arch.hidden;
+    int s = 0, item = -1;
+    for (int it; s < q->n_program && (it = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
+        found[s] = b->cache.items[it].block, item = it;
+    if (item >= 0)
+        memcpy(q->x_start + (size_t)j * CPU_KV_BLOCK * H, prefix_cache_residual(&b->cache, item),
+               (size_t)block_rows(q, j) * H * sizeof(float));
+    return s;
+}
 
 /* A prompt's first step with a prefix cache: map what the cache holds of its
  * blocks (now: the cache may drop an item before the block's turn) and skip
- * the leading blocks it holds at every entry. */
+ * the leading blocks it holds at every entry, but not the block with the
+ * last token, whose row gives the logits. Full blocks are mapped as they
+ * are; a last partial block is copied (this sequence's generated tokens go
+ * on filling it). */
 static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) {
-    size_t H = (size_t)b->m->arch.hidden, mb = (size_t)q->kv.max_blocks, block_rows = CPU_KV_BLOCK * H;
-    int lead = 0;
+    size_t mb = (size_t)q->kv.max_blocks, kvd = (size_t)b->pool.kv_dim;
+    int lead = 0, full = q->n_prompt / CPU_KV_BLOCK, last = (q->n_prompt - 1) / CPU_KV_BLOCK, *found = b->found;
     q->looked_up = 1;
-    for (int j = 0; j < cacheable_blocks(q); j++) {
-        int s = 0, item = -1;
-        for (int found; s < q->n_program && (found = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
-            q->share[s * mb + j] = b->cache.items[found].block, item = found;
+    for (int j = 0; j < prompt_blocks(q); j++) {
+        int s = find_block(b, q, j, found);
+        for (int k = 0; j < full && k < s; k++) q->share[k * mb + j] = found[k];
+        if (j == full) { /* the partial block: its rows into fresh blocks */
+            kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share);
+            for (int k = 0; k < s; k++) {
+                size_t from = (size_t)found[k] * CPU_KV_BLOCK * kvd, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK * kvd;
+                memcpy(b->pool.k + to, b->pool.k + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
+                memcpy(b->pool.v + to, b->pool.v + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
+            }
+        }
         q->block_start[j] = s;
-        if (item >= 0) memcpy(q->x_start + j * block_rows, prefix_cache_residual(&b->cache, item), block_rows * sizeof(float));
-        q->skipped += (long)s * CPU_KV_BLOCK;
-        st->cached_entries += s * CPU_KV_BLOCK;
-        if (s == q->n_program && lead == j) lead = j + 1;
+        q->skipped += (long)s * block_rows(q, j);
+        st->cached_entries += s * block_rows(q, j);
+        if (s == q->n_program && lead == j && j < last) lead = j + 1;
     }
-    kv_seq_grow(&b->pool, &q->kv, cacheable_blocks(q) * CPU_KV_BLOCK, q->share);
+    kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share);
     q->n_run = lead * CPU_KV_BLOCK;
 }
 
@@ -356,7 +385,7 @@ static int runs_same_start(polar_batch *b, const batch_seq *q, int n) {
         const batch_seq *o = b->order[i];
         if (o == q || o->state != POLAR_SEQ_PREFILL || !o->looked_up) continue;
         int blocks = 0, entries = 0;
-        while (blocks < cacheable_blocks(q) && blocks < cacheable_blocks(o) &&
+        while (blocks < prompt_blocks(q) && blocks < prompt_blocks(o) &&
                o->block_hash[blocks] == q->block_hash[blocks])
             blocks++;
         while (entries < q->n_program && entries < o->n_program && o->entry_hash[entries] == q->entry_hash[entries])
@@ -424,7 +453,7 @@ static int plan_rows(polar_batch *b, int *n_seqs, polar_batch_stats *st) {
             q->cursor = q->n_program;
             for (int r = 0; r < q->n_rows; r++) {
                 int block = (q->n_run + r) / CPU_KV_BLOCK, start = 0;
-                if (q->state == POLAR_SEQ_PREFILL && block < cacheable_blocks(q)) start = q->block_start[block];
+                if (q->state == POLAR_SEQ_PREFILL && block < prompt_blocks(q)) start = q->block_start[block];
                 b->row_start[rows + r] = start;
                 if (start < q->cursor) q->cursor = start;
             }
@@ -487,10 +516,10 @@ static void cache_pass(polar_batch *b, int n_seqs) {
         const batch_seq *q = b->order[i];
         if (!q->in_pass || q->state != POLAR_SEQ_PREFILL || q->following == 1) continue;
         int k = q->cursor - 1, end = q->n_run + q->n_rows;
-        for (int j = (q->n_run + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK; j < cacheable_blocks(q) && (j + 1) * CPU_KV_BLOCK <= end; j++)
+        for (int j = (q->n_run + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK; j < prompt_blocks(q) && j * CPU_KV_BLOCK + block_rows(q, j) <= end; j++)
             if (q->block_start[j] <= k)
                 prefix_cache_insert(&b->cache, &b->pool, q->block_hash[j], q->entry_hash[k], kv_seq_table(&q->kv, k)[j],
-                                    b->x + (size_t)(q->row0 + j * CPU_KV_BLOCK - q->n_run) * H);
+                                    b->x + (size_t)(q->row0 + j * CPU_KV_BLOCK - q->n_run) * H, block_rows(q, j));
     }
 }
 

@@ -35,7 +35,7 @@ size_t prefix_cache_item_bytes(int kv_dim, int hidden) {
 }
 
 uint64_t prefix_hash_tokens(uint64_t previous, const int *tokens, int n) {
-    uint64_t h = previous ^ 0x9E3779B97F4A7C15ull;
+    uint64_t h = (previous ^ 0x9E3779B97F4A7C15ull) + (uint64_t)n * 0xD1B54A32D192ED03ull;
     for (int i = 0; i < n; i++) {
         h ^= (uint64_t)(uint32_t)tokens[i];
         h *= 0xBF58476D1CE4E5B9ull;
@@ -93,7 +93,8 @@ int prefix_cache_evict(prefix_cache *c, kv_pool *p) {
     return 1;
 }
 
-void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual) {
+void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual,
+                         int rows) {
     if (!c->cap || prefix_cache_find(c, th, eh) >= 0) return;
     if (c->free_head < 0) prefix_cache_evict(c, p);
     int i = c->free_head, bucket = bucket_of(c, th, eh);
@@ -102,7 +103,6 @@ void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, 
     c->buckets[bucket] = i;
     push_newest(c, i);
     p->refs[block]++;
-    memcpy(c->residual + (size_t)i * CPU_KV_BLOCK * c->hidden, residual,
-           (size_t)CPU_KV_BLOCK * c->hidden * sizeof *residual);
+    memcpy(c->residual + (size_t)i * CPU_KV_BLOCK * c->hidden, residual, (size_t)rows * c->hidden * sizeof *residual);
     c->n_items++;
 }

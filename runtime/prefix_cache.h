@@ -45,11 +45,12 @@ size_t prefix_cache_item_bytes(int kv_dim, int hidden);
 /* The item of a key (now the most recently used), or -1. */
 int prefix_cache_find(prefix_cache *c, uint64_t tokens_hash, uint64_t entries_hash);
 
-/* Keep block (one reference taken) and its residual rows [CPU_KV_BLOCK,
- * hidden] under a key not yet held, evicting the least recently used item
- * when full. Nothing happens with a cap of 0 or a key already held. */
+/* Keep block (one reference taken) and its residual rows [rows <=
+ * CPU_KV_BLOCK, hidden] under a key not yet held, evicting the least
+ * recently used item when full. Nothing happens with a cap of 0 or a key
+ * already held. */
 void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block,
-                         const float *residual);
+                         const float *residual, int rows);
 
 /* Drop the least recently used item (its block goes back to the pool when
  * no sequence maps it); 0 when empty. */
@@ -60,7 +61,8 @@ static inline const float *prefix_cache_residual(const prefix_cache *c, int item
 }
 
 /* The chains the keys are made of: a hash of the tokens up to a block's
- * end extends the previous block's; a hash of entries 0..k extends 0..k-1's. */
+ * end extends the previous block's (n, the block's length, is hashed too);
+ * a hash of entries 0..k extends 0..k-1's. */
 uint64_t prefix_hash_tokens(uint64_t previous, const int *tokens, int n);
 uint64_t prefix_hash_entry(uint64_t previous, int layer);
 

@@ -278,17 +278,19 @@ static void batch_prefix_cache(void) {
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
     request rq[] = {
-        /* 50 tokens: full blocks 0-2 may be cached; blocks 0 and 1 are the common prefix */
+        /* 50 tokens: full blocks 0-2 and the 2-token block 3; blocks 0 and 1 are the common prefix */
         {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1},
         /* blocks 0, 1 at entries 0, 1 (then 3 differs from 2): 2 x 16 x 2 */
         {.program = "0,1,3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 2, .arrive = 1},
-        /* the first prompt again: blocks 0-2 at every entry, skipped: 3 x 16 x 4 */
+        /* the first prompt again: blocks 0-2 at every entry, skipped: 3 x 16 x 4; block 3 (the last
+         * token's, copied) at every entry too, its logits from the cached residual: 2 x 4 */
         {.program = "0-3", .n_prompt = 50, .max_new = 5, .prefix = 40, .variant = 1, .arrive = 2, .temperature = 0.7f},
-        /* entries 0, 1 of the first: 3 x 16 x 2 */
+        /* entries 0, 1 of the first: 3 x 16 x 2 + 2 x 2 */
         {.program = "0,1,1,2,3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1, .arrive = 3},
         /* added together: the first finds blocks 0, 1 (the common prefix) at every entry of the first
          * request's program, skipped: 2 x 16 x 4; the second waits for it, then finds them at entries
-         * 0, 1 and the second request's entry 2 (3 after 0, 1): 2 x 16 x 3 */
+         * 0, 1 and the second request's entry 2 (3 after 0, 1): 2 x 16 x 3, and the first's 13-token
+         * block 2 at entries 0, 1: 13 x 2 */
         {.program = "0-3", .n_prompt = 45, .max_new = 6, .prefix = 40, .variant = 3, .arrive = 4},
         {.program = "0,1,3", .n_prompt = 45, .max_new = 6, .prefix = 40, .variant = 3, .arrive = 4},
         /* another order of layers from the start: nothing to find */
@@ -298,7 +300,7 @@ static void batch_prefix_cache(void) {
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 8, .max_ctx = 64, .step_tokens = 64, .n_threads = 2, .prefix_cache_bytes = 8 << 20};
     serve(m, rq, n, &bo, V, D, &total);
-    int want = 16 * (2 * 2 + 3 * 4 + 3 * 2 + 2 * 4 + 2 * 3);
+    int want = 16 * (2 * 2 + 3 * 4 + 3 * 2 + 2 * 4 + 2 * 3) + 2 * 4 + 2 * 2 + 13 * 2;
     CHECK(total.cached_entries == want, "%d (token, entry) pairs found in the cache, want %d", total.cached_entries, want);
     CHECK(total.shared_entries == 0, "%d pairs followed: with a cache none", total.shared_entries);
     /* chunks of at most 20 tokens less the decoding sequences' (some blocks split over steps, not cached)
