@@ -57,6 +57,7 @@ static polar_status run_in_session(runner *r, job *j, const polar_program *p, do
     polar_gen_stats gs;
     if (st == POLAR_OK) st = polar_generate(r->s, j->ids, j->n_ids, &go, r->out, &gs, text_acc_token, &j->acc, err);
     if (st != POLAR_OK) return st;
+    if (j->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "search: no memory for the generated text");
     j->tokens += gs.n_generated;
     j->entries_run += (long)(p->n - polar_session_prompt_reused(r->s)) * j->n_ids;
     *reward = reward_of(j);
@@ -88,7 +89,7 @@ static polar_status advance(runner *r, job *j, int *finished, polar_error *err) 
         if ((st = run_in_session(r, j, &p, &reward, err)) != POLAR_OK ||
             (st = polar_search_reward(j->search, reward, err)) != POLAR_OK)
             return st;
-        }
+    }
 }
 
 /* After a batch step: the new tokens of j's program; once its text stops
