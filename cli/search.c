@@ -85,7 +85,7 @@ static polar_status advance(runner *r, job *j, int *finished, polar_error *err) 
             j->fed = 0;
             return polar_batch_add(r->b, &p, j->ids, j->n_ids, &go, &j->seq, err);
         }
-        double reward;
+        double reward = 0;
         if ((st = run_in_session(r, j, &p, &reward, err)) != POLAR_OK ||
             (st = polar_search_reward(j->search, reward, err)) != POLAR_OK)
             return st;
