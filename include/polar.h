@@ -298,23 +298,26 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  *
  * With a prefix cache (opts.prefix_cache_bytes), prompts share across time
  * too: the K/V and residual stream of each 16-token prompt block (the last
- * may be shorter) at each program entry are kept, keyed by hashes of the tokens up to the
- * block's end and of the program's entries up to that one (128 bits; a
- * collision, about n^2 / 2^128 for n items, is the one way to a wrong
- * result). A later prompt starting with the same tokens under a program
- * starting with the same entries maps those K/V blocks and computes each
- * block only from the first entry the cache lacks: a few-shot prefix common
- * to many questions, or a program search's neighbours that part after
- * their first L entries, runs once (the same prompt under the same program:
- * its last token's row comes from the cache too). A partial last block is
- * copied rather than shared, as the sequence's own tokens go on filling it.
- * A prompt that starts like one being run at the time (its first block,
- * under the same first entry) waits until that one is done, then finds
- * what it left; so with a cache, sequences added together with the same
- * prompt do this instead of following the first (which would share only
- * the entries their programs have in common with it). Least recently used
- * items go first when the cache is full or the pool must admit a sequence. The result is the same (CPU: bit for
- * bit: a row's sums do not depend on the rows beside it).
+ * may be shorter) at each program entry are kept, keyed by a 64-bit hash of
+ * the tokens up to the block's end and one of the program's entries up to
+ * that one (the one way to a wrong result: two token prefixes, or two entry
+ * prefixes, whose hashes collide; about n^2 / 2^65 for n distinct ones). A
+ * later prompt starting with the same tokens under a program starting with
+ * the same entries maps those K/V blocks and computes each block only from
+ * the first entry the cache lacks: a few-shot prefix common to many
+ * questions, or a program search's neighbours that part after their first L
+ * entries, runs once (the same prompt under the same program: its last
+ * token's row comes from the cache too). A partial last block is copied
+ * rather than shared, as the sequence's own tokens go on filling it. A
+ * prompt that starts like one being run (its first block, under the same
+ * first entry) waits while that one runs and the cache lacks what it will
+ * leave (the last block they share at the last entry they share), then
+ * finds it; so with a cache, sequences added together with the same prompt
+ * do this instead of following the first (which would share only the
+ * entries their programs have in common with it). Least recently used items
+ * go first when the cache is full, and those no sequence maps when the pool
+ * must admit a sequence. The result is the same (CPU: bit for bit: a row's
+ * sums do not depend on the rows beside it).
  *
  * Everything is allocated by polar_batch_create; adding a sequence copies
  * its prompt, program and stop ids into its slot. A batch is used by one
@@ -335,7 +338,8 @@ typedef struct {
     int n_threads;       /* CPU threads; 0: all available */
     polar_device device; /* AUTO or CPU (see above) */
     size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (items of 16 x (2 x kv_dim + hidden)
-                                * floats); 0: none */
+                                * floats; each sequence slot then also holds max_ctx x hidden floats of
+                                * residual rows); 0: none */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens

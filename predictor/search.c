@@ -300,8 +300,8 @@ struct polar_search {
 };
 
 polar_status polar_search_begin(const polar_search_opts *o, polar_search **out, polar_error *err) {
+    if (out) *out = NULL;
     if (!o || !out) return polar_fail(err, POLAR_ERR_ARG, "search: missing argument");
-    *out = NULL;
     int D = o->n_layers;
     if (D < 1 || D > POLAR_SEARCH_MAX_DEPTH)
         return polar_fail(err, POLAR_ERR_ARG, "search: %d layers (1 to %d)", D, POLAR_SEARCH_MAX_DEPTH);
@@ -322,8 +322,10 @@ polar_status polar_search_begin(const polar_search_opts *o, polar_search **out, 
     polar_status st = t->candidate && t->expanding ? grow_table(t, err)
                                                    : polar_fail(err, POLAR_ERR_NOMEM, "search: out of memory");
     int root;
-    for (int i = 0; i < D; i++) t->candidate[i] = i;
-    if (st == POLAR_OK) st = add_node(t, -1, t->candidate, D, &root, err);
+    if (st == POLAR_OK) {
+        for (int i = 0; i < D; i++) t->candidate[i] = i;
+        st = add_node(t, -1, t->candidate, D, &root, err);
+    }
     if (st != POLAR_OK) {
         polar_search_free(s);
         return st;
@@ -361,6 +363,7 @@ polar_status polar_search_next(polar_search *s, polar_program *next, polar_error
 
 polar_status polar_search_reward(polar_search *s, double reward, polar_error *err) {
     if (!s || s->pending < 0) return polar_fail(err, POLAR_ERR_ARG, "search reward: no program was handed out");
+    if (!isfinite(reward)) return polar_fail(err, POLAR_ERR_ARG, "search reward: %g is not a number of [0, 1]", reward);
     tree *t = &s->t;
     int id = s->pending;
     s->pending = -1;
@@ -396,7 +399,7 @@ polar_status polar_search_programs(const polar_search_opts *o, polar_reward_fn r
                                    polar_search_result *out, polar_error *err) {
     if (!reward || !out) return polar_fail(err, POLAR_ERR_ARG, "search: missing argument");
     memset(out, 0, sizeof *out);
-    polar_search *s;
+    polar_search *s = NULL;
     polar_status st = polar_search_begin(o, &s, err);
     for (polar_program p; st == POLAR_OK && (st = polar_search_next(s, &p, err)) == POLAR_OK && p.n;) {
         double r = 0;

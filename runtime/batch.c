@@ -245,9 +245,12 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     for (int i = 0; !q && i < b->max_seqs; i++)
         if (!b->seqs[i].id) q = &b->seqs[i];
     if (!q) return polar_fail(err, POLAR_ERR_FULL, "batch add: all %d sequence slots are held", b->max_seqs);
-    int admitted;
-    while (!(admitted = kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens)) && prefix_cache_evict(&b->cache, &b->pool)) {
-    }
+    /* the cache gives back blocks no sequence maps, but only when that admits this one */
+    int need = kv_blocks_for(program->n, n_tokens), admitted = kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens);
+    if (!admitted && b->pool.n_free - b->pool.promised + prefix_cache_unmapped(&b->cache, &b->pool) >= need)
+        while (!(admitted = kv_seq_admit(&b->pool, &q->kv, program->n, n_tokens)) &&
+               prefix_cache_evict_unmapped(&b->cache, &b->pool)) {
+        }
     if (!admitted)
         return polar_fail(err, POLAR_ERR_FULL,
                           "batch add: the KV pool cannot promise %d blocks (%d of %d free, %d promised to others)",

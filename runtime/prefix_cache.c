@@ -79,9 +79,7 @@ int prefix_cache_find(prefix_cache *c, uint64_t th, uint64_t eh) {
     return -1;
 }
 
-int prefix_cache_evict(prefix_cache *c, kv_pool *p) {
-    int i = c->oldest;
-    if (i < 0) return 0;
+static void drop(prefix_cache *c, kv_pool *p, int i) {
     unlink_lru(c, i);
     int *link = &c->buckets[bucket_of(c, c->items[i].tokens_hash, c->items[i].entries_hash)];
     while (*link != i) link = &c->items[*link].next;
@@ -90,7 +88,27 @@ int prefix_cache_evict(prefix_cache *c, kv_pool *p) {
     if (--p->refs[b] == 0) p->free_blocks[p->n_free++] = b;
     c->items[i].next = c->free_head, c->free_head = i;
     c->n_items--;
+}
+
+int prefix_cache_evict(prefix_cache *c, kv_pool *p) {
+    if (c->oldest < 0) return 0;
+    drop(c, p, c->oldest);
     return 1;
+}
+
+int prefix_cache_unmapped(const prefix_cache *c, const kv_pool *p) {
+    int n = 0;
+    for (int i = c->oldest; i >= 0; i = c->items[i].newer) n += p->refs[c->items[i].block] == 1;
+    return n;
+}
+
+int prefix_cache_evict_unmapped(prefix_cache *c, kv_pool *p) {
+    for (int i = c->oldest; i >= 0; i = c->items[i].newer)
+        if (p->refs[c->items[i].block] == 1) {
+            drop(c, p, i);
+            return 1;
+        }
+    return 0;
 }
 
 void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual,

@@ -17,7 +17,7 @@
 #include "kv_pool.h"
 
 typedef struct {
-    uint64_t tokens_hash, entries_hash; /* the key: 128 bits of hashes */
+    uint64_t tokens_hash, entries_hash; /* the key: two 64-bit hashes (polar.h: what a collision does) */
     int block;         /* the pool block holding the K/V rows */
     int next;          /* the next item of its bucket, or of the free list; -1: none */
     int older, newer;  /* the LRU list; -1: none */
@@ -55,6 +55,12 @@ void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint
 /* Drop the least recently used item (its block goes back to the pool when
  * no sequence maps it); 0 when empty. */
 int prefix_cache_evict(prefix_cache *c, kv_pool *p);
+
+/* Items whose block no sequence maps (dropping one gives a block back). */
+int prefix_cache_unmapped(const prefix_cache *c, const kv_pool *p);
+
+/* Drop the least recently used of those; 0 when there is none. */
+int prefix_cache_evict_unmapped(prefix_cache *c, kv_pool *p);
 
 static inline const float *prefix_cache_residual(const prefix_cache *c, int item) {
     return c->residual + (size_t)item * CPU_KV_BLOCK * c->hidden;

@@ -228,7 +228,7 @@ static void matmul_on_level(const cpu_kernels *k, const char *name) {
 
 /* The level's activation quantizer gives cpu_quantize_q8's blocks bit for
  * bit: random magnitudes, exact halves (ties to even), zeros, a block of
- * zeros, and blocks holding inf or NaN. */
+ * zeros, a block too small to scale, and blocks holding inf or NaN. */
 static void quantize_on_level(const cpu_kernels *k, const char *name) {
     enum { N = 32 * 40 };
     static float x[N];
@@ -244,6 +244,7 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
     for (int i = 1; i < 32; i++) x[64 + i] = (float)(i - 16) + 0.5f; /* id 1: ties at every other entry */
     for (int i = 0; i < 32; i++) x[96 + i] = i % 3 ? 0.0f : -0.0f;
     x[130] = INFINITY, x[170] = -INFINITY, x[200] = NAN, x[250] = -0.0f;
+    for (int i = 0; i < 32; i++) x[288 + i] = (float)(i - 16) * 1e-39f; /* 127 / amax overflows */
     cpu_quantize_q8(want, x, N);
     k->quantize_q8(got, x, N);
     int same = 1;

@@ -314,6 +314,44 @@ static void batch_prefix_cache(void) {
     polar_model_free(m);
 }
 
+/* A pool with room for one sequence beside a cache of 16 items (one
+ * prompt's). The first runs alone and leaves its prompt in the cache; three
+ * more with the same prompt arrive together: the second is admitted, the
+ * third only by taking the cache's blocks (no sequence maps them yet), so
+ * the second finds nothing and runs the prompt, and the third waits for it
+ * and finds all of it. The fourth is refused while they run, and a refused
+ * add gives back nothing (it could not be admitted anyway): once they end,
+ * it takes only the partial block's items, which no sequence maps, and
+ * finds the full blocks. Everything exact. */
+static void batch_cache_pool(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_model_info info;
+    polar_model_info_get(m, &info);
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    polar_batch_stats total;
+    request rq[] = {
+        {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1},
+        {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1, .arrive = 8},
+        {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1, .arrive = 8, .temperature = 0.9f},
+        {.program = "0-3", .n_prompt = 50, .max_new = 6, .prefix = 40, .variant = 1, .arrive = 8},
+    };
+    int n = (int)(sizeof rq / sizeof *rq);
+    for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
+    polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 64, .n_threads = 2,
+                           .kv_bytes = polar_batch_kv_bytes(m, 1, 4, 55),
+                           .prefix_cache_bytes = 16 * 16 * (2 * (size_t)info.arch.n_kv_heads * info.arch.head_dim +
+                                                            info.arch.hidden) * 4};
+    int full = serve(m, rq, n, &bo, V, D, &total);
+    int want = (3 * 16 * 4 + 2 * 4) + 3 * 16 * 4;
+    CHECK(full > 0, "the fourth request was never refused");
+    CHECK(total.cached_entries == want, "%d (token, entry) pairs found in the cache, want %d", total.cached_entries, want);
+    free_requests(rq, n);
+    polar_model_free(m);
+}
+
 /* Skip and repeat variants of the base program share the base's passes:
  * a step makes exactly as many layer passes as the bound. */
 static void batch_passes(void) {
@@ -409,6 +447,7 @@ int main(void) {
     RUN(batch_full_pool);
     RUN(batch_shared_prompt);
     RUN(batch_prefix_cache);
+    RUN(batch_cache_pool);
     RUN(batch_default_model);
     RUN(batch_passes);
     RUN(batch_errors);

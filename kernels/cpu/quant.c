@@ -22,6 +22,7 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
             continue;
         }
         float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (id == INFINITY) id = 0.0f; /* amax under 127 / FLT_MAX: the block is 0 (every level alike) */
         int sum = 0;
         for (int i = 0; i < CPU_QK; i++) {
             int q = (int)lrintf(x[i] * id);

@@ -185,6 +185,7 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
         float d = m / 127.0f, id = m > 0.0f ? 127.0f / m : 0.0f;
+        if (id == __builtin_inff()) id = 0.0f;
         __m256i q[4], sum = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
             q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
