@@ -139,8 +139,7 @@ static polar_status run_batched(eval_ctx *c, const planned_run *plan, int n, con
         for (int i = 0; i < n && st == POLAR_OK; i++) {
             polar_seq_info info;
             if (ended[i] >= 0 || (st = polar_batch_seq(c->b, c->ids[i], &info, err)) != POLAR_OK) continue;
-            int stop = 0;
-            while (!stop && c->fed[i] < info.n_generated) stop = text_acc_token(info.tokens[c->fed[i]++], &c->accs[i]);
+            int stop = text_acc_feed(&c->accs[i], &info, &c->fed[i]);
             if (stop) st = polar_batch_cancel(c->b, c->ids[i], err);
             if (stop || info.state == POLAR_SEQ_ENDED) ended[i] = polar_time_ms() - t0, left--;
         }

@@ -39,6 +39,12 @@ int text_acc_token(int token, void *user) {
     return a->stop_at_box && boxed_closed(a->text);
 }
 
+int text_acc_feed(text_acc *a, const polar_seq_info *info, int *fed) {
+    while (*fed < info->n_generated)
+        if (text_acc_token(info->tokens[(*fed)++], a)) return 1;
+    return 0;
+}
+
 void text_acc_reset(text_acc *a) {
     a->len = 0, a->out_of_memory = 0;
     if (a->text) a->text[0] = 0;

@@ -21,6 +21,10 @@ typedef struct {
 /* polar_token_cb: append the token's bytes; non-zero to stop. */
 int text_acc_token(int token, void *user);
 void text_acc_reset(text_acc *a);
+
+/* A batch sequence's tokens from *fed on into a, until they run out or the
+ * text stops (returns 1). */
+int text_acc_feed(text_acc *a, const polar_seq_info *info, int *fed);
 void text_acc_free(text_acc *a);
 
 typedef enum { STYLE_BOXED, STYLE_CHAT, STYLE_MC } prompt_style;

@@ -99,8 +99,7 @@ static polar_status poll(runner *r, job *j, int *rewarded, polar_error *err) {
     polar_status st = polar_batch_seq(r->b, j->seq, &info, err);
     *rewarded = 0;
     if (st != POLAR_OK) return st;
-    int stop = 0;
-    while (!stop && j->fed < info.n_generated) stop = text_acc_token(info.tokens[j->fed++], &j->acc);
+    int stop = text_acc_feed(&j->acc, &info, &j->fed);
     if (!stop && info.state != POLAR_SEQ_ENDED) return POLAR_OK;
     if (j->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "search: no memory for the generated text");
     j->tokens += j->fed;

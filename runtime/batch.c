@@ -356,25 +356,26 @@ static int find_block(polar_batch *b, batch_seq *q, int j, int *found) {
  * on filling it). */
 static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) {
     size_t mb = (size_t)q->kv.max_blocks, kvd = (size_t)b->pool.kv_dim;
-    int lead = 0, full = q->n_prompt / CPU_KV_BLOCK, last = (q->n_prompt - 1) / CPU_KV_BLOCK, *found = b->found;
+    int full = q->n_prompt / CPU_KV_BLOCK, last = (q->n_prompt - 1) / CPU_KV_BLOCK, lead = 0, *found = b->found;
     q->looked_up = 1;
     for (int j = 0; j < prompt_blocks(q); j++) {
         int s = find_block(b, q, j, found);
-        for (int k = 0; j < full && k < s; k++) q->share[k * mb + j] = found[k];
-        if (j == full) { /* the partial block: its rows into fresh blocks */
-            kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share);
-            for (int k = 0; k < s; k++) {
-                size_t from = (size_t)found[k] * CPU_KV_BLOCK * kvd, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK * kvd;
-                memcpy(b->pool.k + to, b->pool.k + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
-                memcpy(b->pool.v + to, b->pool.v + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
-            }
-        }
         q->block_start[j] = s;
         q->skipped += (long)s * block_rows(q, j);
         st->cached_entries += s * block_rows(q, j);
         if (s == q->n_program && lead == j && j < last) lead = j + 1;
+        if (j < full) {
+            for (int k = 0; k < s; k++) q->share[k * mb + j] = found[k];
+            continue;
+        }
+        kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* the partial block (the last): fresh, its rows copied */
+        for (int k = 0; k < s; k++) {
+            size_t from = (size_t)found[k] * CPU_KV_BLOCK * kvd, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK * kvd;
+            memcpy(b->pool.k + to, b->pool.k + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
+            memcpy(b->pool.v + to, b->pool.v + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
+        }
     }
-    kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share);
+    kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* no partial block: map them all now */
     q->n_run = lead * CPU_KV_BLOCK;
 }
 

@@ -129,18 +129,25 @@ static void free_requests(request *rq, int n) {
     for (int i = 0; i < n; i++) free(rq[i].want_logits);
 }
 
+/* The model at path (a fixture directory or a GGUF file) and its info;
+ * NULL after a failed check. */
+static polar_model *load(const char *path, polar_model_info *info) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(path, &m, &err));
+    if (m) polar_model_info_get(m, info);
+    return m;
+}
+
 /* Base, skip, repeat and reorder programs of different lengths, prompts of
  * 1 to 40 tokens (longer than a step's budget), greedy and sampled, joining
  * at different steps, one cancelled mid-run. */
 static void mixed_batch(const char *arch, const char *base, const char *skip, const char *repeat, const char *reorder) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(dir, &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(dir, &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     request rq[] = {
         {.program = base, .n_prompt = 7, .max_new = 12},
@@ -168,12 +175,9 @@ static void batch_moe(void) { mixed_batch("qwen2_moe", "0-5", "0,1,3-5", "0-3,3,
  * slots: adds meet POLAR_ERR_FULL and succeed later, slots and blocks are
  * reused, and nothing changes what each sequence gets. */
 static void batch_full_pool(void) {
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     request rq[8];
     const char *programs[] = {"0-3", "0,2,3", "0,1,1,2,3", "0,2,1,3"};
@@ -196,12 +200,9 @@ static void batch_default_model(void) {
     const char *path = getenv("POLAR_DEFAULT_MODEL");
     CHECK(path && *path, "POLAR_DEFAULT_MODEL is not set (make test sets it)");
     if (!path || !*path) return;
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(path, &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(path, &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     request rq[] = {
         {.program = "0-29", .n_prompt = 9, .max_new = 6},
@@ -222,12 +223,9 @@ static void batch_default_model(void) {
  * step has no room for a leader's followers beside it, they go their own
  * way. Every sequence still gets what it gets alone. */
 static void batch_shared_prompt(void) {
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
     request rq[] = {
@@ -265,16 +263,14 @@ static void batch_shared_prompt(void) {
 
 /* The prefix cache: prompts with a common 40-token prefix (two full blocks)
  * and programs with common first entries, arriving one after another, find
- * exactly the (block, entry) pairs that earlier prompts left; sequences
- * added together still follow each other beside the cache; a cache too
- * small for everything evicts. Every sequence gets what it gets alone. */
+ * exactly the (block, entry) pairs that earlier prompts left (a partial
+ * last block too); of two added together with the same prompt, the second
+ * waits for the first and finds what it left; a cache too small for
+ * everything evicts. Every sequence gets what it gets alone. */
 static void batch_prefix_cache(void) {
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
     request rq[] = {
@@ -324,12 +320,9 @@ static void batch_prefix_cache(void) {
  * it takes only the partial block's items, which no sequence maps, and
  * finds the full blocks. Everything exact. */
 static void batch_cache_pool(void) {
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
     request rq[] = {
