@@ -139,6 +139,11 @@ static polar_model *load(const char *path, polar_model_info *info) {
     return m;
 }
 
+/* Bytes of a prefix cache of n items (16 rows of K, V and residual each). */
+static size_t cache_bytes(const polar_model_info *info, int n) {
+    return (size_t)n * 16 * (2 * (size_t)info->arch.n_kv_heads * info->arch.head_dim + info->arch.hidden) * sizeof(float);
+}
+
 /* Base, skip, repeat and reorder programs of different lengths, prompts of
  * 1 to 40 tokens (longer than a step's budget), greedy and sampled, joining
  * at different steps, one cancelled mid-run. */
@@ -302,7 +307,7 @@ static void batch_prefix_cache(void) {
     /* chunks of at most 20 tokens less the decoding sequences' (some blocks split over steps, not cached)
      * and a cache of 12 items, one prompt's: later ones evict earlier ones */
     bo.step_tokens = 20;
-    bo.prefix_cache_bytes = 12 * 16 * (2 * (size_t)info.arch.n_kv_heads * info.arch.head_dim + info.arch.hidden) * 4;
+    bo.prefix_cache_bytes = cache_bytes(&info, 12);
     serve(m, rq, n, &bo, V, D, &total);
     CHECK(total.cached_entries > 0 && total.cached_entries < want, "%d pairs found in a 12-item cache",
           total.cached_entries);
@@ -335,8 +340,7 @@ static void batch_cache_pool(void) {
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 64, .n_threads = 2,
                            .kv_bytes = polar_batch_kv_bytes(m, 1, 4, 55),
-                           .prefix_cache_bytes = 16 * 16 * (2 * (size_t)info.arch.n_kv_heads * info.arch.head_dim +
-                                                            info.arch.hidden) * 4};
+                           .prefix_cache_bytes = cache_bytes(&info, 16)};
     int full = serve(m, rq, n, &bo, V, D, &total);
     int want = (3 * 16 * 4 + 2 * 4) + 3 * 16 * 4;
     CHECK(full > 0, "the fourth request was never refused");
