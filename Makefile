@@ -63,7 +63,7 @@ $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx5
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c $(SIMD_SRC) \
-           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/batch.c \
+           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/batch.c runtime/cuda_batch.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
@@ -140,6 +140,8 @@ $(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o $(BUILD)/libpolar.a $(LDLIBS)
 
+$(BUILD)/tests/test_cuda $(BUILD)/tests/test_cuda_batch: tests/logit_compare.h
+
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)
@@ -212,10 +214,11 @@ EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
-	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
+	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
 endif
 ifeq ($(EMU_IN_TEST),1)
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	  build-emu/tests/test_cuda_emu
 endif
 	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))" \
@@ -233,9 +236,10 @@ RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv 
                    predictor_fused
 SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(CUDA_HOME)/bin/compute-sanitizer)
 test-cuda:
-	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda
-	@rc=0; ./build-cuda/tests/test_cuda || rc=1; \
+	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
+	@rc=0; ./build-cuda/tests/test_cuda || rc=1; ./build-cuda/tests/test_cuda_batch || rc=1; \
 	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick || rc=1; \
+	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick || rc=1; \
 	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick $(RACECHECK_TESTS) || rc=1; \
 	  exit $$rc
 
@@ -246,9 +250,11 @@ test-cuda:
 # test runs the reduced set.
 CUDA_EMU_TESTS ?=
 test-cuda-emu: deps
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_emu
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	  build-emu/tests/test_cuda_emu
 	@rc=0; ./build-emu/tests/test_cuda_emu || rc=1; \
 	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda $(CUDA_EMU_TESTS) || rc=1; \
+	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda_batch || rc=1; \
 	  for order in reverse random; do \
 	    echo "== thread order $$order"; \
 	    POLAR_CUDA_EMU_ORDER=$$order POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \

@@ -157,14 +157,13 @@ int cmd_bench(int argc, char **argv) {
     polar_device device;
     if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
     if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
-    if (batch && (predictor || device == POLAR_DEVICE_CUDA))
-        return fail_usage(cmd, "--batch runs on the CPU, without --predictor");
+    if (batch && predictor) return fail_usage(cmd, "--batch runs without --predictor");
     polar_model *m;
     int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
     if (batch) {
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, batch, programs_file, program_text,
-                         n_prompt, gen, reps, threads, json);
+                         n_prompt, gen, reps, threads, device == POLAR_DEVICE_CUDA, json);
         polar_model_free(m);
         return rc;
     }

@@ -7,15 +7,16 @@
 #   sh bench/gpu_evidence.sh OUT [COMMIT]
 # Overrides (empty skips; for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
 # ("llama-3.2-3b qwen2.5-3b qwen3-8b"), CTXS ("128 2048"), PREFILLS ("128 512"),
-# MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), GEN (64), REPS (3),
+# MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), BATCH (llama-3.2-1b; empty
+# to skip) and BATCH_SIZES (1,8,32), GEN (64), REPS (3),
 # TEST (1: run make test-cuda), COMPARE (1: bench/compare_hf.py against transformers),
 # WORK (/tmp/polar-evidence: the checkpoints and predictor it writes).
 #
 # A device call is limited to 10 minutes; split the work across calls on the
 # warm machine (build outputs stay there between calls):
-#   PRESETS= MOE= PREDICTOR=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT   # build + make test-cuda
-#   TEST=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT                      # the benchmarks
-#   TEST=0 PRESETS= MOE= PREDICTOR=0 sh bench/gpu_evidence.sh $OUT      # compare_hf.py, Llama-3.2-3B
+#   PRESETS= MOE= PREDICTOR=0 BATCH= COMPARE=0 sh bench/gpu_evidence.sh $OUT # build + make test-cuda
+#   TEST=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT                           # the benchmarks
+#   TEST=0 PRESETS= MOE= PREDICTOR=0 BATCH= sh bench/gpu_evidence.sh $OUT    # compare_hf.py, Llama-3.2-3B
 set -u
 OUT=${1:?usage: sh bench/gpu_evidence.sh OUT [COMMIT]}
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -28,6 +29,8 @@ GEN=${GEN:-64}
 REPS=${REPS:-3}
 TEST=${TEST:-1}
 PREDICTOR=${PREDICTOR:-1}
+BATCH=${BATCH-llama-3.2-1b}
+BATCH_SIZES=${BATCH_SIZES:-1,8,32}
 WORK=${WORK:-/tmp/polar-evidence}
 mkdir -p "$OUT"
 BIN=build/polar
@@ -96,6 +99,22 @@ if [ -n "$MOE" ]; then
     bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$1"
     bench moe --preset "$MOE" --prompt-len 128 --gen "$GEN" --reps "$REPS" --program "$2"
     bench moe --preset "$MOE" --prompt-len 150 --gen 1 --reps "$REPS"
+fi
+# Batches (issue 15): decode tok/s against batch size, every sequence on one
+# program and on distinct ones, on the Llama-3.2-1B preset; one JSON line
+# per configuration in batch.jsonl. BATCH= skips.
+if [ -n "$BATCH" ]; then
+    args="--preset $BATCH --batch $BATCH_SIZES --prompt-len 128 --gen $GEN --reps $REPS"
+    # shellcheck disable=SC2086 # args is a list
+    if res=$("$BIN" bench --device "$DEVICE" --json $args 2>"$OUT/err.txt"); then
+        printf '%s\n' "$res" | while IFS= read -r line; do
+            printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s}\n' \
+                "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$args" "$line" >>"$OUT/batch.jsonl"
+        done
+        printf '%s\n' "$res" | grep -o '"batch":[0-9]*,"programs":"[a-z]*".*"vs_batch1":[0-9.]*' | sed 's/^/  batch: /'
+    else
+        echo "batch $args: FAILED: $(cat "$OUT/err.txt")"
+    fi
 fi
 # The predictor (issue 6): a D = 36 predictor with hash weights over token
 # states from the Qwen3-Embedding-0.6B shape, at 128 and 256 question tokens.

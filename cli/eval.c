@@ -57,12 +57,11 @@ static void free_strings(run_strings *k, int n) {
 }
 
 typedef struct {
-    polar_session *s;   /* a session (CUDA), or */
-    polar_batch *b;     /* a batch running all of a question's runs at once (CPU) */
+    polar_batch *b;     /* runs all of a question's runs at once */
     const polar_tokenizer *tok;
     const polar_question *q;
     prompt_style style;
-    int fallback, max_new, stop_id, *out;
+    int fallback, max_new, stop_id;
     text_acc acc;
     text_acc *accs;     /* [runs] the batch's texts */
     int *ids, *fed;     /* [runs] their sequence ids, tokens fed to accs */
@@ -103,21 +102,6 @@ static void judge(eval_ctx *c, const char *text, int tokens, double ms, const po
         r->answer = c->answer, r->correct = polar_answer_equal(c->answer, c->q->answer);
     if (c->fallback && polar_answer_last_number(text, c->fallback_answer, sizeof c->fallback_answer))
         r->fallback_answer = c->fallback_answer, r->fallback_correct = polar_answer_equal(c->fallback_answer, c->q->answer);
-}
-
-/* Generate one planned run in the session and judge the text into r. */
-static polar_status run_one(eval_ctx *c, const planned_run *pr, const int *ids, int n_ids, polar_eval_run *r,
-                            polar_error *err) {
-    polar_status st = polar_session_set_program(c->s, pr->p, err);
-    if (st != POLAR_OK) return st;
-    polar_gen_opts go = gen_opts(c, pr);
-    polar_gen_stats gs;
-    text_acc_reset(&c->acc);
-    double t0 = polar_time_ms();
-    if ((st = polar_generate(c->s, ids, n_ids, &go, c->out, &gs, text_acc_token, &c->acc, err)) != POLAR_OK) return st;
-    if (c->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "eval: no memory for the generated text");
-    judge(c, c->acc.text ? c->acc.text : "", gs.n_generated, polar_time_ms() - t0, pr->p, r);
-    return POLAR_OK;
 }
 
 /* All n planned runs of a question as sequences of one batch, each ended
@@ -192,27 +176,25 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         rc = EXIT_USAGE;
         goto done;
     }
-    /* CUDA: one session for every question, its context fitting the longest
-     * prompt; the CPU: one batch running a question's runs together */
-    int use_batch = device != POLAR_DEVICE_CUDA, max_ctx = max_prompt + a->max_new + 1;
-    polar_session_opts so = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads, .device = device};
+    /* one batch running a question's runs together, its context fitting the
+     * longest prompt; the prefix cache is CPU only (on a GPU, the runs of a
+     * question still share their prompt: the later ones follow the first) */
+    int cuda = device == POLAR_DEVICE_CUDA, max_ctx = max_prompt + a->max_new + 1;
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
-                           .n_threads = a->threads, .device = POLAR_DEVICE_CPU,
-                           .prefix_cache_bytes = (size_t)a->cache_mb << 20};
+                           .n_threads = a->threads, .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU,
+                           .prefix_cache_bytes = cuda ? 0 : (size_t)a->cache_mb << 20};
     bo.kv_bytes = polar_batch_kv_bytes(m, n_runs_max, cap_len, max_ctx);
-    if (n_done < count && (use_batch ? polar_batch_create(m, &bo, &c.b, &err)
-                                     : polar_session_create(m, &base, &so, &c.s, &err)) != POLAR_OK) {
+    if (n_done < count && polar_batch_create(m, &bo, &c.b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    c.out = malloc((size_t)a->max_new * sizeof *c.out);
     c.accs = calloc((size_t)n_runs_max, sizeof *c.accs);
     c.ids = malloc((size_t)n_runs_max * sizeof *c.ids);
     c.fed = malloc((size_t)n_runs_max * sizeof *c.fed);
     c.ended = malloc((size_t)n_runs_max * sizeof *c.ended);
     plan = malloc((size_t)n_runs_max * sizeof *plan);
     if (style == STYLE_CHAT) c.stop_id = c.acc.stop_id = polar_tokenizer_end_of_turn(tok);
-    if (!c.out || !c.accs || !c.ids || !c.fed || !c.ended || !plan) {
+    if (!c.accs || !c.ids || !c.fed || !c.ended || !plan) {
         fprintf(stderr, "polar %s: error: out of memory\n", cmd);
         goto done;
     }
@@ -244,12 +226,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
             uint64_t seed = a->seed * 1000003u + (uint64_t)(first + i) * 1009u + (uint64_t)k;
             plan[n_runs++] = (planned_run){&base, a->temperature, a->top_p, seed, k};
         }
-        if (st == POLAR_OK && c.b) st = run_batched(&c, plan, n_runs, ids, n_ids, runs, kept, &err);
-        for (int r = 0; st == POLAR_OK && !c.b && r < n_runs; r++) {
-            st = run_one(&c, &plan[r], ids, n_ids, &runs[r], &err);
-            if (st == POLAR_OK && !keep_strings(&runs[r], &kept[r], plan[r].p))
-                st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
-        }
+        if (st == POLAR_OK) st = run_batched(&c, plan, n_runs, ids, n_ids, runs, kept, &err);
         for (int r = 0; r < n_runs; r++) runs[r].sample = plan[r].sample;
         char *line = NULL;
         if (st == POLAR_OK) {
@@ -288,11 +265,10 @@ done:
     }
     for (int i = 0; i < n_fixed; i++) polar_program_free(&programs[i].program);
     polar_program_free(&base);
-    polar_session_free(c.s);
     polar_batch_free(c.b);
     for (int i = 0; c.accs && i < n_runs_max; i++) text_acc_free(&c.accs[i]);
     text_acc_free(&c.acc);
-    free(c.out), free(done), free(runs), free(kept), free(c.accs), free(c.ids), free(c.fed), free(c.ended), free(plan);
+    free(done), free(runs), free(kept), free(c.accs), free(c.ids), free(c.fed), free(c.ended), free(plan);
     return rc;
 }
 

@@ -322,8 +322,18 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * Everything is allocated by polar_batch_create; adding a sequence copies
  * its prompt, program and stop ids into its slot. A batch is used by one
  * thread at a time; several batches (and sessions) may share a model on
- * several threads. CPU only in this build: POLAR_DEVICE_CUDA answers
- * POLAR_ERR_UNSUPPORTED. */
+ * several threads.
+ *
+ * On a GPU (opts.device POLAR_DEVICE_CUDA, a build with CUDA) the step is
+ * planned the same way on the host and run on the device: the K/V pool is
+ * bf16 there, every layer pass gathers its rows and runs the GEMVs (up to
+ * 8 rows) or tensor-core GEMMs (more rows, inputs rounded to bf16) and
+ * split-K attention over each row's own block table, and the head's logits
+ * come back to the host for sampling. Results agree with the CPU within
+ * the GPU's rounding (a CPU batch with round_like_cuda is the tight
+ * reference), not bit for bit. The prefix cache is CPU only
+ * (prefix_cache_bytes must be 0 on CUDA). A device error fails the step and
+ * leaves the batch unusable: free it. */
 typedef struct polar_batch polar_batch;
 
 #define POLAR_BATCH_MAX_STOP 16 /* stop ids a sequence may give besides the model's eos */
@@ -336,14 +346,19 @@ typedef struct {
     int step_tokens;     /* tokens one step runs at most, decode tokens first, then prompt chunks; 0: 64
                           * (never fewer than max_seqs) */
     int n_threads;       /* CPU threads; 0: all available */
-    polar_device device; /* AUTO or CPU (see above) */
+    polar_device device; /* CPU (AUTO is CPU) or CUDA (see above) */
+    /* CPU only: round to bf16 where the CUDA step does (the K/V pool; the
+     * inputs of passes, and of head slices, of more than 8 rows), so a CPU
+     * batch is a tight reference for a GPU one (as polar_session_opts). */
+    int round_like_cuda;
     size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (items of 16 x (2 x kv_dim + hidden)
                                 * floats; each sequence slot then also holds max_ctx x hidden floats of
                                 * residual rows); 0: none */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
- * tokens each (a polar_batch_opts.kv_bytes that never refuses them). */
+ * tokens each on the CPU (a polar_batch_opts.kv_bytes that never refuses
+ * them; its bf16 rows on a GPU take half of it). */
 size_t polar_batch_kv_bytes(const polar_model *m, int n_seqs, int program_len, int n_tokens);
 
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,

@@ -18,13 +18,18 @@ typedef struct cuda_state cuda_state;
  * bf16 (a CPU session with round_like_cuda mirrors this). */
 #define CUDA_DECODE_TOKENS 8
 
+/* Rows of logits computed at once (the head of a long prefill, or of a
+ * batch step, runs in slices). */
+#define CUDA_LOGIT_ROWS 32
+
 /* Whether MoE experts of this shape go through the tensor-core expert GEMM
  * (whole 16 x 16 tiles) in a prefill chunk. */
 static inline int cuda_expert_gemm_fits(int hidden, int moe_ffn) { return hidden % 16 == 0 && moe_ffn % 16 == 0; }
 
 /* Device state for a session: the model's device weights (uploaded by the
  * first session, shared after), KV slots for cap_program
- * execution positions x max_ctx tokens, workspaces for chunk tokens. */
+ * execution positions x max_ctx tokens, workspaces for chunk tokens.
+ * cap_program 0: no slots, the state of a batch (cuda_batch below). */
 polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
                                polar_error *err);
 void cuda_state_free(cuda_state *c);
@@ -49,6 +54,43 @@ polar_status cuda_forward(cuda_state *c, const int *program, int n_program, cons
 polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int token, int pos, int max_steps,
                          int (*accept)(int id, void *user), void *user, int *n_steps, float *last_logits,
                          polar_error *err);
+
+/* ------------------------------------------------------------ batches
+ * The device side of a polar_batch (runtime/batch.c plans the step on the
+ * host; runtime/cuda_batch.c runs it): the step's residual rows, a paged
+ * bf16 KV pool of n_blocks blocks whose block ids are those of the host's
+ * kv_pool, and a mirror of the sequences' block tables. Calls queue work on
+ * the batch's stream; cuda_batch_head waits for the step and reports any
+ * device error of it. */
+typedef struct cuda_batch cuda_batch;
+
+/* rows: tokens per step; tables: ints of the host's block tables, all
+ * sequences (max_seqs x cap_program x max_blocks); cap_program: entries of
+ * the longest program (a row takes part in at most that many passes). */
+polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
+                               cuda_batch **out, polar_error *err);
+void cuda_batch_free(cuda_batch *d);
+
+/* The step's rows embed tokens[0..R). */
+void cuda_batch_embed(cuda_batch *d, const int *tokens, int R);
+
+/* Copy n ints of block tables (host) to the mirror at offset. */
+void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n);
+
+/* Layer `layer` over T rows: row rows[t] at position pos[t] with the block
+ * table at offset table[t] of the mirror. */
+void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T);
+
+/* Residual rows src.. -> dst.. (n rows); K/V pool row from -> to. */
+void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n);
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to);
+
+/* Final norm and head over rows[0..n): logits (host, n x vocab); waits for
+ * the step. */
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err);
+
+/* Waits for the step; its device error, if any. */
+polar_status cuda_batch_finish(cuda_batch *d, polar_error *err);
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);

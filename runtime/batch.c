@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/ops.h"
+#include "backend.h"
 #include "cpu_layer.h"
 #include "error.h"
 #include "model.h"
@@ -34,6 +35,7 @@ typedef struct {
     int stop[POLAR_BATCH_MAX_STOP];
     polar_rng rng;
     kv_seq kv;
+    int dev_mapped;        /* CUDA: blocks per entry of its tables mirrored on the device */
     /* prompt sharing: added while an older sequence with the same prompt
      * had not started it, this one follows that leader through its first
      * `shared` program entries (the same in both) for the prompt: it
@@ -64,13 +66,17 @@ struct polar_batch {
     int max_seqs, max_ctx, cap_program, step_tokens, n_threads;
     int next_id;
     batch_seq *seqs;       /* [max_seqs] */
-    kv_pool pool;
+    kv_pool pool;          /* the blocks; their rows on the CPU, or on the device */
+    cuda_batch *dev;       /* the step on the GPU (backend.h), or NULL: on the CPU */
+    int round_like_cuda;   /* CPU: round to bf16 where the CUDA step does (polar_batch_opts) */
     prefix_cache cache;    /* cap 0: none */
-    cpu_work work;         /* [step_tokens] rows */
+    cpu_work work;         /* [step_tokens] rows (CPU) */
     float *x;              /* [step_tokens, hidden] the step's residual streams */
     float *cos, *sin;      /* [step_tokens, head_dim/2] rope tables of the rows' positions */
     cpu_token_at *at;      /* [step_tokens] one layer pass's rows */
-    int *pass_rows;        /* [step_tokens] their rows in x */
+    int *pass_rows;        /* [step_tokens] their rows in x (then the head's rows) */
+    int *pass_pos, *pass_table; /* [step_tokens] CUDA: their positions and table offsets (table_offset) */
+    int *row_tokens;       /* [step_tokens] CUDA: the rows' tokens, embedded on the device */
     int *found;            /* [max_program_len] a prompt block's pool blocks found in the prefix cache */
     int *row_start;        /* [step_tokens] the program entry each row starts at */
     batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
@@ -94,16 +100,17 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
     if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0)
         return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
-    if (o.device == POLAR_DEVICE_CUDA)
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED,
-                          "batch: runs on the CPU only in this build (the CUDA batch step is not written yet)");
+    int cuda = o.device == POLAR_DEVICE_CUDA;
+    if (cuda && o.prefix_cache_bytes)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "batch: the prefix cache runs on the CPU only in this build");
     if (o.max_seqs == 0) o.max_seqs = 16;
     if (o.max_ctx == 0) o.max_ctx = a->max_pos < 2048 ? a->max_pos : 2048;
     if (o.max_program_len == 0) o.max_program_len = 2 * a->n_layers;
     if (o.step_tokens == 0) o.step_tokens = 64;
     if (o.step_tokens < o.max_seqs) o.step_tokens = o.max_seqs;
     if (o.n_threads == 0) o.n_threads = omp_get_max_threads();
-    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = 2 * CPU_KV_BLOCK * kvd * sizeof(float);
+    /* K/V rows are f32 on the CPU, bf16 on the GPU */
+    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = 2 * CPU_KV_BLOCK * kvd * (cuda ? 2 : sizeof(float));
     size_t n_blocks = o.kv_bytes ? o.kv_bytes / block_bytes
                                  : (size_t)o.max_seqs * kv_blocks_for(a->n_layers, o.max_ctx);
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
@@ -117,18 +124,22 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->m = m;
     b->max_seqs = o.max_seqs, b->max_ctx = o.max_ctx, b->cap_program = o.max_program_len;
     b->step_tokens = o.step_tokens, b->n_threads = o.n_threads;
+    b->round_like_cuda = !cuda && o.round_like_cuda;
     b->next_id = 1;
     size_t R = (size_t)o.step_tokens, half = (size_t)a->head_dim / 2;
     /* the cache's blocks come on top of the sequences' */
-    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) &&
+    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd, !cuda) &&
              prefix_cache_init(&b->cache, (int)cached, a->hidden) &&
-             cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads);
+             (cuda || cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads));
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
     b->x = malloc(R * a->hidden * sizeof(float));
     b->cos = malloc(R * half * sizeof(float));
     b->sin = malloc(R * half * sizeof(float));
     b->at = malloc(R * sizeof *b->at);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);
+    b->pass_pos = malloc(R * sizeof *b->pass_pos);
+    b->pass_table = malloc(R * sizeof *b->pass_table);
+    b->row_tokens = malloc(R * sizeof *b->row_tokens);
     b->row_start = calloc(R, sizeof *b->row_start);
     b->found = malloc((size_t)o.max_program_len * sizeof *b->found);
     b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
@@ -137,9 +148,9 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
     b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
     b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
-    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->row_start && b->found && b->order &&
-         b->head_out && b->logits &&
-         b->layer_uses && b->layer_most && b->sample_work;
+    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->pass_pos && b->pass_table &&
+         b->row_tokens && b->row_start && b->found && b->order && b->head_out && b->logits && b->layer_uses &&
+         b->layer_most && b->sample_work;
     for (int i = 0; ok && i < o.max_seqs; i++) {
         batch_seq *q = &b->seqs[i];
         q->program = malloc((size_t)o.max_program_len * sizeof *q->program);
@@ -164,6 +175,14 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
                           "MiB, %d tokens per step)",
                           o.max_seqs, n_blocks * block_bytes >> 20, o.prefix_cache_bytes >> 20, o.step_tokens);
     }
+    if (cuda) {
+        int tables = o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
+        polar_status st = cuda_batch_create(m, o.step_tokens, (int)n_blocks, tables, o.max_program_len, &b->dev, err);
+        if (st != POLAR_OK) {
+            polar_batch_free(b);
+            return st;
+        }
+    }
     *out = b;
     return POLAR_OK;
 }
@@ -181,6 +200,7 @@ void polar_batch_free(polar_batch *b) {
         kv_seq_free(&b->seqs[i].kv);
     }
     free(b->seqs);
+    cuda_batch_free(b->dev);
     prefix_cache_free(&b->cache, &b->pool);
     kv_pool_free(&b->pool);
     cpu_work_free(&b->work);
@@ -189,6 +209,9 @@ void polar_batch_free(polar_batch *b) {
     free(b->sin);
     free(b->at);
     free(b->pass_rows);
+    free(b->pass_pos);
+    free(b->pass_table);
+    free(b->row_tokens);
     free(b->row_start);
     free(b->found);
     free(b->order);
@@ -267,7 +290,7 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     polar_rng_seed(&q->rng, gen->seed);
     q->state = POLAR_SEQ_PREFILL;
     q->leader = 0, q->shared = 0;
-    q->looked_up = 0, q->skipped = 0;
+    q->looked_up = 0, q->skipped = 0, q->dev_mapped = 0;
     memset(q->share, 0xff, (size_t)q->kv.cap_program * q->kv.max_blocks * sizeof *q->share);
     memset(q->block_start, 0, (size_t)q->kv.max_blocks * sizeof *q->block_start);
     if (b->cache.cap) {
@@ -477,24 +500,38 @@ static void grow_rows(polar_batch *b, batch_seq *q, int n_tokens) {
     kv_seq_grow(&b->pool, &q->kv, n_tokens, q->share);
 }
 
+/* Where q's block table of entry k is in the device's mirror. */
+static int table_offset(const polar_batch *b, const batch_seq *q, int k) {
+    return ((int)(q - b->seqs) * b->cap_program + k) * q->kv.max_blocks;
+}
+
 /* Embed the rows' tokens (or take the cached residual they start from) and
- * their rope tables; map their cache rows. */
-static void embed_rows(polar_batch *b, int n_seqs) {
+ * their rope tables; map their cache rows (and mirror the tables that
+ * grew on the device). */
+static void embed_rows(polar_batch *b, int n_seqs, int rows) {
     const polar_model *m = b->m;
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
         grow_rows(b, q, q->n_run + q->n_rows);
+        if (b->dev && q->kv.n_mapped > q->dev_mapped) {
+            cuda_batch_put_tables(b->dev, q->kv.blocks, table_offset(b, q, 0), q->n_program * q->kv.max_blocks);
+            q->dev_mapped = q->kv.n_mapped;
+        }
         for (int r = 0; r < q->n_rows; r++) {
             int row = q->row0 + r, pos = q->n_run + r;
-            if (b->row_start[row])
+            if (b->dev) /* no prefix cache on the device: every row starts from its token */
+                b->row_tokens[row] = q->tokens[pos];
+            else if (b->row_start[row])
                 memcpy(b->x + (size_t)row * a->hidden, q->x_start + (size_t)pos * a->hidden, a->hidden * sizeof(float));
             else
                 cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
-            cpu_rope_angles(b->cos + (size_t)row * half, b->sin + (size_t)row * half, m->rope_inv_freq, half, pos);
+            if (!b->dev)
+                cpu_rope_angles(b->cos + (size_t)row * half, b->sin + (size_t)row * half, m->rope_inv_freq, half, pos);
         }
     }
+    if (b->dev) cuda_batch_embed(b->dev, b->row_tokens, rows);
 }
 
 /* The lower bound of polar_batch_stats for the step's programs. */
@@ -550,21 +587,32 @@ static int walk_programs(polar_batch *b, int n_seqs) {
                 int row = q->row0 + r;
                 if (b->row_start[row] > q->cursor) continue; /* its block is cached here */
                 b->pass_rows[T] = row;
+                if (b->dev) {
+                    b->pass_pos[T] = q->n_run + r, b->pass_table[T++] = table_offset(b, q, q->cursor);
+                    continue;
+                }
                 b->at[T] = (cpu_token_at){.pos = q->n_run + r, .blocks = kv_seq_table(&q->kv, q->cursor),
                                           .cos = b->cos + (size_t)row * half, .sin = b->sin + (size_t)row * half};
                 memcpy(w->x + (size_t)T++ * H, b->x + (size_t)row * H, H * sizeof(float));
             }
             q->cursor++;
         }
-        cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, 0, 0);
-        for (int t = 0; t < T; t++) memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
+        if (b->dev) {
+            if (T) cuda_batch_pass(b->dev, layer, b->pass_rows, b->pass_pos, b->pass_table, T);
+        } else {
+            int round_in = b->round_like_cuda && T > CUDA_DECODE_TOKENS; /* as the GPU's GEMMs */
+            cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, round_in, b->round_like_cuda);
+            for (int t = 0; t < T; t++)
+                memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
+        }
         passes++;
         if (b->cache.cap) cache_pass(b, n_seqs);
         for (int i = 0; i < n_seqs; i++) { /* followers parting from their leader take its rows as they are now */
             batch_seq *q = b->order[i];
             if (q->following != 1 || q->cursor < q->shared) continue;
             const batch_seq *l = find(b, q->leader);
-            memcpy(b->x + (size_t)q->row0 * H, b->x + (size_t)l->row0 * H, (size_t)q->n_rows * H * sizeof(float));
+            if (b->dev) cuda_batch_copy_rows(b->dev, q->row0, l->row0, q->n_rows);
+            else memcpy(b->x + (size_t)q->row0 * H, b->x + (size_t)l->row0 * H, (size_t)q->n_rows * H * sizeof(float));
             q->following = 2;
         }
     }
@@ -581,10 +629,14 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
         const batch_seq *l = find(b, q->leader);
         for (int k = 0; k < q->shared; k++)
             for (int j = q->n_run; j < q->n_run + q->n_rows; j++) {
-                size_t from = cpu_kv_row(kv_seq_table(&l->kv, k), j) * kvd, to = cpu_kv_row(kv_seq_table(&q->kv, k), j) * kvd;
+                size_t from = cpu_kv_row(kv_seq_table(&l->kv, k), j), to = cpu_kv_row(kv_seq_table(&q->kv, k), j);
                 if (from == to) continue;
-                memcpy(b->pool.k + to, b->pool.k + from, kvd * sizeof(float));
-                memcpy(b->pool.v + to, b->pool.v + from, kvd * sizeof(float));
+                if (b->dev) {
+                    cuda_batch_copy_kv(b->dev, from, to);
+                    continue;
+                }
+                memcpy(b->pool.k + to * kvd, b->pool.k + from * kvd, kvd * sizeof(float));
+                memcpy(b->pool.v + to * kvd, b->pool.v + from * kvd, kvd * sizeof(float));
             }
     }
 }
@@ -592,7 +644,7 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
 
 /* Final norm and head over the last row of every sequence that completes a
  * token this step, then each one's next token. */
-static void next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st) {
+static polar_status next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st, polar_error *err) {
     const polar_model *m = b->m;
     const polar_arch *a = &m->arch;
     cpu_work *w = &b->work;
@@ -602,11 +654,25 @@ static void next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st) {
         batch_seq *q = b->order[i];
         q->n_run += q->n_rows;
         if (q->n_run < q->n_prompt) continue; /* mid-prompt: no logits yet */
-        memcpy(w->x + (size_t)n * H, b->x + (size_t)(q->row0 + q->n_rows - 1) * H, H * sizeof(float));
-        cpu_final_norm(m, w, n);
+        int row = q->row0 + q->n_rows - 1;
+        if (b->dev) {
+            b->pass_rows[n] = row;
+        } else {
+            memcpy(w->x + (size_t)n * H, b->x + (size_t)row * H, H * sizeof(float));
+            cpu_final_norm(m, w, n);
+        }
         b->order[n++] = q; /* the step's walk is done: order now lists the sequences with logits */
     }
-    if (n) cpu_matmul_q(b->head_out, w->xn, m->lm_head, m->t_lm_head, NULL, n, a->vocab, a->hidden, 0, b->n_threads, w->xq);
+    if (b->dev) { /* the GPU's head, and the end of its step */
+        polar_status s = n ? cuda_batch_head(b->dev, b->pass_rows, n, b->head_out, err) : cuda_batch_finish(b->dev, err);
+        if (s != POLAR_OK) return s;
+    } else if (n) {
+        /* the GPU's head runs in slices of CUDA_LOGIT_ROWS, through a GEMM beyond CUDA_DECODE_TOKENS rows */
+        for (int r0 = 0; b->round_like_cuda && r0 < n; r0 += CUDA_LOGIT_ROWS)
+            if (n - r0 > CUDA_DECODE_TOKENS)
+                cpu_round_bf16(w->xn + (size_t)r0 * H, (size_t)(n - r0 < CUDA_LOGIT_ROWS ? n - r0 : CUDA_LOGIT_ROWS) * H);
+        cpu_matmul_q(b->head_out, w->xn, m->lm_head, m->t_lm_head, NULL, n, a->vocab, a->hidden, 0, b->n_threads, w->xq);
+    }
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
         float *lg = b->logits + (size_t)(q - b->seqs) * a->vocab;
@@ -624,6 +690,7 @@ static void next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st) {
             st->finished++;
         }
     }
+    return POLAR_OK;
 }
 
 polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_error *err) {
@@ -643,10 +710,9 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
             q->skipped += (long)q->n_rows * q->shared;
         }
     }
-    embed_rows(b, n_seqs);
+    embed_rows(b, n_seqs, rows);
     stats->min_layer_passes = min_passes(b, n_seqs);
     stats->layer_passes = walk_programs(b, n_seqs);
     copy_followed_kv(b, n_seqs);
-    next_tokens(b, n_seqs, stats);
-    return POLAR_OK;
+    return next_tokens(b, n_seqs, stats, err);
 }

@@ -55,80 +55,9 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
-#include "../kernels/cuda/ops.h"
-#include "cuda_gemm.h"
+#include "cuda_internal.h"
 
-/* Up to CUDA_DECODE_TOKENS tokens go through the hand-written GEMVs (a
- * weight row read once for all of them) and split-K attention; more through
- * cuBLASLt and the tiled prefill attention. */
-#define DECODE_TOKENS CUDA_DECODE_TOKENS
-/* Rows of logits computed at once (the head of a long prefill runs in slices). */
-#define LOGIT_ROWS 32
-
-/* Decode graphs kept per session. */
-#define GRAPH_CACHE 8
-
-typedef struct {
-    cudaGraphExec_t exec;        /* NULL: unused */
-    int *program;                /* [cap_program] the program it was captured for */
-    int n_program;
-    long last_used;
-} graph_entry;
-
-/* Device buffers freed together. */
-typedef struct {
-    void **p;
-    int n, cap;
-} dev_allocs;
-
-/* A model's weights on the device (model_device.weights), shared by its
- * sessions. */
-typedef struct {
-    layer_weights *layers;       /* [n_layers] device pointers */
-    const bf16 *embed, *final_norm, *lm_head;
-    float *inv_freq;             /* [head_dim/2] */
-    dev_allocs allocs;
-} cuda_weights;
-
-struct cuda_state {
-    const polar_model *m;
-    const cuda_weights *w;       /* the model's, not owned */
-    const layer_weights *layers; /* == w->layers */
-    const bf16 *embed, *final_norm, *lm_head;
-    const float *inv_freq;
-    dev_allocs allocs;           /* KV cache and workspaces */
-    int cap_program, max_ctx, chunk;
-    int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
-    bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] */
-    float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
-    float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
-    float *scores;               /* decode attention partials, cuda_attention_scratch floats */
-    float *logits;               /* [LOGIT_ROWS, vocab] */
-    float *router_logits;        /* [chunk, n_experts]                          MoE models only */
-    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
-    float *expert_w;             /* [chunk, top_k] their weights */
-    int *groups;                 /* the chunk's slots grouped by expert (cuda_moe_group) */
-    float *expert_act;           /* [chunk * top_k, moe_ffn] */
-    float *expert_out;           /* [chunk * top_k, hidden] */
-    float *shared_out;           /* [chunk, hidden] */
-    int *tokens;                 /* [chunk] */
-    int *pos;                    /* [1] position of the chunk's first token, read by the kernels */
-    int *step;                   /* [1] greedy steps taken, picks the ring slot */
-    int *staging;                /* pinned host [2]: the step's token and position */
-    volatile int *ring;          /* mapped host [2]: the ids greedy steps chose */
-    cudaEvent_t step_done[2];    /* recorded after each greedy step, by parity */
-    cudaStream_t stream;
-    cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
-    bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
-    float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
-    /* The decode step (one token, its argmax fed back) as captured graphs,
-     * one per recently used program, so switching between a few programs
-     * (a benchmark, the top-k programs of a prediction) captures each once. */
-    graph_entry graphs[GRAPH_CACHE];
-    long graph_clock;            /* use counter for least-recently-used eviction */
-};
-
-static polar_status cuda_error(polar_error *err, cudaError_t e, const char *what) {
+polar_status cuda_error(polar_error *err, cudaError_t e, const char *what) {
     return polar_fail(err, POLAR_ERR_IO, "cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
@@ -163,7 +92,7 @@ static void dev_free_all(dev_allocs *l) {
     memset(l, 0, sizeof *l);
 }
 
-static void *dev_alloc(cuda_state *c, size_t bytes) { return dev_alloc_in(&c->allocs, bytes); }
+void *cuda_dev_alloc(cuda_state *c, size_t bytes) { return dev_alloc_in(&c->allocs, bytes); }
 
 /* Upload n elements of a host tensor (NULL stays NULL). */
 static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) {
@@ -305,13 +234,15 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, cache = (size_t)cap_program * (size_t)max_ctx * kv;
-    int ok = (c->k_cache = dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = dev_alloc(c, cache * sizeof(bf16))) &&
-         (c->x = dev_alloc(c, C * H * 4)) && (c->xn = dev_alloc(c, C * H * 4)) && (c->q = dev_alloc(c, C * q * 4)) &&
-         (c->k = dev_alloc(c, C * kv * 4)) && (c->v = dev_alloc(c, C * kv * 4)) && (c->att = dev_alloc(c, C * q * 4)) &&
-         (c->gate = dev_alloc(c, C * F * 4)) && (c->up = dev_alloc(c, C * F * 4)) &&
-         (c->scores = dev_alloc(c, cuda_attention_scratch(DECODE_TOKENS, a->n_heads, a->head_dim) * 4)) &&
-         (c->logits = dev_alloc(c, LOGIT_ROWS * V * 4)) && (c->tokens = dev_alloc(c, C * sizeof(int))) &&
-         (c->pos = dev_alloc(c, sizeof(int))) && (c->step = dev_alloc(c, sizeof(int))) &&
+    /* a batch's state (no slots) runs every pass through split-K attention */
+    int split_rows = cap_program ? DECODE_TOKENS : chunk;
+    int ok = (c->k_cache = cuda_dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = cuda_dev_alloc(c, cache * sizeof(bf16))) &&
+         (c->x = cuda_dev_alloc(c, C * H * 4)) && (c->xn = cuda_dev_alloc(c, C * H * 4)) && (c->q = cuda_dev_alloc(c, C * q * 4)) &&
+         (c->k = cuda_dev_alloc(c, C * kv * 4)) && (c->v = cuda_dev_alloc(c, C * kv * 4)) && (c->att = cuda_dev_alloc(c, C * q * 4)) &&
+         (c->gate = cuda_dev_alloc(c, C * F * 4)) && (c->up = cuda_dev_alloc(c, C * F * 4)) &&
+         (c->scores = cuda_dev_alloc(c, cuda_attention_scratch(split_rows, a->n_heads, a->head_dim) * 4)) &&
+         (c->logits = cuda_dev_alloc(c, LOGIT_ROWS * V * 4)) && (c->tokens = cuda_dev_alloc(c, C * sizeof(int))) &&
+         (c->pos = cuda_dev_alloc(c, sizeof(int))) && (c->step = cuda_dev_alloc(c, sizeof(int))) &&
          cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
          cudaHostAlloc((void **)&c->ring, 2 * sizeof(int), cudaHostAllocMapped) == cudaSuccess &&
          cudaEventCreateWithFlags(&c->step_done[0], cudaEventDisableTiming) == cudaSuccess &&
@@ -324,15 +255,15 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     if (F > widest_out) widest_out = F;
     if ((size_t)a->top_k * a->moe_ffn > widest_in) widest_in = (size_t)a->top_k * a->moe_ffn; /* expert inputs */
     size_t acc_elems = C * widest_out > LOGIT_ROWS * V ? C * widest_out : LOGIT_ROWS * V;
-    ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = dev_alloc(c, C * widest_in * sizeof(bf16))) &&
-         (c->acc = dev_alloc(c, acc_elems * 4));
+    ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = cuda_dev_alloc(c, C * widest_in * sizeof(bf16))) &&
+         (c->acc = cuda_dev_alloc(c, acc_elems * 4));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         size_t groups = cuda_moe_group_ints(chunk, a->top_k, a->n_experts);
-        ok = (c->router_logits = dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
-             (c->expert_idx = dev_alloc(c, slots * sizeof(int))) && (c->expert_w = dev_alloc(c, slots * 4)) &&
-             (c->groups = dev_alloc(c, groups * sizeof(int))) && (c->expert_act = dev_alloc(c, slots * MF * 4)) &&
-             (c->expert_out = dev_alloc(c, slots * H * 4)) && (c->shared_out = dev_alloc(c, C * H * 4));
+        ok = (c->router_logits = cuda_dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
+             (c->expert_idx = cuda_dev_alloc(c, slots * sizeof(int))) && (c->expert_w = cuda_dev_alloc(c, slots * 4)) &&
+             (c->groups = cuda_dev_alloc(c, groups * sizeof(int))) && (c->expert_act = cuda_dev_alloc(c, slots * MF * 4)) &&
+             (c->expert_out = cuda_dev_alloc(c, slots * H * 4)) && (c->shared_out = cuda_dev_alloc(c, C * H * 4));
     }
     if (!ok) {
         cuda_state_free(c);
@@ -372,11 +303,8 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     return POLAR_OK;
 }
 
-/* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for a
- * prefill chunk, the hand-written GEMV for decode (and if cuBLASLt declines
- * a shape). */
-static void mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
-               int accumulate) {
+void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+             int accumulate) {
     if (T > DECODE_TOKENS) {
         cuda_to_bf16(c->xb, x, (long)T * cols, c->stream);
         if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->stream)) {
@@ -395,8 +323,8 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
         cuda_matmul_swiglu(act, x, w_gate, w_up, T, F, cols, c->stream);
         return;
     }
-    mm(c, act, x, w_gate, NULL, T, F, cols, 0);
-    mm(c, up, x, w_up, NULL, T, F, cols, 0);
+    cuda_mm(c, act, x, w_gate, NULL, T, F, cols, 0);
+    cuda_mm(c, up, x, w_up, NULL, T, F, cols, 0);
     cuda_swiglu(act, up, T * F, c->stream);
 }
 
@@ -421,42 +349,59 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     }
     if (w->sh_gate) {
         mlp_in(c, c->gate, c->up, c->xn, w->sh_gate, w->sh_up, T, S, H);
-        mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
+        cuda_mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
     }
     cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->xn, w->sh_router, T, k,
                      H, s);
 }
 
-/* One decoder layer at execution position slot for T tokens at pos.. */
-static void layer_forward(cuda_state *c, const layer_weights *w, int slot, int T) {
+/* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
+ * K/V stored, attention (cuda_layer_forward says where). */
+static void attend(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
+                   bf16 *v_pool) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, hd = a->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
+    int hd = a->head_dim, kvd = a->n_kv_heads * hd, splits = cuda_attention_splits(T, a->n_kv_heads, c->sms);
     float eps = (float)a->rms_eps;
     void *s = c->stream;
+    if (map) {
+        cuda_qk_rope_store_paged(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, k_pool, v_pool, *map, T,
+                                 a->n_heads, a->n_kv_heads, hd, eps, s);
+        cuda_attention_paged(c->att, c->q, k_pool, v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads, hd, splits,
+                             s);
+        return;
+    }
     bf16 *kc = c->k_cache + (size_t)slot * c->max_ctx * kvd, *vc = c->v_cache + (size_t)slot * c->max_ctx * kvd;
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
+                       a->n_kv_heads, hd, eps, s);
+    if (T <= DECODE_TOKENS)
+        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, splits, s);
+    else
+        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, 0, s);
+}
+
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
+                        bf16 *v_pool) {
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
+    float eps = (float)a->rms_eps;
+    void *s = c->stream;
     cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
     if (T <= DECODE_TOKENS) {
         cuda_matmul_qkv(c->q, c->k, c->v, c->xn, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, T, qd, kvd, H, s);
     } else {
-        mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
-        mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
-        mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
+        cuda_mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
+        cuda_mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
+        cuda_mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
-                       a->n_kv_heads, hd, eps, s);
-    if (T <= DECODE_TOKENS)
-        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd,
-                              cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
-    else
-        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, 0, s);
-    mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
+    attend(c, w, slot, T, map, k_pool, v_pool);
+    cuda_mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
         moe_forward(c, w, T);
         return;
     }
     mlp_in(c, c->gate, c->up, c->xn, w->w_gate, w->w_up, T, a->ffn, H);
-    mm(c, c->x, c->gate, w->w_down, NULL, T, H, a->ffn, 1);
+    cuda_mm(c, c->x, c->gate, w->w_down, NULL, T, H, a->ffn, 1);
 }
 
 /* Embedding and the program's layers for the T tokens on the device, then
@@ -465,7 +410,7 @@ static void forward_layers(cuda_state *c, const int *program, int n_program, int
     const polar_arch *a = &c->m->arch;
     int H = a->hidden;
     cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
-    for (int k = 0; k < n_program; k++) layer_forward(c, &c->layers[program[k]], k, T);
+    for (int k = 0; k < n_program; k++) cuda_layer_forward(c, &c->layers[program[k]], k, T, NULL, NULL, NULL);
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
                  c->stream);
 }
@@ -544,7 +489,7 @@ polar_status cuda_forward(cuda_state *c, const int *program, int n_program, cons
         /* the head in slices of LOGIT_ROWS rows, each copied out before the next */
         for (int r0 = first; e == cudaSuccess && r0 < T && (all_logits || last_logits); r0 += LOGIT_ROWS) {
             int n = T - r0 < LOGIT_ROWS ? T - r0 : LOGIT_ROWS;
-            mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, n, V, H, 0);
+            cuda_mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, n, V, H, 0);
             if (all_logits)
                 e = cudaMemcpyAsync(all_logits + (size_t)r0 * V, c->logits, (size_t)n * V * sizeof(float),
                                     cudaMemcpyDeviceToHost, c->stream);

@@ -3,14 +3,16 @@
 
 #include <stdlib.h>
 
-int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
-    size_t rows = (size_t)n_blocks * CPU_KV_BLOCK;
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows) {
+    size_t n_rows = (size_t)n_blocks * CPU_KV_BLOCK;
     *p = (kv_pool){.n_blocks = n_blocks, .kv_dim = kv_dim};
-    p->k = malloc(rows * (size_t)kv_dim * sizeof(float));
-    p->v = malloc(rows * (size_t)kv_dim * sizeof(float));
+    if (rows) {
+        p->k = malloc(n_rows * (size_t)kv_dim * sizeof(float));
+        p->v = malloc(n_rows * (size_t)kv_dim * sizeof(float));
+    }
     p->free_blocks = malloc((size_t)n_blocks * sizeof *p->free_blocks);
     p->refs = calloc((size_t)n_blocks, sizeof *p->refs);
-    if (!p->k || !p->v || !p->free_blocks || !p->refs) {
+    if ((rows && (!p->k || !p->v)) || !p->free_blocks || !p->refs) {
         kv_pool_free(p);
         return 0;
     }
@@ -50,6 +52,9 @@ int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens) {
     s->reserved = need;
     s->n_program = n_program;
     s->n_mapped = 0;
+    /* -1 until mapped: a device reading a table it was not sent the
+     * mapped part of faults rather than reads another sequence's rows */
+    for (size_t i = 0; i < (size_t)n_program * s->max_blocks; i++) s->blocks[i] = -1;
     return 1;
 }
 

@@ -10,7 +10,7 @@
 #include "../kernels/cpu/ops.h"
 
 typedef struct {
-    float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim] */
+    float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim], or NULL: on the device */
     int n_blocks, kv_dim;
     int *free_blocks;  /* [n_blocks] stack of the free block ids */
     int *refs;         /* [n_blocks] tables holding each block (several when a prompt's blocks are shared) */
@@ -29,8 +29,9 @@ typedef struct {
     int reserved;      /* blocks still promised to this sequence */
 } kv_seq;
 
-/* 0 when out of memory. */
-int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim);
+/* 0 when out of memory. rows 0: the block bookkeeping only, k and v NULL
+ * (the rows live on a device). */
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows);
 void kv_pool_free(kv_pool *p);
 
 /* Blocks a sequence needs for n_program positions x n_tokens tokens. */

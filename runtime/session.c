@@ -96,7 +96,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->round_like_cuda = !s->cuda && o.round_like_cuda;
     /* on the CPU every block is mapped now; a device session keeps its cache there */
     int n_blocks = s->cuda ? 0 : kv_blocks_for(s->cap_program, s->max_ctx);
-    int kv_ok = s->cuda || (kv_pool_init(&s->pool, n_blocks, (int)kv) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
+    int kv_ok = s->cuda || (kv_pool_init(&s->pool, n_blocks, (int)kv, 1) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
                             kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx));
     if (kv_ok && !s->cuda) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL);
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);

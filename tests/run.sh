@@ -35,7 +35,7 @@ if [ -n "${POLAR_NEON_RUN:-}" ]; then
 fi
 # The CUDA code under the CPU emulation (tests/cuda_emu), when make test
 # built it: the emulation's self-test, then test_cuda's kernel tests (full
-# size) and small-model tests (--quick) with the threads of each block
+# size) and small-model tests (--quick) and test_cuda_batch (--quick) with the threads of each block
 # resumed in forward order, and the order-sensitive ones reversed and
 # shuffled (a result that changes shows a missing barrier). 16
 # multiprocessors keep the split-K attention and cooperative grids small:
@@ -56,6 +56,11 @@ if [ -n "${POLAR_CUDA_EMU:-}" ]; then
     for order in reverse random; do
         # shellcheck disable=SC2086
         emu $order --quick $POLAR_CUDA_EMU_ORDER_TESTS
+    done
+    # the CUDA batch step against a rounding CPU batch, in every order
+    for order in forward reverse random; do
+        run "test_cuda_batch ($order)" env POLAR_CUDA_EMU_ORDER="$order" POLAR_CUDA_EMU_SMS=16 \
+            OMP_WAIT_POLICY=passive "$POLAR_CUDA_EMU/tests/test_cuda_batch" --quick
     done
 fi
 run cli_test sh tests/cli_test.sh

@@ -14,6 +14,7 @@
 #include "../kernels/cuda/ops.h"
 #include "../runtime/cuda_gemm.h"
 #include "harness.h"
+#include "logit_compare.h"
 #include "pred_util.h"
 
 static int quick;
@@ -427,26 +428,9 @@ static void kernel_moe(void) {
  * to 4.5e-3 relative L2 and the 3B preset's 24 tokens reached 8.5e-3, about
  * the f32 reference's distance. For them the bound is on the relative L2
  * error (TOL_REL_GEMM) and on TOL_GEMM_MAX; greedy tokens must agree either
- * way. The f32 reference (the
- * math of transformers in f32) is reported as a measured figure. */
-#define TOL_ROUNDED 2e-3f
-#define TOL_REL_GEMM 1.5e-2
-#define TOL_GEMM_MAX 0.1f
-#define GEMV_PROMPT_TOKENS 8 /* CUDA_DECODE_TOKENS of runtime/backend.h */
-
-/* max |a - b|; *cosine and *rel_l2 = ||a - b|| / ||b|| of the same pair. */
-static float max_abs_diff(const float *a, const float *b, size_t n, double *cosine, double *rel_l2) {
-    double dot = 0, na = 0, nb = 0, nd = 0;
-    float d = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = (double)a[i] - b[i];
-        d = fmaxf(d, fabsf(a[i] - b[i]));
-        dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i], nd += e * e;
-    }
-    *cosine = dot / sqrt(na * nb);
-    *rel_l2 = sqrt(nd / nb);
-    return d;
-}
+ * way. The f32 reference (the math of transformers in f32) is reported as
+ * a measured figure. */
+/* (TOL_ROUNDED, TOL_REL_GEMM and TOL_GEMM_MAX are in logit_compare.h.) */
 
 /* strict: assert the rounded reference's bound and greedy tokens (golden
  * models); otherwise (random-weight presets, whose near-uniform logits make

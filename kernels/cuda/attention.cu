@@ -24,13 +24,14 @@
 // padded rows keep the lanes of the prefill kernel, one key each, on
 // different banks).
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
-                                                    const bf16_bits *vc, int j0, int n, int kvh, int kvd, int hd) {
+                                                    const bf16_bits *vc, const int *table, int j0, int n, int kvh,
+                                                    int kvd, int hd) {
     int stride = KV_STRIDE(hd);
     if ((hd & 7) == 0) {
         int per_row = hd / 8;
         for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
             int j = i / per_row, c = (i % per_row) * 8;
-            size_t src = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
+            size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
             uint4 kk = *(const uint4 *)(kc + src), vv = *(const uint4 *)(vc + src);
             const uint16_t *k8 = (const uint16_t *)&kk, *v8 = (const uint16_t *)&vv;
 #pragma unroll
@@ -40,7 +41,7 @@ static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, 
     }
     for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
         int j = i / hd, c = i % hd;
-        size_t src = (size_t)(j0 + j) * kvd + (size_t)kvh * hd + c;
+        size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
         ks[j * stride + c] = kc[src];
         vs[j * stride + c] = vc[src];
     }
@@ -55,8 +56,9 @@ static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, 
 // merges the S partials with their log-sum-exp weights.
 
 __global__ void attention_split_kernel(float *part, const float *q, const bf16_bits *kc, const bf16_bits *vc,
-                                       const int *pos_dev, int n_heads, int n_kv, int hd, int splits) {
-    int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, pos = *pos_dev + t;
+                                       cuda_kv_map map, int n_heads, int n_kv, int hd, int splits) {
+    int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, pos = kv_pos(map, t);
+    const int *table = kv_table(map, t);
     int group = n_heads / n_kv, kvd = n_kv * hd, stride = KV_STRIDE(hd);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
     size_t pstride = (size_t)hd + 2; // per (head, split): max, sum, output[hd]
@@ -74,7 +76,7 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
         __syncthreads();
         for (int j0 = split * ATT_CHUNK; j0 <= pos; j0 += splits * ATT_CHUNK) {
             int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
-            load_kv_tile(ks, vs, kc, vc, j0, n, kvh, kvd, hd);
+            load_kv_tile(ks, vs, kc, vc, table, j0, n, kvh, kvd, hd);
             __syncthreads();
             // a warp per (head, key): lanes split the head dimension
             for (int p = warp; p < ng * n; p += warps) {
@@ -147,13 +149,26 @@ extern "C" size_t cuda_attention_scratch(int T, int n_heads, int head_dim) {
     return (size_t)T * n_heads * ATT_MAX_SPLITS * ((size_t)head_dim + 2);
 }
 
+static void attention_split(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
+                            float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
+                            void *stream) {
+    if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
+    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_cache, v_cache, map, n_heads,
+                                                                           n_kv, head_dim, splits);
+    attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
+}
+
 extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                                       float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
                                       int splits, void *stream) {
-    if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
-    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_cache, v_cache, pos0, n_heads,
-                                                                           n_kv, head_dim, splits);
-    attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
+    cuda_kv_map map = {pos0, NULL, NULL, NULL};
+    attention_split(out, q, k_cache, v_cache, scratch, map, T, n_heads, n_kv, head_dim, splits, stream);
+}
+
+extern "C" void cuda_attention_paged(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
+                                     float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
+                                     int splits, void *stream) {
+    attention_split(out, q, k_pool, v_pool, scratch, map, T, n_heads, n_kv, head_dim, splits, stream);
 }
 
 // ------------------------------------------------------------------ prefill
@@ -198,7 +213,7 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     for (int j0 = 0; j0 <= last; j0 += ATT_CHUNK) {
         int n = last + 1 - j0 < ATT_CHUNK ? last + 1 - j0 : ATT_CHUNK;
         __syncthreads(); // the previous tile is consumed (and qs written, on the first pass)
-        load_kv_tile(ks, vs, kc, vc, j0, n, kvh, kvd, hd);
+        load_kv_tile(ks, vs, kc, vc, NULL, j0, n, kvh, kvd, hd);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < RPW; r++) {

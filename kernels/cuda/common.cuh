@@ -7,11 +7,23 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "ops.h"
+
 #define WARP 32
 #define MAX_TOKENS_PER_PASS 8 // inputs one pass over a weight row serves
 
 // The stream a C caller passed as void *.
 static inline cudaStream_t st(void *s) { return (cudaStream_t)s; }
+
+// Token t's position and block table (NULL: a session's contiguous slot),
+// and the cache row of position j under that table (cuda_kv_map, ops.h).
+static __device__ __forceinline__ int kv_pos(const cuda_kv_map &m, int t) { return m.pos0 ? *m.pos0 + t : m.pos[t]; }
+static __device__ __forceinline__ const int *kv_table(const cuda_kv_map &m, int t) {
+    return m.pos0 ? NULL : m.tables + m.table[t];
+}
+static __device__ __forceinline__ size_t kv_row(const int *table, int j) {
+    return table ? (size_t)table[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK : (size_t)j;
+}
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -141,8 +141,8 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
 // a thread per pair (i, i + head_dim/2).
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                      const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
-                                     bf16_bits *v_cache, const int *pos_dev, int n_heads, int n_kv, int hd, float eps) {
-    int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos0 = *pos_dev;
+                                     bf16_bits *v_cache, cuda_kv_map map, int n_heads, int n_kv, int hd, float eps) {
+    int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos = kv_pos(map, t);
     int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
     const float *src = is_q ? q + ((size_t)t * n_heads + h) * hd : k + (size_t)t * kvd + (size_t)kvh * hd;
     const bf16_bits *norm = is_q ? q_norm : k_norm;
@@ -155,7 +155,7 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
         }
     }
     if (i >= half) return;
-    float angle = (float)(pos0 + t) * inv_freq[i], c, s;
+    float angle = (float)pos * inv_freq[i], c, s;
     sincosf(angle, &s, &c);
     float ra = a * c - b * s, rb = b * c + a * s;
     if (is_q) {
@@ -163,7 +163,7 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
         dst[i] = ra;
         dst[i + half] = rb;
     } else {
-        size_t row = (size_t)(pos0 + t) * kvd + (size_t)kvh * hd;
+        size_t row = kv_row(kv_table(map, t), pos) * kvd + (size_t)kvh * hd;
         k_cache[row + i] = to_bf(ra);
         k_cache[row + i + half] = to_bf(rb);
         const float *vs = v + (size_t)t * kvd + (size_t)kvh * hd;
@@ -172,14 +172,35 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
     }
 }
 
+extern "C" void cuda_qk_rope_store_paged(float *q, const float *k, const float *v, const bf16_bits *q_norm,
+                                         const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
+                                         bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
+                                         float eps, void *stream) {
+    int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
+    dim3 grid(T, n_heads + n_kv);
+    qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_pool, v_pool, map,
+                                                          n_heads, n_kv, head_dim, eps);
+}
+
 extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                    const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
                                    bf16_bits *v_cache, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
                                    float eps, void *stream) {
-    int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
-    dim3 grid(T, n_heads + n_kv);
-    qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_cache, v_cache, pos0,
-                                                          n_heads, n_kv, head_dim, eps);
+    cuda_kv_map map = {pos0, NULL, NULL, NULL};
+    cuda_qk_rope_store_paged(q, k, v, q_norm, k_norm, inv_freq, k_cache, v_cache, map, T, n_heads, n_kv, head_dim, eps,
+                             stream);
+}
+
+__global__ void copy_rows_kernel(float *dst, const float *src, const int *dst_idx, const int *src_idx, int width) {
+    int i = blockIdx.x;
+    float *d = dst + (size_t)(dst_idx ? dst_idx[i] : i) * width;
+    const float *s = src + (size_t)(src_idx ? src_idx[i] : i) * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+
+extern "C" void cuda_copy_rows(float *dst, const float *src, const int *dst_idx, const int *src_idx, int n, int width,
+                               void *stream) {
+    if (n > 0) copy_rows_kernel<<<n, 256, 0, st(stream)>>>(dst, src, dst_idx, src_idx, width);
 }
 
 // ------------------------------------------------------- GEMM helpers

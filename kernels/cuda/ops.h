@@ -14,6 +14,20 @@ extern "C" {
 
 typedef uint16_t bf16_bits;
 
+/* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
+#define CUDA_KV_BLOCK 16
+
+/* Where the T tokens of a launch are and where their K/V rows live.
+ * A session's slot (pos0 set): token t is at position *pos0 + t, and
+ * position j's K/V are row j of the slot. A batch's paged pool (pos0 NULL):
+ * token t is at position pos[t] with the block table tables + table[t], and
+ * position j's K/V are row tab[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK +
+ * j % CUDA_KV_BLOCK of the pool. All device pointers. */
+typedef struct {
+    const int *pos0;
+    const int *pos, *table, *tables;
+} cuda_kv_map;
+
 /* x[T, hidden] = table[tokens[t], :] */
 void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream);
 
@@ -44,6 +58,12 @@ void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bit
                         const float *inv_freq, bf16_bits *k_cache, bf16_bits *v_cache, const int *pos0, int T,
                         int n_heads, int n_kv, int head_dim, float eps, void *stream);
 
+/* The same for a batch's tokens, each at its own position of its own
+ * sequence (map as cuda_kv_map, pos0 NULL), into a paged pool. */
+void cuda_qk_rope_store_paged(float *q, const float *k, const float *v, const bf16_bits *q_norm,
+                              const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool, bf16_bits *v_pool,
+                              cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, float eps, void *stream);
+
 /* Causal GQA attention of T tokens (positions *pos0..) over the slot's
  * cache (head_dim <= 256). Decode (a few tokens): split-K over the keys with
  * a log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
@@ -53,6 +73,11 @@ int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms 
 void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                            float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int splits,
                            void *stream);
+/* The split-K kernel for a batch's tokens over a paged pool: each token
+ * attends over its own sequence's positions 0..pos[t] (any T: a batch runs
+ * its prompt rows through it too; scratch of cuda_attention_scratch(T, ...)). */
+void cuda_attention_paged(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool, float *scratch,
+                          cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits, void *stream);
 /* Once per process and head_dim before the first prefill: the prefill
  * kernel's shared-memory limit. Returns a cudaError_t (0: success).
  * rows_per_warp: query rows each warp of the prefill kernel owns (1, 2 or 4;
@@ -69,6 +94,12 @@ void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream);
  * GEMM that wrote acc. */
 void cuda_bias_residual(float *y, const float *acc, const bf16_bits *bias, int T, int rows, int accumulate,
                         void *stream);
+
+/* dst[dst_idx[i]] = src[src_idx[i]] for the n rows of width floats (a NULL
+ * index is the identity): a batch's rows gathered for a layer pass and
+ * scattered back. */
+void cuda_copy_rows(float *dst, const float *src, const int *dst_idx, const int *src_idx, int n, int width,
+                    void *stream);
 
 /* g[T, n] = silu(g) * u */
 void cuda_swiglu(float *g, const float *u, int count, void *stream);

@@ -1,0 +1,185 @@
+/* The device side of a batch (backend.h): runtime/batch.c plans each step
+ * on the host and calls these to run it on the GPU. A layer pass gathers
+ * its rows of the step's residual into the workspace of a slotless
+ * cuda_state, runs cuda_layer_forward with each token's position and block
+ * table, and scatters them back. The ints a step needs on the device
+ * (tokens, table updates, each pass's rows, positions and tables, the head
+ * rows) go through one pinned staging area, each at its own offset, so
+ * nothing is overwritten before its copy has run; the offsets start again
+ * after the step's sync. Built with POLAR_CUDA; without it there is no
+ * device batch to create. */
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#ifndef POLAR_CUDA
+
+polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
+                               cuda_batch **out, polar_error *err) {
+    (void)m, (void)rows, (void)n_blocks, (void)tables, (void)cap_program;
+    *out = NULL;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend (build it with make cuda)");
+}
+
+void cuda_batch_free(cuda_batch *d) { (void)d; }
+void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) { (void)d, (void)tokens, (void)R; }
+void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
+    (void)d, (void)tables, (void)offset, (void)n;
+}
+void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
+    (void)d, (void)layer, (void)rows, (void)pos, (void)table, (void)T;
+}
+void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) { (void)d, (void)dst, (void)src, (void)n; }
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to) { (void)d, (void)from, (void)to; }
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
+    (void)d, (void)rows, (void)n, (void)logits;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
+    (void)d;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+
+#else
+
+#include "cuda_internal.h"
+
+struct cuda_batch {
+    cuda_state *c;         /* weights, workspaces for `rows` tokens, stream, cuBLASLt; no KV slots */
+    int rows;
+    size_t kv_dim;
+    bf16 *k_pool, *v_pool; /* [n_blocks * CUDA_KV_BLOCK, kv_dim] */
+    int *tables;           /* [tables] the host's block tables, mirrored */
+    float *x;              /* [rows, hidden] the step's residual streams */
+    int *ints;             /* [cap_ints] the step's uploaded ints */
+    int *staging;          /* pinned host [cap_ints], at the same offsets */
+    size_t used, cap_ints;
+    int failed;            /* a copy failed or the step wanted more than cap_ints: finish reports it */
+};
+
+polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
+                               cuda_batch **out, polar_error *err) {
+    *out = NULL;
+    const polar_arch *a = &m->arch;
+    cuda_batch *d = calloc(1, sizeof *d);
+    if (!d) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    polar_status st = cuda_state_create(m, 0, 1, rows, &d->c, err);
+    if (st != POLAR_OK) {
+        free(d);
+        return st;
+    }
+    d->rows = rows;
+    d->kv_dim = (size_t)a->n_kv_heads * a->head_dim;
+    /* tokens, every table, a (row, pos, table) per row and pass, head rows */
+    d->cap_ints = (size_t)rows + (size_t)tables + 3 * (size_t)rows * cap_program + (size_t)rows;
+    size_t pool = (size_t)n_blocks * CUDA_KV_BLOCK * d->kv_dim;
+    int ok = (d->k_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
+             (d->v_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
+             (d->tables = cuda_dev_alloc(d->c, (size_t)tables * sizeof(int))) &&
+             (d->x = cuda_dev_alloc(d->c, (size_t)rows * a->hidden * sizeof(float))) &&
+             (d->ints = cuda_dev_alloc(d->c, d->cap_ints * sizeof(int))) &&
+             cudaMallocHost((void **)&d->staging, d->cap_ints * sizeof(int)) == cudaSuccess;
+    if (!ok) {
+        cuda_batch_free(d);
+        return polar_fail(err, POLAR_ERR_NOMEM,
+                          "device cuda: out of GPU memory for the batch (a KV pool of %d blocks, %d rows per step)",
+                          n_blocks, rows);
+    }
+    *out = d;
+    return POLAR_OK;
+}
+
+void cuda_batch_free(cuda_batch *d) {
+    if (!d) return;
+    if (d->staging) cudaFreeHost(d->staging);
+    cuda_state_free(d->c); /* the pool, tables and rows go with the state's own buffers */
+    free(d);
+}
+
+/* n ints onto the device for this step, at `to` or else in the step's
+ * array; their device address (NULL when the step's area is spent). */
+static const int *upload_ints(cuda_batch *d, const int *host, size_t n, int *to) {
+    if (d->used + n > d->cap_ints) {
+        d->failed = 1;
+        return NULL;
+    }
+    int *stage = d->staging + d->used, *dev = to ? to : d->ints + d->used;
+    memcpy(stage, host, n * sizeof(int));
+    if (cudaMemcpyAsync(dev, stage, n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) != cudaSuccess)
+        d->failed = 1;
+    d->used += n;
+    return dev;
+}
+
+void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {
+    const int *dev = upload_ints(d, tokens, (size_t)R, NULL);
+    if (dev) cuda_embed(d->x, d->c->embed, dev, R, d->c->m->arch.hidden, d->c->stream);
+}
+
+void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
+    upload_ints(d, tables, (size_t)n, d->tables + offset);
+}
+
+void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
+    cuda_state *c = d->c;
+    int H = c->m->arch.hidden;
+    const int *r = upload_ints(d, rows, (size_t)T, NULL), *p = upload_ints(d, pos, (size_t)T, NULL);
+    const int *t = upload_ints(d, table, (size_t)T, NULL);
+    if (!r || !p || !t) return;
+    cuda_kv_map map = {NULL, p, t, d->tables};
+    cuda_copy_rows(c->x, d->x, NULL, r, T, H, c->stream);
+    cuda_layer_forward(c, &c->layers[layer], 0, T, &map, d->k_pool, d->v_pool);
+    cuda_copy_rows(d->x, c->x, r, NULL, T, H, c->stream);
+}
+
+void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) {
+    size_t H = (size_t)d->c->m->arch.hidden;
+    if (cudaMemcpyAsync(d->x + dst * H, d->x + src * H, (size_t)n * H * sizeof(float), cudaMemcpyDeviceToDevice,
+                        d->c->stream) != cudaSuccess)
+        d->failed = 1;
+}
+
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to) {
+    size_t n = d->kv_dim, bytes = n * sizeof(bf16);
+    cudaStream_t s = d->c->stream;
+    if (cudaMemcpyAsync(d->k_pool + to * n, d->k_pool + from * n, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess ||
+        cudaMemcpyAsync(d->v_pool + to * n, d->v_pool + from * n, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+        d->failed = 1;
+}
+
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
+    cuda_state *c = d->c;
+    const polar_arch *a = &c->m->arch;
+    int H = a->hidden, V = a->vocab;
+    const int *r = upload_ints(d, rows, (size_t)n, NULL);
+    if (r) {
+        cuda_copy_rows(c->x, d->x, NULL, r, n, H, c->stream);
+        cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, c->stream);
+    }
+    /* in slices of LOGIT_ROWS rows, each copied out before the next */
+    for (int r0 = 0; r && r0 < n; r0 += LOGIT_ROWS) {
+        int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
+        cuda_mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, k, V, H, 0);
+        if (cudaMemcpyAsync(logits + (size_t)r0 * V, c->logits, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost,
+                            c->stream) != cudaSuccess)
+            d->failed = 1;
+    }
+    return cuda_batch_finish(d, err);
+}
+
+polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
+    cudaError_t e = cudaStreamSynchronize(d->c->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    int failed = d->failed;
+    d->used = 0, d->failed = 0;
+    if (e != cudaSuccess) return cuda_error(err, e, "batch step");
+    if (failed)
+        return polar_fail(err, POLAR_ERR_IO, "cuda: batch step: a copy to the device failed or the step's %zu ints ran out",
+                          d->cap_ints);
+    return POLAR_OK;
+}
+
+#endif

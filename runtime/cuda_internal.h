@@ -1,0 +1,102 @@
+/* The CUDA backend's state, shared by its two users: a session
+ * (cuda_backend.c: one sequence, a bf16 KV slot per execution position) and
+ * a batch (cuda_batch.c: many sequences over a paged KV pool). Built only
+ * with POLAR_CUDA. */
+#ifndef POLAR_CUDA_INTERNAL_H
+#define POLAR_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+
+#include "../kernels/cuda/ops.h"
+#include "backend.h"
+#include "cuda_gemm.h"
+
+/* Up to CUDA_DECODE_TOKENS tokens go through the hand-written GEMVs (a
+ * weight row read once for all of them) and split-K attention; more through
+ * cuBLASLt and the tiled prefill attention. */
+#define DECODE_TOKENS CUDA_DECODE_TOKENS
+#define LOGIT_ROWS CUDA_LOGIT_ROWS
+
+/* Decode graphs kept per session. */
+#define GRAPH_CACHE 8
+
+typedef struct {
+    cudaGraphExec_t exec;        /* NULL: unused */
+    int *program;                /* [cap_program] the program it was captured for */
+    int n_program;
+    long last_used;
+} graph_entry;
+
+/* Device buffers freed together. */
+typedef struct {
+    void **p;
+    int n, cap;
+} dev_allocs;
+
+/* A model's weights on the device (model_device.weights), shared by its
+ * sessions. */
+typedef struct {
+    layer_weights *layers;       /* [n_layers] device pointers */
+    const bf16 *embed, *final_norm, *lm_head;
+    float *inv_freq;             /* [head_dim/2] */
+    dev_allocs allocs;
+} cuda_weights;
+
+struct cuda_state {
+    const polar_model *m;
+    const cuda_weights *w;       /* the model's, not owned */
+    const layer_weights *layers; /* == w->layers */
+    const bf16 *embed, *final_norm, *lm_head;
+    const float *inv_freq;
+    dev_allocs allocs;           /* KV cache and workspaces */
+    int cap_program, max_ctx, chunk;
+    int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
+    bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] (a batch's state: none) */
+    float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
+    float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
+    float *scores;               /* split-K attention partials: cuda_attention_scratch of DECODE_TOKENS (a
+                                  * batch's state: of chunk) floats */
+    float *logits;               /* [LOGIT_ROWS, vocab] */
+    float *router_logits;        /* [chunk, n_experts]                          MoE models only */
+    int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
+    float *expert_w;             /* [chunk, top_k] their weights */
+    int *groups;                 /* the chunk's slots grouped by expert (cuda_moe_group) */
+    float *expert_act;           /* [chunk * top_k, moe_ffn] */
+    float *expert_out;           /* [chunk * top_k, hidden] */
+    float *shared_out;           /* [chunk, hidden] */
+    int *tokens;                 /* [chunk] */
+    int *pos;                    /* [1] position of the chunk's first token, read by the kernels */
+    int *step;                   /* [1] greedy steps taken, picks the ring slot */
+    int *staging;                /* pinned host [2]: the step's token and position */
+    volatile int *ring;          /* mapped host [2]: the ids greedy steps chose */
+    cudaEvent_t step_done[2];    /* recorded after each greedy step, by parity */
+    cudaStream_t stream;
+    cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
+    bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
+    float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
+    /* The decode step (one token, its argmax fed back) as captured graphs,
+     * one per recently used program, so switching between a few programs
+     * (a benchmark, the top-k programs of a prediction) captures each once. */
+    graph_entry graphs[GRAPH_CACHE];
+    long graph_clock;            /* use counter for least-recently-used eviction */
+};
+
+polar_status cuda_error(polar_error *err, cudaError_t e, const char *what);
+
+/* Device memory freed with the state; NULL when out of memory. */
+void *cuda_dev_alloc(cuda_state *c, size_t bytes);
+
+/* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
+ * than DECODE_TOKENS tokens, the hand-written GEMV for fewer (and if
+ * cuBLASLt declines a shape). */
+void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+             int accumulate);
+
+/* One decoder layer over the T tokens of c->x, in place. map NULL: a
+ * session's tokens at *c->pos.. in KV slot `slot`; else a batch's, each at
+ * its own position and block table of the paged pool k_pool / v_pool (every
+ * T through split-K attention, on scratch c->scores). */
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
+                        bf16 *v_pool);
+
+#endif

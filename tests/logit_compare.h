@@ -1,0 +1,31 @@
+/* How the CUDA tests compare two runs' logits. */
+#ifndef POLAR_TEST_LOGIT_COMPARE_H
+#define POLAR_TEST_LOGIT_COMPARE_H
+
+#include <math.h>
+#include <stddef.h>
+
+/* GPU against a CPU rounding where it rounds (test_cuda.c's model
+ * comparison says where the figures come from): logits of the GEMV path
+ * (up to 8 tokens) within TOL_ROUNDED; through the GEMMs, a relative L2
+ * error within TOL_REL_GEMM and TOL_GEMM_MAX at most. */
+#define TOL_ROUNDED 2e-3f
+#define TOL_REL_GEMM 1.5e-2
+#define TOL_GEMM_MAX 0.1f
+#define GEMV_PROMPT_TOKENS 8 /* CUDA_DECODE_TOKENS of runtime/backend.h */
+
+/* max |a - b|; *cosine and *rel_l2 = ||a - b|| / ||b|| of the same pair. */
+static float max_abs_diff(const float *a, const float *b, size_t n, double *cosine, double *rel_l2) {
+    double dot = 0, na = 0, nb = 0, nd = 0;
+    float d = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+        dot += (double)a[i] * b[i], na += (double)a[i] * a[i], nb += (double)b[i] * b[i], nd += e * e;
+    }
+    *cosine = dot / sqrt(na * nb);
+    *rel_l2 = sqrt(nd / nb);
+    return d;
+}
+
+#endif
