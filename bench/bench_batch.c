@@ -131,7 +131,7 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
     polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + gen + 1, .max_program_len = cap,
                            .step_tokens = max_size * (n_prompt + 1), .n_threads = threads,
                            .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU};
-    bo.kv_bytes = polar_batch_kv_bytes(m, max_size, cap, bo.max_ctx);
+    bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, max_size, cap, bo.max_ctx);
     if (polar_batch_create(m, &bo, &b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;

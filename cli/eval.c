@@ -183,7 +183,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
                            .n_threads = a->threads, .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU,
                            .prefix_cache_bytes = cuda ? 0 : (size_t)a->cache_mb << 20};
-    bo.kv_bytes = polar_batch_kv_bytes(m, n_runs_max, cap_len, max_ctx);
+    bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_runs_max, cap_len, max_ctx);
     if (n_done < count && polar_batch_create(m, &bo, &c.b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;

@@ -332,8 +332,9 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * come back to the host for sampling. Results agree with the CPU within
  * the GPU's rounding (a CPU batch with round_like_cuda is the tight
  * reference), not bit for bit. The prefix cache is CPU only
- * (prefix_cache_bytes must be 0 on CUDA). A device error fails the step and
- * leaves the batch unusable: free it. */
+ * (prefix_cache_bytes must be 0 on CUDA). A device error fails the step
+ * and leaves the batch unusable: every later add or step answers
+ * POLAR_ERR_IO; free it. */
 typedef struct polar_batch polar_batch;
 
 #define POLAR_BATCH_MAX_STOP 16 /* stop ids a sequence may give besides the model's eos */
@@ -357,9 +358,9 @@ typedef struct {
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
- * tokens each on the CPU (a polar_batch_opts.kv_bytes that never refuses
- * them; its bf16 rows on a GPU take half of it). */
-size_t polar_batch_kv_bytes(const polar_model *m, int n_seqs, int program_len, int n_tokens);
+ * tokens each on a device (f32 rows on the CPU, bf16 on CUDA): a
+ * polar_batch_opts.kv_bytes that never refuses them. */
+size_t polar_batch_kv_bytes(const polar_model *m, polar_device device, int n_seqs, int program_len, int n_tokens);
 
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
                                 polar_error *err);

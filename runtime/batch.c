@@ -11,6 +11,7 @@
  * the last row of every sequence that needs logits. A matmul output is
  * summed in the same order whatever the rows beside it (kernels.h), so each
  * sequence gets the logits of a session running it alone. */
+#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,7 @@ struct polar_batch {
     batch_seq *seqs;       /* [max_seqs] */
     kv_pool pool;          /* the blocks; their rows on the CPU, or on the device */
     cuda_batch *dev;       /* the step on the GPU (backend.h), or NULL: on the CPU */
+    int broken;            /* a device step failed half-way: every later call refuses */
     int round_like_cuda;   /* CPU: round to bf16 where the CUDA step does (polar_batch_opts) */
     prefix_cache cache;    /* cap 0: none */
     cpu_work work;         /* [step_tokens] rows (CPU) */
@@ -87,9 +89,14 @@ struct polar_batch {
     void *sample_work;     /* polar_sample_work_bytes(vocab) */
 };
 
-size_t polar_batch_kv_bytes(const polar_model *m, int n_seqs, int program_len, int n_tokens) {
-    size_t block_bytes = 2 * CPU_KV_BLOCK * (size_t)m->arch.n_kv_heads * m->arch.head_dim * sizeof(float);
-    return (size_t)n_seqs * kv_blocks_for(program_len, n_tokens) * block_bytes;
+/* Bytes of one pool block: K and V rows, f32 on the CPU, bf16 on CUDA. */
+static size_t kv_block_bytes(const polar_model *m, polar_device device) {
+    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (device == POLAR_DEVICE_CUDA ? 2 : sizeof(float));
+    return 2 * CPU_KV_BLOCK * row;
+}
+
+size_t polar_batch_kv_bytes(const polar_model *m, polar_device device, int n_seqs, int program_len, int n_tokens) {
+    return (size_t)n_seqs * kv_blocks_for(program_len, n_tokens) * kv_block_bytes(m, device);
 }
 
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
@@ -109,8 +116,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     if (o.step_tokens == 0) o.step_tokens = 64;
     if (o.step_tokens < o.max_seqs) o.step_tokens = o.max_seqs;
     if (o.n_threads == 0) o.n_threads = omp_get_max_threads();
-    /* K/V rows are f32 on the CPU, bf16 on the GPU */
-    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = 2 * CPU_KV_BLOCK * kvd * (cuda ? 2 : sizeof(float));
+    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = kv_block_bytes(m, o.device);
     size_t n_blocks = o.kv_bytes ? o.kv_bytes / block_bytes
                                  : (size_t)o.max_seqs * kv_blocks_for(a->n_layers, o.max_ctx);
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
@@ -176,8 +182,10 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
                           o.max_seqs, n_blocks * block_bytes >> 20, o.prefix_cache_bytes >> 20, o.step_tokens);
     }
     if (cuda) {
-        int tables = o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
-        polar_status st = cuda_batch_create(m, o.step_tokens, (int)n_blocks, tables, o.max_program_len, &b->dev, err);
+        size_t tables = (size_t)o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
+        polar_status st = tables > INT_MAX ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints", tables)
+                                           : cuda_batch_create(m, o.step_tokens, (int)n_blocks, (int)tables,
+                                                               o.max_program_len, &b->dev, err);
         if (st != POLAR_OK) {
             polar_batch_free(b);
             return st;
@@ -236,10 +244,15 @@ static int block_rows(const batch_seq *q, int j) {
     return left < CPU_KV_BLOCK ? left : CPU_KV_BLOCK;
 }
 
+static polar_status refuse_broken(polar_error *err) {
+    return polar_fail(err, POLAR_ERR_IO, "batch: a device error in an earlier step left it unusable (free it)");
+}
+
 polar_status polar_batch_add(polar_batch *b, const polar_program *program, const int *prompt, int n_prompt,
                              const polar_gen_opts *gen, int *id, polar_error *err) {
     if (!b || !program || !program->layers || !prompt || !gen || !id)
         return polar_fail(err, POLAR_ERR_ARG, "batch add: missing argument");
+    if (b->broken) return refuse_broken(err);
     const polar_arch *a = &b->m->arch;
     if (program->n < 1 || program->n > b->cap_program)
         return polar_fail(err, POLAR_ERR_PROGRAM, "batch add: a program of %d entries (the batch holds 1..%d)",
@@ -698,6 +711,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
+    if (b->broken) return refuse_broken(err);
     int n_seqs, rows = plan_rows(b, &n_seqs, stats);
     if (!rows) return POLAR_OK;
     stats->sequences = n_seqs;
@@ -714,5 +728,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     stats->min_layer_passes = min_passes(b, n_seqs);
     stats->layer_passes = walk_programs(b, n_seqs);
     copy_followed_kv(b, n_seqs);
-    return next_tokens(b, n_seqs, stats, err);
+    polar_status st = next_tokens(b, n_seqs, stats, err);
+    b->broken = st != POLAR_OK; /* only the device fails here, with the step half done */
+    return st;
 }

@@ -45,7 +45,11 @@ polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
 
 #else
 
+#include "../kernels/cpu/ops.h"
 #include "cuda_internal.h"
+
+/* The host's block ids index the device's pool */
+_Static_assert(CUDA_KV_BLOCK == CPU_KV_BLOCK, "one block size on the host and the device");
 
 struct cuda_batch {
     cuda_state *c;         /* weights, workspaces for `rows` tokens, stream, cuBLASLt; no KV slots */

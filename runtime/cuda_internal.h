@@ -54,8 +54,8 @@ struct cuda_state {
     bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] (a batch's state: none) */
     float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
     float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
-    float *scores;               /* split-K attention partials: cuda_attention_scratch of DECODE_TOKENS (a
-                                  * batch's state: of chunk) floats */
+    float *scores;               /* split-K attention partials: cuda_attention_scratch_upto of DECODE_TOKENS
+                                  * (a batch's state: of chunk) floats */
     float *logits;               /* [LOGIT_ROWS, vocab] */
     float *router_logits;        /* [chunk, n_experts]                          MoE models only */
     int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */

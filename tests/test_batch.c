@@ -339,7 +339,7 @@ static void batch_cache_pool(void) {
     int n = (int)(sizeof rq / sizeof *rq);
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 64, .n_threads = 2,
-                           .kv_bytes = polar_batch_kv_bytes(m, 1, 4, 55),
+                           .kv_bytes = polar_batch_kv_bytes(m, POLAR_DEVICE_CPU, 1, 4, 55),
                            .prefix_cache_bytes = cache_bytes(&info, 16)};
     int full = serve(m, rq, n, &bo, V, D, &total);
     int want = (3 * 16 * 4 + 2 * 4) + 3 * 16 * 4;
@@ -393,7 +393,7 @@ static void batch_errors(void) {
     if (!m) return;
     polar_batch *b = NULL;
     polar_batch_opts bo = {.device = POLAR_DEVICE_CUDA};
-    CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_UNSUPPORTED && !b, "CUDA batches are not built");
+    CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_UNSUPPORTED && !b, "CUDA batches in a build without CUDA");
     bo = (polar_batch_opts){.max_seqs = -1};
     CHECK(polar_batch_create(m, &bo, &b, &err) == POLAR_ERR_ARG, "negative options");
     bo = (polar_batch_opts){.max_seqs = 2, .max_ctx = 32, .kv_bytes = 1};

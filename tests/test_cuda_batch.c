@@ -4,9 +4,10 @@
  * base, skip, repeat and reorder programs, prompts of different lengths
  * chunked over steps beside other sequences' decode tokens (passes of up to
  * 8 rows through the GEMVs, more through the GEMMs), two sequences with
- * the same prompt (the later one follows the first: device row and K/V
- * copies), sequences joining mid-run and a pool that refuses some until
- * others end. Every step's logits within the GEMM tolerances of
+ * the same prompt (the later one follows the first: shared blocks, device
+ * row and K/V copies), sequences joining mid-run, a pool that refuses some
+ * until others end, 36 sequences at once (a head in two slices) and
+ * sequences cancelled mid-prompt and mid-decode, their slots reused. Every step's logits within the GEMM tolerances of
  * logit_compare.h (earlier passes of more than 8 rows feed every later
  * one), the same greedy tokens, the same admissions and plans. */
 #include "harness.h"
@@ -14,27 +15,32 @@
 
 static int quick;
 
-#define N_REQ 7
+#define MAX_REQ 40
 #define MAX_NEW 10
 
 typedef struct {
     const char *program;
     int n_prompt, prompt_seed;
-    int after_step; /* added once this many steps have run (and the pool admits it) */
+    int after_step;  /* added once this many steps have run (and the pool admits it) */
+    int cancel_step; /* > 0: cancelled and removed after this many steps (its slot reused) */
 } request;
 
-/* Both batches' ids of one request (0: not added yet). */
+typedef struct {
+    const request *reqs;
+    int n_req, max_seqs, step_tokens, max_new;
+    int pool_seqs;   /* > 0: a pool for this many base programs of the longest prompt; 0: room for all */
+} scenario;
+
+/* Both batches' ids of one request (0: not added yet, -1: done). */
 typedef struct {
     int id[2];
     polar_program p;
     int prompt[40];
 } pending;
 
-static void batch_against_cpu(const char *arch) {
-    static const request reqs[N_REQ] = {
-        {"base", 7, 1, 0},      {"0,3", 20, 2, 0},        {"base", 7, 1, 0}, /* the same prompt as the first */
-        {"0,1-2x2,3", 12, 3, 0}, {"0,2,1,3", 3, 4, 2},    {"0,2-3x2", 31, 5, 2},
-        {"0-1,3", 9, 6, 4}};
+/* The scenario on the GPU and on the rounding CPU in lockstep; figures
+ * into *refused and *followed (prompt tokens that followed a leader). */
+static void against_cpu(const char *arch, const scenario *sc, int *refused, int *followed) {
     char dir[128];
     snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", arch);
     polar_error err;
@@ -43,57 +49,52 @@ static void batch_against_cpu(const char *arch) {
     if (!m) return;
     polar_model_info info;
     polar_model_info_get(m, &info);
-    int V = info.arch.vocab, D = info.arch.n_layers;
-    /* room for two base programs of the longest prompt: the first four
-     * requests do not fit at once. The CPU's f32 rows take twice the bytes
-     * of the GPU's bf16 for the same number of blocks. */
-    size_t cpu_kv = polar_batch_kv_bytes(m, 2, D, 31 + MAX_NEW);
-    polar_batch_opts o[2] = {
-        {.max_seqs = 5, .max_ctx = 48, .max_program_len = 2 * D, .kv_bytes = cpu_kv / 2, .step_tokens = 16,
-         .device = POLAR_DEVICE_CUDA},
-        {.max_seqs = 5, .max_ctx = 48, .max_program_len = 2 * D, .kv_bytes = cpu_kv, .step_tokens = 16,
-         .n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
+    int V = info.arch.vocab, D = info.arch.n_layers, longest = 0;
+    for (int r = 0; r < sc->n_req; r++) longest = sc->reqs[r].n_prompt > longest ? sc->reqs[r].n_prompt : longest;
+    polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
+    for (int i = 0; i < 2; i++) {
+        o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
+        o[i].step_tokens = sc->step_tokens;
+        if (sc->pool_seqs) /* the same number of blocks on both */
+            o[i].kv_bytes = polar_batch_kv_bytes(m, o[i].device, sc->pool_seqs, D, longest + sc->max_new);
+    }
     polar_batch *b[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_create(m, &o[i], &b[i], &err));
-    pending req[N_REQ];
+    pending req[MAX_REQ];
     memset(req, 0, sizeof req);
-    for (int r = 0; r < N_REQ; r++) {
-        CHECK_OK(polar_program_parse(reqs[r].program, D, 0, &req[r].p, &err));
-        for (int t = 0; t < reqs[r].n_prompt; t++) req[r].prompt[t] = (t * 131 + reqs[r].prompt_seed * 17) % V;
+    for (int r = 0; r < sc->n_req; r++) {
+        CHECK_OK(polar_program_parse(sc->reqs[r].program, D, 0, &req[r].p, &err));
+        for (int t = 0; t < sc->reqs[r].n_prompt; t++) req[r].prompt[t] = (t * 131 + sc->reqs[r].prompt_seed * 17) % V;
     }
-    polar_gen_opts gen = {.max_new = MAX_NEW, .ignore_eos = 1};
-    int steps = 0, refused = 0, compared = 0, followed = 0;
+    polar_gen_opts gen = {.max_new = sc->max_new, .ignore_eos = 1};
+    int steps = 0, compared = 0, done = 0;
     double worst_rel = 0;
     float worst_max = 0;
-    while (b[0] && b[1] && steps < 200) {
-        for (int r = 0; r < N_REQ; r++) {
-            if (req[r].id[0] || reqs[r].after_step > steps) continue;
+    *refused = *followed = 0;
+    while (b[0] && b[1] && done < sc->n_req && steps < 200) {
+        for (int r = 0; r < sc->n_req; r++) {
+            if (req[r].id[0] || sc->reqs[r].after_step > steps) continue;
             polar_status s[2];
             for (int i = 0; i < 2; i++)
-                s[i] = polar_batch_add(b[i], &req[r].p, req[r].prompt, reqs[r].n_prompt, &gen, &req[r].id[i], &err);
+                s[i] = polar_batch_add(b[i], &req[r].p, req[r].prompt, sc->reqs[r].n_prompt, &gen, &req[r].id[i], &err);
             CHECK(s[0] == s[1], "request %d: added %s on the GPU, %s on the CPU", r, polar_status_name(s[0]),
                   polar_status_name(s[1]));
             if (s[0] != POLAR_OK || s[1] != POLAR_OK) {
-                refused += s[0] == POLAR_ERR_FULL;
+                *refused += s[0] == POLAR_ERR_FULL;
                 req[r].id[0] = req[r].id[1] = 0;
                 break; /* in order: a later request waits behind a refused one */
             }
             CHECK(req[r].id[0] == req[r].id[1], "request %d: ids %d and %d", r, req[r].id[0], req[r].id[1]);
-        }
-        if (!polar_batch_running(b[0]) && !polar_batch_running(b[1])) {
-            int left = 0;
-            for (int r = 0; r < N_REQ; r++) left += !req[r].id[0];
-            if (!left) break;
         }
         polar_batch_stats st[2];
         for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_step(b[i], &st[i], &err));
         CHECK(st[0].layer_passes == st[1].layer_passes && st[0].decode_tokens == st[1].decode_tokens &&
                   st[0].prompt_tokens == st[1].prompt_tokens,
               "step %d plans differ", steps);
-        followed += st[0].shared_prompt_tokens;
+        *followed += st[0].shared_prompt_tokens;
         steps++;
-        for (int r = 0; r < N_REQ; r++) {
-            if (!req[r].id[0]) continue;
+        for (int r = 0; r < sc->n_req; r++) {
+            if (req[r].id[0] <= 0) continue;
             const float *l[2] = {polar_batch_logits(b[0], req[r].id[0]), polar_batch_logits(b[1], req[r].id[1])};
             if (!l[0] || !l[1]) continue;
             double cosine, rel;
@@ -103,41 +104,72 @@ static void batch_against_cpu(const char *arch) {
                   steps, r, rel, d);
             compared++;
         }
-        for (int r = 0; r < N_REQ; r++) /* ended sequences leave, freeing their slots */
-            if (req[r].id[0] > 0) {
-                polar_seq_info s[2];
-                CHECK_OK(polar_batch_seq(b[0], req[r].id[0], &s[0], &err));
-                CHECK_OK(polar_batch_seq(b[1], req[r].id[1], &s[1], &err));
-                if (s[0].state != POLAR_SEQ_ENDED || s[1].state != POLAR_SEQ_ENDED) continue;
-                CHECK(s[0].n_generated == MAX_NEW && s[1].n_generated == MAX_NEW, "request %d: %d and %d tokens", r,
-                      s[0].n_generated, s[1].n_generated);
-                int same = 0;
-                while (same < MAX_NEW && s[0].tokens[same] == s[1].tokens[same]) same++;
-                CHECK(same == MAX_NEW, "%s request %d (%s): greedy tokens agree for %d of %d", arch, r,
-                      reqs[r].program, same, MAX_NEW);
-                for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_remove(b[i], req[r].id[i], &err));
-                req[r].id[0] = -1; /* done */
+        for (int r = 0; r < sc->n_req; r++) { /* ended or cancelled sequences leave, freeing their slots */
+            if (req[r].id[0] <= 0) continue;
+            int cancel = sc->reqs[r].cancel_step == steps;
+            polar_seq_info s[2];
+            for (int i = 0; i < 2; i++) {
+                if (cancel) CHECK_OK(polar_batch_cancel(b[i], req[r].id[i], &err));
+                CHECK_OK(polar_batch_seq(b[i], req[r].id[i], &s[i], &err));
             }
+            if (s[0].state != POLAR_SEQ_ENDED || s[1].state != POLAR_SEQ_ENDED) continue;
+            CHECK(cancel || (s[0].n_generated == sc->max_new && s[1].n_generated == sc->max_new),
+                  "request %d: %d and %d tokens", r, s[0].n_generated, s[1].n_generated);
+            int same = 0;
+            while (same < s[1].n_generated && s[0].tokens[same] == s[1].tokens[same]) same++;
+            CHECK(same == s[0].n_generated && same == s[1].n_generated, "%s request %d (%s): greedy tokens agree for %d of %d",
+                  arch, r, sc->reqs[r].program, same, s[1].n_generated);
+            for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_remove(b[i], req[r].id[i], &err));
+            req[r].id[0] = -1, done++;
+        }
     }
-    int done = 0;
-    for (int r = 0; r < N_REQ; r++) done += req[r].id[0] == -1;
-    CHECK(done == N_REQ, "%s: %d of %d requests done in %d steps", arch, done, N_REQ, steps);
-    CHECK(refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
-    CHECK(followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
-    printf("  %-10s %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed: worst relative L2 "
-           "%.1e, max diff %.2e\n", arch, steps, compared, refused, followed, worst_rel, worst_max);
-    for (int r = 0; r < N_REQ; r++) polar_program_free(&req[r].p);
+    CHECK(done == sc->n_req, "%s: %d of %d requests done in %d steps", arch, done, sc->n_req, steps);
+    printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed: worst "
+           "relative L2 %.1e, max diff %.2e\n", arch, sc->n_req, steps, compared, *refused, *followed, worst_rel,
+           worst_max);
+    for (int r = 0; r < sc->n_req; r++) polar_program_free(&req[r].p);
     for (int i = 0; i < 2; i++) polar_batch_free(b[i]);
     polar_model_free(m);
 }
 
-static void batch_dense(void) { batch_against_cpu("llama"); }
+/* Mixed programs, chunked prompts beside decode tokens, two requests with
+ * the same 20-token prompt (the second follows the first: its full block
+ * is the leader's, the last one copied), joins at steps 2 and 4, and a pool
+ * too small for the first four at once. */
+static void mixed(const char *arch) {
+    static const request reqs[] = {
+        {"base", 20, 1, 0, 0},      {"0,3", 20, 2, 0, 0},     {"0-1,3", 20, 1, 0, 0}, /* the first's prompt */
+        {"0,1-2x2,3", 12, 3, 0, 0}, {"0,2,1,3", 3, 4, 2, 0},  {"0,2-3x2", 31, 5, 2, 0},
+        {"0-1,3", 9, 6, 4, 0}};
+    scenario sc = {reqs, 7, 5, 16, MAX_NEW, 2};
+    int refused, followed;
+    against_cpu(arch, &sc, &refused, &followed);
+    CHECK(refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
+    CHECK(followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
+}
+
+static void batch_dense(void) { mixed("llama"); }
 static void batch_qwen3(void) {
-    if (!quick) batch_against_cpu("qwen3");
+    if (!quick) mixed("qwen3");
 }
 static void batch_moe(void) {
-    batch_against_cpu("qwen2_moe");
-    if (!quick) batch_against_cpu("qwen3_moe");
+    mixed("qwen2_moe");
+    if (!quick) mixed("qwen3_moe");
+}
+
+/* 36 sequences: passes of up to 36 rows (the GEMMs) and a head of more
+ * than 32 rows (two slices, the second through the GEMV when it has at
+ * most 8); one cancelled mid-prompt and one mid-decode, their slots taken
+ * by later requests. */
+static void batch_wide(void) {
+    static const char *programs[] = {"base", "0,3", "0-1x2,2-3", "0,2,1,3"};
+    request reqs[MAX_REQ];
+    int n = 38;
+    for (int r = 0; r < n; r++)
+        reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0};
+    scenario sc = {reqs, n, 36, 96, 4, 0};
+    int refused, followed;
+    against_cpu("llama", &sc, &refused, &followed);
 }
 
 /* What a batch refuses on the GPU, with a clear error. */
@@ -164,6 +196,7 @@ int main(int argc, char **argv) {
     RUN(batch_dense);
     RUN(batch_qwen3);
     RUN(batch_moe);
+    RUN(batch_wide);
     RUN(batch_refusals);
     TEST_EXIT();
 }

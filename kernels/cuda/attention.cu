@@ -149,6 +149,13 @@ extern "C" size_t cuda_attention_scratch(int T, int n_heads, int head_dim) {
     return (size_t)T * n_heads * ATT_MAX_SPLITS * ((size_t)head_dim + 2);
 }
 
+// t * cuda_attention_splits(t) is at most 64 t, and at most
+// t + ceil(4 sms / n_kv) (the split rounds up by less than one per token).
+extern "C" size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, int head_dim, int sms) {
+    size_t by_max = (size_t)max_T * ATT_MAX_SPLITS, by_grid = (size_t)max_T + (4 * (size_t)sms + n_kv - 1) / n_kv;
+    return (by_max < by_grid ? by_max : by_grid) * n_heads * ((size_t)head_dim + 2);
+}
+
 static void attention_split(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                             float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
                             void *stream) {

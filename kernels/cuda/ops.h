@@ -69,6 +69,9 @@ void cuda_qk_rope_store_paged(float *q, const float *k, const float *v, const bf
  * a log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
  * Prefill: a tiled flash-attention kernel, no scratch. */
 size_t cuda_attention_scratch(int T, int n_heads, int head_dim);
+/* Enough scratch for any T <= max_T at the splits cuda_attention_splits
+ * picks on a GPU of sms multiprocessors. */
+size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, int head_dim, int sms);
 int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms multiprocessors */
 void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
                            float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int splits,
