@@ -17,7 +17,8 @@ static int boxed_closed(const char *text) {
     return 0;
 }
 
-int text_acc_token(int token, void *user) {
+/* Append the token's bytes; non-zero to stop. */
+static int text_acc_token(int token, void *user) {
     text_acc *a = user;
     const char *p;
     size_t n;

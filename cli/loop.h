@@ -18,8 +18,6 @@ typedef struct {
     int out_of_memory;
 } text_acc;
 
-/* polar_token_cb: append the token's bytes; non-zero to stop. */
-int text_acc_token(int token, void *user);
 void text_acc_reset(text_acc *a);
 
 /* A batch sequence's tokens from *fed on into a, until they run out or the

@@ -3,11 +3,10 @@
  * the reference rewards them: greedy generation of at most 50 tokens with
  * its \boxed{} prompt, 1 when the boxed answer equals the gold one. One JSONL
  * line per question with the reference's field names (its tooling and
- * `polar train` read them), appended, so a stopped run resumes. On the CPU
- * --batch questions are searched at once in one batch whose prefix cache
- * shares prompts (a few-shot prefix across questions, a question's prompt
- * across programs with the same first entries); with CUDA one at a time in
- * a session whose share_prompt reuses the last program's prompt. */
+ * `polar train` read them), appended, so a stopped run resumes. --batch
+ * questions are searched at once in one batch (CPU or CUDA) whose prefix
+ * cache shares prompts (a few-shot prefix across questions, a question's
+ * prompt across programs with the same first entries). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +28,11 @@ typedef struct {
     double t0;
 } job;
 
-/* How programs are run: as sequences of one batch (the CPU: many
- * questions at once, prompts shared through its prefix cache), or one at a
- * time in a session (CUDA; the session's share_prompt reuses the last
- * program's prompt up to the first entry where the next one differs). */
+/* How programs are run: as sequences of one batch, many questions at once,
+ * prompts shared through its prefix cache. */
 typedef struct {
     polar_batch *b;
-    polar_session *s;
-    int max_new, *out;        /* the session's tokens [max_new] */
+    int max_new;
 } runner;
 
 /* 1 when the text gives the gold answer in a \boxed{}. */
@@ -50,46 +46,23 @@ static polar_gen_opts gen_opts(const runner *r, const job *j) {
     return (polar_gen_opts){.max_new = r->max_new, .stop = &j->acc.stop_id, .n_stop = j->acc.stop_id >= 0};
 }
 
-/* Run program p for j in the session now; its reward into *reward. */
-static polar_status run_in_session(runner *r, job *j, const polar_program *p, double *reward, polar_error *err) {
-    polar_status st = polar_session_set_program(r->s, p, err);
-    polar_gen_opts go = gen_opts(r, j);
-    polar_gen_stats gs;
-    if (st == POLAR_OK) st = polar_generate(r->s, j->ids, j->n_ids, &go, r->out, &gs, text_acc_token, &j->acc, err);
-    if (st != POLAR_OK) return st;
-    if (j->acc.out_of_memory) return cli_error(err, POLAR_ERR_NOMEM, "search: no memory for the generated text");
-    j->tokens += gs.n_generated;
-    j->entries_run += (long)(p->n - polar_session_prompt_reused(r->s)) * j->n_ids;
-    *reward = reward_of(j);
-    return POLAR_OK;
-}
-
-/* Hand j's search its next programs until one is running in the batch
- * (*finished 0) or the search is done (*finished 1); in a session every
- * program runs to its reward here. */
+/* Hand j's search its next program, run in the batch (*finished 0), or
+ * see that the search is done (*finished 1). */
 static polar_status advance(runner *r, job *j, int *finished, polar_error *err) {
-    polar_status st = POLAR_OK;
+    polar_program p;
+    polar_status st = polar_search_next(j->search, &p, err);
     *finished = 0;
-    for (;;) {
-        polar_program p;
-        if ((st = polar_search_next(j->search, &p, err)) != POLAR_OK) return st;
-        if (!p.n) {
-            *finished = 1;
-            return POLAR_OK;
-        }
-        text_acc_reset(&j->acc);
-        j->entries_needed += (long)p.n * j->n_ids;
-        j->n_program = p.n;
-        if (r->b) {
-            polar_gen_opts go = gen_opts(r, j);
-            j->fed = 0;
-            return polar_batch_add(r->b, &p, j->ids, j->n_ids, &go, &j->seq, err);
-        }
-        double reward = 0;
-        if ((st = run_in_session(r, j, &p, &reward, err)) != POLAR_OK ||
-            (st = polar_search_reward(j->search, reward, err)) != POLAR_OK)
-            return st;
+    if (st != POLAR_OK) return st;
+    if (!p.n) {
+        *finished = 1;
+        return POLAR_OK;
     }
+    text_acc_reset(&j->acc);
+    j->entries_needed += (long)p.n * j->n_ids;
+    j->n_program = p.n;
+    j->fed = 0;
+    polar_gen_opts go = gen_opts(r, j);
+    return polar_batch_add(r->b, &p, j->ids, j->n_ids, &go, &j->seq, err);
 }
 
 /* After a batch step: the new tokens of j's program; once its text stops
@@ -197,11 +170,11 @@ static polar_status job_finish(job *j, FILE *f, const char *path, totals *t, pol
     return st;
 }
 
-/* Questions run as jobs: on the CPU a.batch of them at once, their programs
- * sequences of one batch (one step serves them all, and its prefix cache
- * runs a few-shot prefix once per program prefix for all of them); with
- * CUDA one at a time in a session. Lines are written as questions
- * finish (so not always in data set order; each names its index). */
+/* Questions run as jobs, a.batch of them at once, their programs sequences
+ * of one batch (one step serves them all, and its prefix cache runs a
+ * few-shot prefix once per program prefix for all of them). Lines are
+ * written as questions finish (so not always in data set order; each names
+ * its index). */
 static int run_searches(const char *cmd, const search_args *a, prompt_style style, polar_model *m,
                         const polar_tokenizer *tok, const polar_dataset *data, int first, int count) {
     polar_error err;
@@ -215,7 +188,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     if (so.min_len > so.max_len) return fail_usage(cmd, "--min-layers %d is above --max-layers %d", so.min_len, so.max_len);
     polar_device device;
     if (!parse_device(cmd, a->device_text, &device)) return EXIT_USAGE;
-    int n_jobs = device == POLAR_DEVICE_CUDA ? 1 : a->batch, cap_len = so.max_len > D ? so.max_len : D;
+    int n_jobs = a->batch, cap_len = so.max_len > D ? so.max_len : D;
     unsigned char *done = calloc((size_t)count, 1);
     job *jobs = calloc((size_t)n_jobs, sizeof *jobs);
     runner r = {.max_new = a->max_new};
@@ -233,18 +206,10 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto out;
     polar_status st = longest_prompt(tok, style, data, first, count, done, a->shots, a->n_shots, &longest, &err);
     int max_ctx = longest + a->max_new;
-    if (st == POLAR_OK && n_done < count && device == POLAR_DEVICE_CUDA) {
-        polar_program base = {0};
-        polar_session_opts o = {.max_ctx = max_ctx, .max_program_len = cap_len, .n_threads = a->threads,
-                                .device = device, .share_prompt = 1};
-        st = polar_program_base(D, &base, &err);
-        if (st == POLAR_OK) st = polar_session_create(m, &base, &o, &r.s, &err);
-        polar_program_free(&base);
-        if (st == POLAR_OK && !(r.out = malloc((size_t)a->max_new * sizeof *r.out)))
-            st = cli_error(&err, POLAR_ERR_NOMEM, "out of memory");
-    } else if (st == POLAR_OK && n_done < count) {
+    if (st == POLAR_OK && n_done < count) {
+        polar_device on = device == POLAR_DEVICE_CUDA ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU;
         polar_batch_opts bo = {.max_seqs = n_jobs, .max_ctx = max_ctx, .max_program_len = cap_len,
-                               .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = POLAR_DEVICE_CPU,
+                               .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = on,
                                .prefix_cache_bytes = (size_t)a->cache_mb << 20};
         bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_jobs, cap_len, max_ctx);
         st = polar_batch_create(m, &bo, &r.b, &err);
@@ -305,8 +270,7 @@ out:
         text_acc_free(&jobs[i].acc);
     }
     polar_batch_free(r.b);
-    polar_session_free(r.s);
-    free(done), free(jobs), free(r.out);
+    free(done), free(jobs);
     return rc;
 }
 

@@ -331,8 +331,8 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * split-K attention over each row's own block table, and the head's logits
  * come back to the host for sampling. Results agree with the CPU within
  * the GPU's rounding (a CPU batch with round_like_cuda is the tight
- * reference), not bit for bit. The prefix cache is CPU only
- * (prefix_cache_bytes must be 0 on CUDA). A device error fails the step
+ * reference), not bit for bit. The prefix cache works the same (its
+ * residual rows on the device). A device error fails the step
  * and leaves the batch unusable: every later add or step answers
  * POLAR_ERR_IO; free it. */
 typedef struct polar_batch polar_batch;
@@ -352,9 +352,9 @@ typedef struct {
      * inputs of passes, and of head slices, of more than 8 rows), so a CPU
      * batch is a tight reference for a GPU one (as polar_session_opts). */
     int round_like_cuda;
-    size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (items of 16 x (2 x kv_dim + hidden)
-                                * floats; each sequence slot then also holds max_ctx x hidden floats of
-                                * residual rows); 0: none */
+    size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (an item: a pool block of 16 K/V rows
+                                * and 16 x hidden floats of residual rows; each sequence slot then also
+                                * holds max_ctx x hidden floats of them, on the batch's device); 0: none */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens

@@ -58,17 +58,24 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
 /* ------------------------------------------------------------ batches
  * The device side of a polar_batch (runtime/batch.c plans the step on the
  * host; runtime/cuda_batch.c runs it): the step's residual rows, a paged
- * bf16 KV pool of n_blocks blocks whose block ids are those of the host's
- * kv_pool, and a mirror of the sequences' block tables. Calls queue work on
- * the batch's stream; cuda_batch_head waits for the step and reports any
- * device error of it. */
+ * bf16 KV pool whose block ids are those of the host's kv_pool, a mirror of
+ * the sequences' block tables, and the prefix cache's residual rows (the
+ * host keeps its keys). Calls queue work on the batch's stream;
+ * cuda_batch_head (or _finish) waits for the step and reports any device
+ * error of it. */
 typedef struct cuda_batch cuda_batch;
 
-/* rows: tokens per step; tables: ints of the host's block tables, all
- * sequences (max_seqs x cap_program x max_blocks); cap_program: entries of
- * the longest program (a row takes part in at most that many passes). */
-polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
-                               cuda_batch **out, polar_error *err);
+typedef struct {
+    int rows;        /* tokens per step */
+    int n_blocks;    /* pool blocks */
+    int tables;      /* ints of the host's block tables, all sequences (max_seqs x cap_program x max_blocks) */
+    int cap_program; /* entries of the longest program (a row takes part in at most that many passes) */
+    int cache_items; /* prefix cache items (CPU_KV_BLOCK residual rows each); 0: no cache */
+    int start_rows;  /* rows the sequences' cached prompt blocks start from (max_seqs x max_ctx), with a cache */
+} cuda_batch_shape;
+
+polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *shape, cuda_batch **out,
+                               polar_error *err);
 void cuda_batch_free(cuda_batch *d);
 
 /* The step's rows embed tokens[0..R). */
@@ -81,9 +88,16 @@ void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n);
  * table at offset table[t] of the mirror. */
 void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T);
 
-/* Residual rows src.. -> dst.. (n rows); K/V pool row from -> to. */
+/* Residual rows src.. -> dst.. (n rows); K/V pool rows from.. -> to.. (n). */
 void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n);
-void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to);
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to, int n);
+
+/* The prefix cache's residual rows: residual rows row.. (n) into item; item's
+ * rows into start rows start.. (n); then the step's rows[i] from start rows
+ * starts[i] (i < n), after cuda_batch_embed. */
+void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n);
+void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n);
+void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n);
 
 /* Final norm and head over rows[0..n): logits (host, n x vocab); waits for
  * the step. */

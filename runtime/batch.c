@@ -108,8 +108,6 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0)
         return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
     int cuda = o.device == POLAR_DEVICE_CUDA;
-    if (cuda && o.prefix_cache_bytes)
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "batch: the prefix cache runs on the CPU only in this build");
     if (o.max_seqs == 0) o.max_seqs = 16;
     if (o.max_ctx == 0) o.max_ctx = a->max_pos < 2048 ? a->max_pos : 2048;
     if (o.max_program_len == 0) o.max_program_len = 2 * a->n_layers;
@@ -122,7 +120,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
         return polar_fail(err, POLAR_ERR_ARG, "batch: a KV pool of %zu bytes holds %zu blocks of %zu bytes",
                           o.kv_bytes, n_blocks, block_bytes);
-    size_t cached = o.prefix_cache_bytes / prefix_cache_item_bytes((int)kvd, a->hidden);
+    size_t cached = o.prefix_cache_bytes / prefix_cache_item_bytes(block_bytes, a->hidden);
     if (cached > (size_t)1 << 28)
         return polar_fail(err, POLAR_ERR_ARG, "batch: a prefix cache of %zu bytes is too large", o.prefix_cache_bytes);
     polar_batch *b = calloc(1, sizeof *b);
@@ -135,7 +133,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     size_t R = (size_t)o.step_tokens, half = (size_t)a->head_dim / 2;
     /* the cache's blocks come on top of the sequences' */
     int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd, !cuda) &&
-             prefix_cache_init(&b->cache, (int)cached, a->hidden) &&
+             prefix_cache_init(&b->cache, (int)cached, a->hidden, !cuda) &&
              (cuda || cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads));
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
     b->x = malloc(R * a->hidden * sizeof(float));
@@ -170,8 +168,8 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
         if (ok && cached) {
             q->block_hash = malloc(mb * sizeof *q->block_hash);
             q->entry_hash = malloc((size_t)o.max_program_len * sizeof *q->entry_hash);
-            q->x_start = malloc((size_t)o.max_ctx * a->hidden * sizeof *q->x_start);
-            ok = q->block_hash && q->entry_hash && q->x_start;
+            if (!cuda) q->x_start = malloc((size_t)o.max_ctx * a->hidden * sizeof *q->x_start);
+            ok = q->block_hash && q->entry_hash && (cuda || q->x_start);
         }
     }
     if (!ok) {
@@ -183,9 +181,13 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     }
     if (cuda) {
         size_t tables = (size_t)o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
-        polar_status st = tables > INT_MAX ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints", tables)
-                                           : cuda_batch_create(m, o.step_tokens, (int)n_blocks, (int)tables,
-                                                               o.max_program_len, &b->dev, err);
+        size_t start_rows = cached ? (size_t)o.max_seqs * o.max_ctx : 0;
+        cuda_batch_shape sh = {.rows = o.step_tokens, .n_blocks = (int)(n_blocks + cached), .tables = (int)tables,
+                               .cap_program = o.max_program_len, .cache_items = (int)cached, .start_rows = (int)start_rows};
+        polar_status st = tables > INT_MAX || start_rows > INT_MAX
+                              ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints, %zu start rows", tables,
+                                           start_rows)
+                              : cuda_batch_create(m, &sh, &b->dev, err);
         if (st != POLAR_OK) {
             polar_batch_free(b);
             return st;
@@ -370,6 +372,9 @@ int polar_batch_running(const polar_batch *b) {
 
 int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
+/* Where q's start row of position pos is on the device. */
+static int start_row(const polar_batch *b, const batch_seq *q, int pos) { return (int)(q - b->seqs) * b->max_ctx + pos; }
+
 /* Block j of q's prompt: the entries 0..s-1 at which the cache holds it
  * (their pool blocks into found[]), and the residual rows after entry s-1
  * into x_start. */
@@ -378,7 +383,9 @@ static int find_block(polar_batch *b, batch_seq *q, int j, int *found) {
     int s = 0, item = -1;
     for (int it; s < q->n_program && (it = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
         found[s] = b->cache.items[it].block, item = it;
-    if (item >= 0)
+    if (item >= 0 && b->dev)
+        cuda_batch_cache_take(b->dev, item, start_row(b, q, j * CPU_KV_BLOCK), block_rows(q, j));
+    else if (item >= 0)
         memcpy(q->x_start + (size_t)j * CPU_KV_BLOCK * H, prefix_cache_residual(&b->cache, item),
                (size_t)block_rows(q, j) * H * sizeof(float));
     return s;
@@ -406,9 +413,13 @@ static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) 
         }
         kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* the partial block (the last): fresh, its rows copied */
         for (int k = 0; k < s; k++) {
-            size_t from = (size_t)found[k] * CPU_KV_BLOCK * kvd, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK * kvd;
-            memcpy(b->pool.k + to, b->pool.k + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
-            memcpy(b->pool.v + to, b->pool.v + from, (size_t)block_rows(q, j) * kvd * sizeof(float));
+            size_t from = (size_t)found[k] * CPU_KV_BLOCK, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK;
+            if (b->dev) {
+                cuda_batch_copy_kv(b->dev, from, to, block_rows(q, j));
+                continue;
+            }
+            memcpy(b->pool.k + to * kvd, b->pool.k + from * kvd, (size_t)block_rows(q, j) * kvd * sizeof(float));
+            memcpy(b->pool.v + to * kvd, b->pool.v + from * kvd, (size_t)block_rows(q, j) * kvd * sizeof(float));
         }
     }
     kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* no partial block: map them all now */
@@ -524,7 +535,7 @@ static int table_offset(const polar_batch *b, const batch_seq *q, int k) {
 static void embed_rows(polar_batch *b, int n_seqs, int rows) {
     const polar_model *m = b->m;
     const polar_arch *a = &m->arch;
-    int half = a->head_dim / 2;
+    int half = a->head_dim / 2, from_cache = 0;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
         grow_rows(b, q, q->n_run + q->n_rows);
@@ -534,9 +545,10 @@ static void embed_rows(polar_batch *b, int n_seqs, int rows) {
         }
         for (int r = 0; r < q->n_rows; r++) {
             int row = q->row0 + r, pos = q->n_run + r;
-            if (b->dev) /* no prefix cache on the device: every row starts from its token */
+            if (b->dev) { /* embedded on the device, then the rows the cache gave replaced */
                 b->row_tokens[row] = q->tokens[pos];
-            else if (b->row_start[row])
+                if (b->row_start[row]) b->pass_rows[from_cache] = row, b->pass_pos[from_cache++] = start_row(b, q, pos);
+            } else if (b->row_start[row])
                 memcpy(b->x + (size_t)row * a->hidden, q->x_start + (size_t)pos * a->hidden, a->hidden * sizeof(float));
             else
                 cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
@@ -545,6 +557,7 @@ static void embed_rows(polar_batch *b, int n_seqs, int rows) {
         }
     }
     if (b->dev) cuda_batch_embed(b->dev, b->row_tokens, rows);
+    if (from_cache) cuda_batch_rows_from_start(b->dev, b->pass_rows, b->pass_pos, from_cache);
 }
 
 /* The lower bound of polar_batch_stats for the step's programs. */
@@ -571,9 +584,13 @@ static void cache_pass(polar_batch *b, int n_seqs) {
         if (!q->in_pass || q->state != POLAR_SEQ_PREFILL || q->following == 1) continue;
         int k = q->cursor - 1, end = q->n_run + q->n_rows;
         for (int j = (q->n_run + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK; j < prompt_blocks(q) && j * CPU_KV_BLOCK + block_rows(q, j) <= end; j++)
-            if (q->block_start[j] <= k)
-                prefix_cache_insert(&b->cache, &b->pool, q->block_hash[j], q->entry_hash[k], kv_seq_table(&q->kv, k)[j],
-                                    b->x + (size_t)(q->row0 + j * CPU_KV_BLOCK - q->n_run) * H, block_rows(q, j));
+            if (q->block_start[j] <= k) {
+                int row = q->row0 + j * CPU_KV_BLOCK - q->n_run; /* the block's first row this step */
+                int item = prefix_cache_insert(&b->cache, &b->pool, q->block_hash[j], q->entry_hash[k],
+                                               kv_seq_table(&q->kv, k)[j], b->dev ? NULL : b->x + (size_t)row * H,
+                                               block_rows(q, j));
+                if (item >= 0 && b->dev) cuda_batch_cache_keep(b->dev, item, row, block_rows(q, j));
+            }
     }
 }
 
@@ -645,7 +662,7 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
                 size_t from = cpu_kv_row(kv_seq_table(&l->kv, k), j), to = cpu_kv_row(kv_seq_table(&q->kv, k), j);
                 if (from == to) continue;
                 if (b->dev) {
-                    cuda_batch_copy_kv(b->dev, from, to);
+                    cuda_batch_copy_kv(b->dev, from, to, 1);
                     continue;
                 }
                 memcpy(b->pool.k + to * kvd, b->pool.k + from * kvd, kvd * sizeof(float));

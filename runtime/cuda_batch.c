@@ -17,9 +17,9 @@
 
 #ifndef POLAR_CUDA
 
-polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
-                               cuda_batch **out, polar_error *err) {
-    (void)m, (void)rows, (void)n_blocks, (void)tables, (void)cap_program;
+polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *shape, cuda_batch **out,
+                               polar_error *err) {
+    (void)m, (void)shape;
     *out = NULL;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend (build it with make cuda)");
 }
@@ -33,7 +33,12 @@ void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, 
     (void)d, (void)layer, (void)rows, (void)pos, (void)table, (void)T;
 }
 void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) { (void)d, (void)dst, (void)src, (void)n; }
-void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to) { (void)d, (void)from, (void)to; }
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to, int n) { (void)d, (void)from, (void)to, (void)n; }
+void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n) { (void)d, (void)item, (void)row, (void)n; }
+void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) { (void)d, (void)item, (void)start, (void)n; }
+void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
+    (void)d, (void)rows, (void)starts, (void)n;
+}
 polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
     (void)d, (void)rows, (void)n, (void)logits;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
@@ -58,39 +63,48 @@ struct cuda_batch {
     bf16 *k_pool, *v_pool; /* [n_blocks * CUDA_KV_BLOCK, kv_dim] */
     int *tables;           /* [tables] the host's block tables, mirrored */
     float *x;              /* [rows, hidden] the step's residual streams */
+    float *cache_rows;     /* [cache_items * CUDA_KV_BLOCK, hidden] the prefix cache's residual rows */
+    float *start;          /* [start_rows, hidden] rows cached prompt blocks start from, per sequence */
     int *ints;             /* [cap_ints] the step's uploaded ints */
     int *staging;          /* pinned host [cap_ints], at the same offsets */
     size_t used, cap_ints;
     int failed;            /* a copy failed or the step wanted more than cap_ints: finish reports it */
 };
 
-polar_status cuda_batch_create(const polar_model *m, int rows, int n_blocks, int tables, int cap_program,
-                               cuda_batch **out, polar_error *err) {
+polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *shape, cuda_batch **out,
+                               polar_error *err) {
     *out = NULL;
     const polar_arch *a = &m->arch;
+    const cuda_batch_shape *sh = shape;
     cuda_batch *d = calloc(1, sizeof *d);
     if (!d) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
-    polar_status st = cuda_state_create(m, 0, 1, rows, &d->c, err);
+    polar_status st = cuda_state_create(m, 0, 1, sh->rows, &d->c, err);
     if (st != POLAR_OK) {
         free(d);
         return st;
     }
-    d->rows = rows;
+    size_t H = (size_t)a->hidden, R = (size_t)sh->rows;
+    d->rows = sh->rows;
     d->kv_dim = (size_t)a->n_kv_heads * a->head_dim;
-    /* tokens, every table, a (row, pos, table) per row and pass, head rows */
-    d->cap_ints = (size_t)rows + (size_t)tables + 3 * (size_t)rows * cap_program + (size_t)rows;
-    size_t pool = (size_t)n_blocks * CUDA_KV_BLOCK * d->kv_dim;
+    /* tokens, every table, a (row, pos, table) per row and pass, a (row,
+     * start) per row from the cache, head rows */
+    d->cap_ints = R + (size_t)sh->tables + 3 * R * sh->cap_program + 2 * R + R;
+    size_t pool = (size_t)sh->n_blocks * CUDA_KV_BLOCK * d->kv_dim;
     int ok = (d->k_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
              (d->v_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
-             (d->tables = cuda_dev_alloc(d->c, (size_t)tables * sizeof(int))) &&
-             (d->x = cuda_dev_alloc(d->c, (size_t)rows * a->hidden * sizeof(float))) &&
+             (d->tables = cuda_dev_alloc(d->c, (size_t)sh->tables * sizeof(int))) &&
+             (d->x = cuda_dev_alloc(d->c, R * H * sizeof(float))) &&
              (d->ints = cuda_dev_alloc(d->c, d->cap_ints * sizeof(int))) &&
              cudaMallocHost((void **)&d->staging, d->cap_ints * sizeof(int)) == cudaSuccess;
+    if (ok && sh->cache_items)
+        ok = (d->cache_rows = cuda_dev_alloc(d->c, (size_t)sh->cache_items * CUDA_KV_BLOCK * H * sizeof(float))) &&
+             (d->start = cuda_dev_alloc(d->c, (size_t)sh->start_rows * H * sizeof(float)));
     if (!ok) {
         cuda_batch_free(d);
         return polar_fail(err, POLAR_ERR_NOMEM,
-                          "device cuda: out of GPU memory for the batch (a KV pool of %d blocks, %d rows per step)",
-                          n_blocks, rows);
+                          "device cuda: out of GPU memory for the batch (a KV pool of %d blocks, %d rows per step, a "
+                          "prefix cache of %d items)",
+                          sh->n_blocks, sh->rows, sh->cache_items);
     }
     *out = d;
     return POLAR_OK;
@@ -139,19 +153,38 @@ void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, 
     cuda_copy_rows(d->x, c->x, r, NULL, T, H, c->stream);
 }
 
+/* n f32 rows of the residual width, device to device. */
+static void copy_f32_rows(cuda_batch *d, float *dst, const float *src, int n) {
+    size_t bytes = (size_t)n * d->c->m->arch.hidden * sizeof(float);
+    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->c->stream) != cudaSuccess) d->failed = 1;
+}
+
 void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) {
     size_t H = (size_t)d->c->m->arch.hidden;
-    if (cudaMemcpyAsync(d->x + dst * H, d->x + src * H, (size_t)n * H * sizeof(float), cudaMemcpyDeviceToDevice,
-                        d->c->stream) != cudaSuccess)
+    copy_f32_rows(d, d->x + dst * H, d->x + src * H, n);
+}
+
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to, int n) {
+    size_t w = d->kv_dim, bytes = (size_t)n * w * sizeof(bf16);
+    cudaStream_t s = d->c->stream;
+    if (cudaMemcpyAsync(d->k_pool + to * w, d->k_pool + from * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess ||
+        cudaMemcpyAsync(d->v_pool + to * w, d->v_pool + from * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
         d->failed = 1;
 }
 
-void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to) {
-    size_t n = d->kv_dim, bytes = n * sizeof(bf16);
-    cudaStream_t s = d->c->stream;
-    if (cudaMemcpyAsync(d->k_pool + to * n, d->k_pool + from * n, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess ||
-        cudaMemcpyAsync(d->v_pool + to * n, d->v_pool + from * n, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
-        d->failed = 1;
+void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n) {
+    size_t H = (size_t)d->c->m->arch.hidden;
+    copy_f32_rows(d, d->cache_rows + (size_t)item * CUDA_KV_BLOCK * H, d->x + (size_t)row * H, n);
+}
+
+void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) {
+    size_t H = (size_t)d->c->m->arch.hidden;
+    copy_f32_rows(d, d->start + (size_t)start * H, d->cache_rows + (size_t)item * CUDA_KV_BLOCK * H, n);
+}
+
+void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
+    const int *r = upload_ints(d, rows, (size_t)n, NULL), *s = upload_ints(d, starts, (size_t)n, NULL);
+    if (r && s) cuda_copy_rows(d->x, d->start, r, s, n, d->c->m->arch.hidden, d->c->stream);
 }
 
 polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {

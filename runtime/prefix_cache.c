@@ -4,15 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-int prefix_cache_init(prefix_cache *c, int cap, int hidden) {
+int prefix_cache_init(prefix_cache *c, int cap, int hidden, int rows) {
     *c = (prefix_cache){.cap = cap, .hidden = hidden, .free_head = -1, .oldest = -1, .newest = -1};
     if (cap == 0) return 1;
     c->n_buckets = 1;
     while (c->n_buckets < 2 * cap) c->n_buckets *= 2;
     c->items = malloc((size_t)cap * sizeof *c->items);
-    c->residual = malloc((size_t)cap * CPU_KV_BLOCK * hidden * sizeof *c->residual);
+    if (rows) c->residual = malloc((size_t)cap * CPU_KV_BLOCK * hidden * sizeof *c->residual);
     c->buckets = malloc((size_t)c->n_buckets * sizeof *c->buckets);
-    if (!c->items || !c->residual || !c->buckets) {
+    if (!c->items || (rows && !c->residual) || !c->buckets) {
         prefix_cache_free(c, NULL);
         return 0;
     }
@@ -30,8 +30,8 @@ void prefix_cache_free(prefix_cache *c, kv_pool *p) {
     *c = (prefix_cache){0};
 }
 
-size_t prefix_cache_item_bytes(int kv_dim, int hidden) {
-    return (size_t)CPU_KV_BLOCK * (2 * (size_t)kv_dim + (size_t)hidden) * sizeof(float);
+size_t prefix_cache_item_bytes(size_t kv_block_bytes, int hidden) {
+    return kv_block_bytes + (size_t)CPU_KV_BLOCK * (size_t)hidden * sizeof(float);
 }
 
 uint64_t prefix_hash_tokens(uint64_t previous, const int *tokens, int n) {
@@ -111,9 +111,9 @@ int prefix_cache_evict_unmapped(prefix_cache *c, kv_pool *p) {
     return 0;
 }
 
-void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual,
-                         int rows) {
-    if (!c->cap || prefix_cache_find(c, th, eh) >= 0) return;
+int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual,
+                        int rows) {
+    if (!c->cap || prefix_cache_find(c, th, eh) >= 0) return -1;
     if (c->free_head < 0) prefix_cache_evict(c, p);
     int i = c->free_head, bucket = bucket_of(c, th, eh);
     c->free_head = c->items[i].next;
@@ -121,6 +121,8 @@ void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, 
     c->buckets[bucket] = i;
     push_newest(c, i);
     p->refs[block]++;
-    memcpy(c->residual + (size_t)i * CPU_KV_BLOCK * c->hidden, residual, (size_t)rows * c->hidden * sizeof *residual);
+    if (residual)
+        memcpy(c->residual + (size_t)i * CPU_KV_BLOCK * c->hidden, residual, (size_t)rows * c->hidden * sizeof *residual);
     c->n_items++;
+    return i;
 }

@@ -25,7 +25,7 @@ typedef struct {
 
 typedef struct {
     prefix_item *items;  /* [cap] */
-    float *residual;     /* [cap, CPU_KV_BLOCK, hidden] */
+    float *residual;     /* [cap, CPU_KV_BLOCK, hidden], or NULL: on the device (item i's rows there) */
     int *buckets;        /* [n_buckets] first item of each, -1: empty */
     int cap, n_buckets, hidden;
     int free_head;       /* unused items */
@@ -33,24 +33,26 @@ typedef struct {
     int n_items;
 } prefix_cache;
 
-/* Room for cap items of hidden-wide residual rows; 0 when out of memory. A
- * cap of 0 is a cache that holds nothing. */
-int prefix_cache_init(prefix_cache *c, int cap, int hidden);
+/* Room for cap items of hidden-wide residual rows (rows 0: the caller keeps
+ * them, at the item's index); 0 when out of memory. A cap of 0 is a cache
+ * that holds nothing. */
+int prefix_cache_init(prefix_cache *c, int cap, int hidden, int rows);
 /* Gives every item's block reference back to p first. */
 void prefix_cache_free(prefix_cache *c, kv_pool *p);
 
-/* Bytes one item costs (its K/V block in the pool, its residual rows). */
-size_t prefix_cache_item_bytes(int kv_dim, int hidden);
+/* Bytes one item costs: its K/V block in the pool (kv_block_bytes) and its
+ * f32 residual rows. */
+size_t prefix_cache_item_bytes(size_t kv_block_bytes, int hidden);
 
 /* The item of a key (now the most recently used), or -1. */
 int prefix_cache_find(prefix_cache *c, uint64_t tokens_hash, uint64_t entries_hash);
 
 /* Keep block (one reference taken) and its residual rows [rows <=
- * CPU_KV_BLOCK, hidden] under a key not yet held, evicting the least
- * recently used item when full. Nothing happens with a cap of 0 or a key
- * already held. */
-void prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block,
-                         const float *residual, int rows);
+ * CPU_KV_BLOCK, hidden] (NULL: the caller keeps them) under a key not yet
+ * held, evicting the least recently used item when full. Returns the item,
+ * or -1: nothing happens with a cap of 0 or a key already held. */
+int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block,
+                        const float *residual, int rows);
 
 /* Drop the least recently used item (its block goes back to the pool when
  * no sequence maps it); 0 when empty. */

@@ -6,8 +6,9 @@
  * 8 rows through the GEMVs, more through the GEMMs), two sequences with
  * the same prompt (the later one follows the first: shared blocks, device
  * row and K/V copies), sequences joining mid-run, a pool that refuses some
- * until others end, 36 sequences at once (a head in two slices) and
- * sequences cancelled mid-prompt and mid-decode, their slots reused. Every step's logits within the GEMM tolerances of
+ * until others end, 36 sequences at once (a head in two slices),
+ * sequences cancelled mid-prompt and mid-decode, their slots reused, and
+ * the prefix cache (residual rows kept and restored on the device). Every step's logits within the GEMM tolerances of
  * logit_compare.h (earlier passes of more than 8 rows feed every later
  * one), the same greedy tokens, the same admissions and plans. */
 #include "harness.h"
@@ -15,7 +16,7 @@
 
 static int quick;
 
-#define MAX_REQ 40
+#define MAX_REQ 40 /* requests of a scenario, prompts of at most 40 tokens */
 #define MAX_NEW 10
 
 typedef struct {
@@ -29,6 +30,8 @@ typedef struct {
     const request *reqs;
     int n_req, max_seqs, step_tokens, max_new;
     int pool_seqs;   /* > 0: a pool for this many base programs of the longest prompt; 0: room for all */
+    int shared;      /* the first `shared` prompt tokens are the same in every request */
+    size_t cache;    /* prefix cache bytes (room for every item: both caches hold the same) */
 } scenario;
 
 /* Both batches' ids of one request (0: not added yet, -1: done). */
@@ -38,9 +41,14 @@ typedef struct {
     int prompt[40];
 } pending;
 
-/* The scenario on the GPU and on the rounding CPU in lockstep; figures
- * into *refused and *followed (prompt tokens that followed a leader). */
-static void against_cpu(const char *arch, const scenario *sc, int *refused, int *followed) {
+typedef struct {
+    int refused;  /* adds answered POLAR_ERR_FULL */
+    int followed; /* prompt tokens that followed a leader */
+    long cached;  /* (token, entry) pairs found in the prefix cache */
+} figures;
+
+/* The scenario on the GPU and on the rounding CPU in lockstep. */
+static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     char dir[128];
     snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", arch);
     polar_error err;
@@ -54,7 +62,7 @@ static void against_cpu(const char *arch, const scenario *sc, int *refused, int 
     polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
     for (int i = 0; i < 2; i++) {
         o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
-        o[i].step_tokens = sc->step_tokens;
+        o[i].step_tokens = sc->step_tokens, o[i].prefix_cache_bytes = sc->cache;
         if (sc->pool_seqs) /* the same number of blocks on both */
             o[i].kv_bytes = polar_batch_kv_bytes(m, o[i].device, sc->pool_seqs, D, longest + sc->max_new);
     }
@@ -64,13 +72,14 @@ static void against_cpu(const char *arch, const scenario *sc, int *refused, int 
     memset(req, 0, sizeof req);
     for (int r = 0; r < sc->n_req; r++) {
         CHECK_OK(polar_program_parse(sc->reqs[r].program, D, 0, &req[r].p, &err));
-        for (int t = 0; t < sc->reqs[r].n_prompt; t++) req[r].prompt[t] = (t * 131 + sc->reqs[r].prompt_seed * 17) % V;
+        for (int t = 0; t < sc->reqs[r].n_prompt; t++)
+            req[r].prompt[t] = (t * 131 + (t < sc->shared ? 0 : sc->reqs[r].prompt_seed) * 17) % V;
     }
     polar_gen_opts gen = {.max_new = sc->max_new, .ignore_eos = 1};
     int steps = 0, compared = 0, done = 0;
     double worst_rel = 0;
     float worst_max = 0;
-    *refused = *followed = 0;
+    memset(fig, 0, sizeof *fig);
     while (b[0] && b[1] && done < sc->n_req && steps < 200) {
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] || sc->reqs[r].after_step > steps) continue;
@@ -80,7 +89,7 @@ static void against_cpu(const char *arch, const scenario *sc, int *refused, int 
             CHECK(s[0] == s[1], "request %d: added %s on the GPU, %s on the CPU", r, polar_status_name(s[0]),
                   polar_status_name(s[1]));
             if (s[0] != POLAR_OK || s[1] != POLAR_OK) {
-                *refused += s[0] == POLAR_ERR_FULL;
+                fig->refused += s[0] == POLAR_ERR_FULL;
                 req[r].id[0] = req[r].id[1] = 0;
                 break; /* in order: a later request waits behind a refused one */
             }
@@ -89,9 +98,9 @@ static void against_cpu(const char *arch, const scenario *sc, int *refused, int 
         polar_batch_stats st[2];
         for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_step(b[i], &st[i], &err));
         CHECK(st[0].layer_passes == st[1].layer_passes && st[0].decode_tokens == st[1].decode_tokens &&
-                  st[0].prompt_tokens == st[1].prompt_tokens,
+                  st[0].prompt_tokens == st[1].prompt_tokens && st[0].cached_entries == st[1].cached_entries,
               "step %d plans differ", steps);
-        *followed += st[0].shared_prompt_tokens;
+        fig->followed += st[0].shared_prompt_tokens, fig->cached += st[0].cached_entries;
         steps++;
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] <= 0) continue;
@@ -124,9 +133,9 @@ static void against_cpu(const char *arch, const scenario *sc, int *refused, int 
         }
     }
     CHECK(done == sc->n_req, "%s: %d of %d requests done in %d steps", arch, done, sc->n_req, steps);
-    printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed: worst "
-           "relative L2 %.1e, max diff %.2e\n", arch, sc->n_req, steps, compared, *refused, *followed, worst_rel,
-           worst_max);
+    printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed, %ld "
+           "pairs cached: worst relative L2 %.1e, max diff %.2e\n", arch, sc->n_req, steps, compared, fig->refused,
+           fig->followed, fig->cached, worst_rel, worst_max);
     for (int r = 0; r < sc->n_req; r++) polar_program_free(&req[r].p);
     for (int i = 0; i < 2; i++) polar_batch_free(b[i]);
     polar_model_free(m);
@@ -141,11 +150,11 @@ static void mixed(const char *arch) {
         {"base", 20, 1, 0, 0},      {"0,3", 20, 2, 0, 0},     {"0-1,3", 20, 1, 0, 0}, /* the first's prompt */
         {"0,1-2x2,3", 12, 3, 0, 0}, {"0,2,1,3", 3, 4, 2, 0},  {"0,2-3x2", 31, 5, 2, 0},
         {"0-1,3", 9, 6, 4, 0}};
-    scenario sc = {reqs, 7, 5, 16, MAX_NEW, 2};
-    int refused, followed;
-    against_cpu(arch, &sc, &refused, &followed);
-    CHECK(refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
-    CHECK(followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
+    scenario sc = {reqs, 7, 5, 16, MAX_NEW, 2, 0, 0};
+    figures fig;
+    against_cpu(arch, &sc, &fig);
+    CHECK(fig.refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
+    CHECK(fig.followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
 }
 
 static void batch_dense(void) { mixed("llama"); }
@@ -167,23 +176,25 @@ static void batch_wide(void) {
     int n = 38;
     for (int r = 0; r < n; r++)
         reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0};
-    scenario sc = {reqs, n, 36, 96, 4, 0};
-    int refused, followed;
-    against_cpu("llama", &sc, &refused, &followed);
+    scenario sc = {reqs, n, 36, 96, 4, 0, 0, 0};
+    figures fig;
+    against_cpu("llama", &sc, &fig);
 }
 
-/* What a batch refuses on the GPU, with a clear error. */
-static void batch_refusals(void) {
-    polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    if (!m) return;
-    polar_batch *b = NULL;
-    polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .prefix_cache_bytes = 1 << 20};
-    CHECK(polar_batch_create(m, &o, &b, &err) == POLAR_ERR_UNSUPPORTED && !b && strstr(err.msg, "prefix cache"),
-          "a prefix cache on CUDA: %s", err.msg);
-    polar_batch_free(b);
-    polar_model_free(m);
+/* The prefix cache on the device: requests whose prompts share 36 tokens
+ * (two full blocks) and whose programs share first entries, arriving over
+ * steps and together (those wait for the first), some prompts ending inside
+ * a block (copied K/V rows), the same prompt again under the same program
+ * (its last token's row from the cache). */
+static void batch_prefix_cache(void) {
+    static const request reqs[] = {
+        {"base", 40, 1, 0, 0},      {"0-1,3", 40, 2, 0, 0},  {"0-1,3", 38, 3, 0, 0}, {"0,2,1,3", 39, 4, 3, 0},
+        {"0-1x2,2-3", 37, 5, 6, 0}, {"base", 40, 1, 9, 0},   {"0,3", 36, 6, 9, 0}};
+    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 8 << 20};
+    figures fig;
+    against_cpu("llama", &sc, &fig);
+    CHECK(fig.cached > 0, "nothing was found in the prefix cache");
+    if (!quick) against_cpu("qwen2_moe", &sc, &fig);
 }
 
 int main(int argc, char **argv) {
@@ -197,6 +208,6 @@ int main(int argc, char **argv) {
     RUN(batch_qwen3);
     RUN(batch_moe);
     RUN(batch_wide);
-    RUN(batch_refusals);
+    RUN(batch_prefix_cache);
     TEST_EXIT();
 }
