@@ -117,37 +117,38 @@ void cuda_batch_free(cuda_batch *d) {
     free(d);
 }
 
-/* n ints onto the device for this step, at `to` or else in the step's
- * array; their device address (NULL when the step's area is spent). */
-static const int *upload_ints(cuda_batch *d, const int *host, size_t n, int *to) {
-    if (d->used + n > d->cap_ints) {
+/* n_parts arrays of n ints each onto the device for this step in one copy,
+ * one after the other, at `to` or else in the step's array; the device
+ * address of the first (NULL when the step's area is spent). */
+static const int *upload_ints(cuda_batch *d, const int *const *parts, int n_parts, size_t n, int *to) {
+    size_t total = (size_t)n_parts * n;
+    if (d->used + total > d->cap_ints) {
         d->failed = 1;
         return NULL;
     }
     int *stage = d->staging + d->used, *dev = to ? to : d->ints + d->used;
-    memcpy(stage, host, n * sizeof(int));
-    if (cudaMemcpyAsync(dev, stage, n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) != cudaSuccess)
+    for (int i = 0; i < n_parts; i++) memcpy(stage + i * n, parts[i], n * sizeof(int));
+    if (cudaMemcpyAsync(dev, stage, total * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) != cudaSuccess)
         d->failed = 1;
-    d->used += n;
+    d->used += total;
     return dev;
 }
 
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {
-    const int *dev = upload_ints(d, tokens, (size_t)R, NULL);
+    const int *dev = upload_ints(d, &tokens, 1, (size_t)R, NULL);
     if (dev) cuda_embed(d->x, d->c->embed, dev, R, d->c->m->arch.hidden, d->c->stream);
 }
 
 void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
-    upload_ints(d, tables, (size_t)n, d->tables + offset);
+    upload_ints(d, &tables, 1, (size_t)n, d->tables + offset);
 }
 
 void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
     cuda_state *c = d->c;
     int H = c->m->arch.hidden;
-    const int *r = upload_ints(d, rows, (size_t)T, NULL), *p = upload_ints(d, pos, (size_t)T, NULL);
-    const int *t = upload_ints(d, table, (size_t)T, NULL);
-    if (!r || !p || !t) return;
-    cuda_kv_map map = {NULL, p, t, d->tables};
+    const int *parts[3] = {rows, pos, table}, *r = upload_ints(d, parts, 3, (size_t)T, NULL);
+    if (!r) return;
+    cuda_kv_map map = {NULL, r + T, r + 2 * T, d->tables};
     cuda_copy_rows(c->x, d->x, NULL, r, T, H, c->stream);
     cuda_layer_forward(c, &c->layers[layer], 0, T, &map, d->k_pool, d->v_pool);
     cuda_copy_rows(d->x, c->x, r, NULL, T, H, c->stream);
@@ -183,15 +184,15 @@ void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) {
 }
 
 void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
-    const int *r = upload_ints(d, rows, (size_t)n, NULL), *s = upload_ints(d, starts, (size_t)n, NULL);
-    if (r && s) cuda_copy_rows(d->x, d->start, r, s, n, d->c->m->arch.hidden, d->c->stream);
+    const int *parts[2] = {rows, starts}, *r = upload_ints(d, parts, 2, (size_t)n, NULL);
+    if (r) cuda_copy_rows(d->x, d->start, r, r + n, n, d->c->m->arch.hidden, d->c->stream);
 }
 
 polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
     cuda_state *c = d->c;
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, V = a->vocab;
-    const int *r = upload_ints(d, rows, (size_t)n, NULL);
+    const int *r = upload_ints(d, &rows, 1, (size_t)n, NULL);
     if (r) {
         cuda_copy_rows(c->x, d->x, NULL, r, n, H, c->stream);
         cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, c->stream);
