@@ -163,7 +163,9 @@ int cmd_bench(int argc, char **argv) {
     if (rc) return rc;
     if (batch) {
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, batch, programs_file, program_text,
-                         n_prompt, gen, reps, threads, device == POLAR_DEVICE_CUDA, json);
+                         n_prompt, gen, reps, threads,
+                         device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0)),
+                         json);
         polar_model_free(m);
         return rc;
     }

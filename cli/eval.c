@@ -180,8 +180,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
      * longest prompt */
     int max_ctx = max_prompt + a->max_new + 1;
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
-                           .n_threads = a->threads,
-                           .device = device == POLAR_DEVICE_CUDA ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU,
+                           .n_threads = a->threads, .device = device,
                            .prefix_cache_bytes = (size_t)a->cache_mb << 20};
     bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_runs_max, cap_len, max_ctx);
     if (n_done < count && polar_batch_create(m, &bo, &c.b, &err) != POLAR_OK) {

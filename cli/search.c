@@ -207,9 +207,8 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     polar_status st = longest_prompt(tok, style, data, first, count, done, a->shots, a->n_shots, &longest, &err);
     int max_ctx = longest + a->max_new;
     if (st == POLAR_OK && n_done < count) {
-        polar_device on = device == POLAR_DEVICE_CUDA ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU;
         polar_batch_opts bo = {.max_seqs = n_jobs, .max_ctx = max_ctx, .max_program_len = cap_len,
-                               .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = on,
+                               .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = device,
                                .prefix_cache_bytes = (size_t)a->cache_mb << 20};
         bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_jobs, cap_len, max_ctx);
         st = polar_batch_create(m, &bo, &r.b, &err);

@@ -347,14 +347,15 @@ typedef struct {
     int step_tokens;     /* tokens one step runs at most, decode tokens first, then prompt chunks; 0: 64
                           * (never fewer than max_seqs) */
     int n_threads;       /* CPU threads; 0: all available */
-    polar_device device; /* CPU (AUTO is CPU) or CUDA (see above) */
+    polar_device device; /* CPU, CUDA (see above), or AUTO: CUDA when this build has it and a GPU is present */
     /* CPU only: round to bf16 where the CUDA step does (the K/V pool; the
      * inputs of passes, and of head slices, of more than 8 rows), so a CPU
      * batch is a tight reference for a GPU one (as polar_session_opts). */
     int round_like_cuda;
     size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (an item: a pool block of 16 K/V rows
                                 * and 16 x hidden floats of residual rows; each sequence slot then also
-                                * holds max_ctx x hidden floats of them, on the batch's device); 0: none */
+                                * holds max_ctx x hidden floats of them, on the batch's device; bf16 K/V
+                                * rows make a CUDA item smaller, so the same bytes hold more); 0: none */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens

@@ -89,9 +89,14 @@ struct polar_batch {
     void *sample_work;     /* polar_sample_work_bytes(vocab) */
 };
 
+/* Whether a batch for this device runs on the GPU (AUTO: when there is one). */
+static int on_gpu(polar_device device) {
+    return device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0));
+}
+
 /* Bytes of one pool block: K and V rows, f32 on the CPU, bf16 on CUDA. */
 static size_t kv_block_bytes(const polar_model *m, polar_device device) {
-    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (device == POLAR_DEVICE_CUDA ? 2 : sizeof(float));
+    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (on_gpu(device) ? 2 : sizeof(float));
     return 2 * CPU_KV_BLOCK * row;
 }
 
@@ -107,7 +112,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
     if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0)
         return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
-    int cuda = o.device == POLAR_DEVICE_CUDA;
+    int cuda = on_gpu(o.device);
     if (o.max_seqs == 0) o.max_seqs = 16;
     if (o.max_ctx == 0) o.max_ctx = a->max_pos < 2048 ? a->max_pos : 2048;
     if (o.max_program_len == 0) o.max_program_len = 2 * a->n_layers;

@@ -31,7 +31,7 @@ typedef struct {
     int n_req, max_seqs, step_tokens, max_new;
     int pool_seqs;   /* > 0: a pool for this many base programs of the longest prompt; 0: room for all */
     int shared;      /* the first `shared` prompt tokens are the same in every request */
-    size_t cache;    /* prefix cache bytes (room for every item: both caches hold the same) */
+    int cache_items; /* prefix cache items, the same number on both (their bytes differ); 0: none */
 } scenario;
 
 /* Both batches' ids of one request (0: not added yet, -1: done). */
@@ -62,7 +62,10 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
     for (int i = 0; i < 2; i++) {
         o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
-        o[i].step_tokens = sc->step_tokens, o[i].prefix_cache_bytes = sc->cache;
+        o[i].step_tokens = sc->step_tokens;
+        if (sc->cache_items) /* an item: a pool block and 16 f32 residual rows */
+            o[i].prefix_cache_bytes = (size_t)sc->cache_items * (polar_batch_kv_bytes(m, o[i].device, 1, 1, 16) +
+                                                                 16 * (size_t)info.arch.hidden * sizeof(float));
         if (sc->pool_seqs) /* the same number of blocks on both */
             o[i].kv_bytes = polar_batch_kv_bytes(m, o[i].device, sc->pool_seqs, D, longest + sc->max_new);
     }
@@ -185,15 +188,21 @@ static void batch_wide(void) {
  * (two full blocks) and whose programs share first entries, arriving over
  * steps and together (those wait for the first), some prompts ending inside
  * a block (copied K/V rows), the same prompt again under the same program
- * (its last token's row from the cache). */
+ * (its last token's row from the cache); with room for every item, then
+ * for 6 (items evicted and reused). */
 static void batch_prefix_cache(void) {
     static const request reqs[] = {
         {"base", 40, 1, 0, 0},      {"0-1,3", 40, 2, 0, 0},  {"0-1,3", 38, 3, 0, 0}, {"0,2,1,3", 39, 4, 3, 0},
         {"0-1x2,2-3", 37, 5, 6, 0}, {"base", 40, 1, 9, 0},   {"0,3", 36, 6, 9, 0}};
-    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 8 << 20};
+    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096};
     figures fig;
+    long all_kept;
     against_cpu("llama", &sc, &fig);
-    CHECK(fig.cached > 0, "nothing was found in the prefix cache");
+    CHECK((all_kept = fig.cached) > 0, "nothing was found in the prefix cache");
+    sc.cache_items = 6; /* evicting while earlier look-ups' copies are still queued */
+    against_cpu("llama", &sc, &fig);
+    CHECK(fig.cached > 0 && fig.cached < all_kept, "6 items found %ld pairs, a cache for all %ld", fig.cached,
+          all_kept);
     if (!quick) against_cpu("qwen2_moe", &sc, &fig);
 }
 
