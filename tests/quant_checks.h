@@ -104,8 +104,6 @@ static void gguf_py_blocks(void) {
     }
 }
 
-static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "neon"};
-
 /* A level's dot product of nb 32-blocks of weights w (values wf) with
  * random activations, against the f32 dot and the plain C one. */
 static void check_dot(const cpu_kernels *k, const char *name, cpu_wtype t, const uint8_t *w, const float *wf, int nb) {
@@ -262,12 +260,12 @@ static void levels(void) {
         const char *why;
         const cpu_kernels *k = cpu_kernels_for((cpu_level)l, &why);
         if (!k) {
-            printf("SKIP quant %s: skipped: %s\n", level_names[l], why);
+            printf("SKIP quant %s: skipped: %s\n", cpu_level_name((cpu_level)l), why);
             continue;
         }
-        dots_on_level(k, level_names[l]);
-        matmul_on_level(k, level_names[l]);
-        quantize_on_level(k, level_names[l]);
+        dots_on_level(k, cpu_level_name((cpu_level)l));
+        matmul_on_level(k, cpu_level_name((cpu_level)l));
+        quantize_on_level(k, cpu_level_name((cpu_level)l));
     }
 }
 

@@ -9,7 +9,9 @@
 #include "kernels.h"
 #include "ops.h"
 
-static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "neon"};
+static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "avx512vnni", "neon"};
+
+const char *cpu_level_name(cpu_level level) { return level >= 0 && level < CPU_N_LEVELS ? level_names[level] : "?"; }
 
 const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why) {
     const char *dummy;
@@ -30,6 +32,10 @@ const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why) {
         if (!__builtin_cpu_supports("avx512bw")) return *why = "CPU lacks avx512bw", NULL;
         if (!__builtin_cpu_supports("avx512vl")) return *why = "CPU lacks avx512vl", NULL;
         return &cpu_kernels_avx512;
+    case CPU_AVX512VNNI:
+        if (!cpu_kernels_for(CPU_AVX512, why)) return NULL;
+        if (!__builtin_cpu_supports("avx512vnni")) return *why = "CPU lacks avx512vnni", NULL;
+        return &cpu_kernels_avx512vnni;
 #endif
 #if defined(__aarch64__)
     case CPU_NEON: /* baseline on aarch64 */
@@ -51,7 +57,7 @@ static void choose(void) {
         int level = -1;
         for (int l = 0; l < CPU_N_LEVELS; l++)
             if (!strcmp(want, level_names[l])) level = l;
-        const char *why = "not a level (generic|avx2|avx512|neon)";
+        const char *why = "not a level (generic|avx2|avx512|avx512vnni|neon)";
         if (level >= 0 && (active = cpu_kernels_for((cpu_level)level, &why))) return;
         for (int l = CPU_N_LEVELS - 1; !active; l--) active = cpu_kernels_for((cpu_level)l, NULL);
         fprintf(stderr, "polar: POLAR_CPU=%s refused (%s); using %s kernels\n", want, why, active->name);

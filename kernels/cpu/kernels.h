@@ -15,7 +15,9 @@
 #include "ops.h" /* the paged KV layout attention_head reads */
 #include "quant.h"
 
-typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_NEON, CPU_N_LEVELS } cpu_level;
+/* avx512vnni is the avx512 level with the quantized dot products of
+ * quant_avx512.c (vpdpbusd); plain avx512 (Skylake-SP) keeps AVX2's. */
+typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON, CPU_N_LEVELS } cpu_level;
 
 typedef struct cpu_kernels {
     const char *name; /* as POLAR_CPU spells it */
@@ -42,15 +44,19 @@ typedef struct cpu_kernels {
 /* One table per level; only those built for the target exist. */
 extern const cpu_kernels cpu_kernels_generic;
 #if defined(__x86_64__)
-extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx512;
+extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx512, cpu_kernels_avx512vnni;
 #endif
 #if defined(__aarch64__)
 extern const cpu_kernels cpu_kernels_neon;
 #endif
 
 /* The table the cpu_* functions use: the best level this CPU runs, or the
- * one POLAR_CPU names (generic|avx2|avx512|neon) when the CPU can run it. */
+ * one POLAR_CPU names (generic|avx2|avx512|avx512vnni|neon) when the CPU
+ * can run it. */
 const cpu_kernels *cpu_kernels_active(void);
+
+/* A level's name, as POLAR_CPU spells it. */
+const char *cpu_level_name(cpu_level level);
 
 /* The table of a level, or NULL with *why set ("not built for this target",
  * "CPU lacks avx512f") when this machine cannot run it. */

@@ -228,15 +228,21 @@ static void avx512_swiglu(float *g, const float *u, int n) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* The f32 kernels of both AVX-512 levels. */
+#define AVX512_OPS                                                                                                    \
+    .matmul_bf16 = avx512_matmul_bf16, .row_block = 8, .rmsnorm = avx512_rmsnorm, .rope = avx512_rope,             \
+    .attention_head = avx512_attention_head, .swiglu = avx512_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
+
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
-    .matmul_bf16 = avx512_matmul_bf16,
-    .row_block = 8,
-    .rmsnorm = avx512_rmsnorm,
-    .rope = avx512_rope,
-    .attention_head = avx512_attention_head,
-    .swiglu = avx512_swiglu,
-    .dot_q = cpu_dot_q_avx2, /* no AVX-512 CPU lacks avx2 and fma; 512-bit block dots are left to do */
+    AVX512_OPS,
+    .dot_q = cpu_dot_q_avx2, /* no AVX-512 CPU lacks avx2 and fma; without VNNI the AVX2 block dots */
     .rows_q = cpu_rows_q_avx2,
-    .quantize_q8 = cpu_quantize_q8_avx2,
+};
+
+const cpu_kernels cpu_kernels_avx512vnni = {
+    .name = "avx512vnni",
+    AVX512_OPS,
+    .dot_q = cpu_dot_q_avx512vnni, /* quant_avx512.c */
+    .rows_q = cpu_rows_q_avx512vnni,
 };

@@ -12,6 +12,10 @@
 #ifndef POLAR_CPU_QUANT_TILES_H
 #define POLAR_CPU_QUANT_TILES_H
 
+#ifndef BATCH_ROWS
+#define BATCH_ROWS 2
+#endif
+
 /* Rows r..r+R-1 of y[T, rows] for every token, up to 4 tokens a tile (so
  * a weight block is unpacked once for all of them: batches of 2 or 3
  * sequences, and the tokens left after the 4-token tiles). */
@@ -20,7 +24,7 @@ INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, cons
     const uint8_t *wr = w + (size_t)r * row_bytes;
     for (int c = 0; c < T;) {
         float out[4][4];
-        int nc = R > 2 ? 1 : T - c < 4 ? T - c : 4;
+        int nc = R > BATCH_ROWS ? 1 : T - c < 4 ? T - c : 4;
         const cpu_q8_block *xc = xq + (size_t)c * nb;
         switch (nc) { /* constant tile shapes, unrolled */
         case 4: tile(t, R, 4, wr, row_bytes, xc, nb, nb, out); break;
@@ -39,15 +43,16 @@ INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, cons
     }
 }
 
-/* Rows r0..r1-1 for every token: 4-row tiles for one token (decode), 2 rows
- * x up to 4 tokens otherwise (batches, prefill), single rows at the tail. */
+/* Rows r0..r1-1 for every token: 4-row tiles for one token (decode),
+ * BATCH_ROWS rows x up to 4 tokens otherwise (batches, prefill), single
+ * rows at the tail. */
 INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
                    int T, int rows, int nb, int accumulate, int r0, int r1) {
     int r = r0;
     if (T == 1)
         for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
     else
-        for (; r + 2 <= r1; r += 2) row_group(t, 2, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+        for (; r + BATCH_ROWS <= r1; r += BATCH_ROWS) row_group(t, BATCH_ROWS, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
     for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
 }
 

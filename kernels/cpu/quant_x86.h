@@ -1,0 +1,104 @@
+/* The kept block types (quant.h) unpacked 32 weights at a time into
+ * 256-bit vectors: shared by the AVX2 and AVX-512 VNNI levels (each
+ * includes it once, compiled with its own flags; both have avx2 and f16c).
+ *
+ * A block comes out as raw bytes and a zero point z, the weights being
+ * w[i] = d[i / 16] * (raw[i] - z) + m: raw is unsigned (0..15, 0..31 or
+ * 0..63) for every type but Q8_0, whose raw bytes are the signed weights
+ * themselves (z 0). The AVX2 level subtracts z to get signed weights;
+ * the VNNI level keeps raw unsigned and subtracts z * sum(x) instead. */
+#ifndef POLAR_CPU_QUANT_X86_H
+#define POLAR_CPU_QUANT_X86_H
+
+#include <immintrin.h>
+
+#include "quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float load_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
+
+/* 16 bytes of nibbles -> 32 bytes 0..15 in element order (low nibbles are
+ * elements 0..15, high nibbles 16..31). */
+INLINE __m256i nibbles(const uint8_t *p) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of
+ * Q5_0 / Q5_1 weights; bit i is element i). */
+INLINE __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick), mask);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, mask), _mm256_set1_epi8(0x10));
+}
+
+/* The zero point of the types without an offset (Q8_0's raw bytes are
+ * already signed); 0 for the offset types. */
+INLINE int zero_point(cpu_wtype t) {
+    switch (t) {
+    case CPU_W_Q4_0: return 8;
+    case CPU_W_Q5_0: return 16;
+    case CPU_W_Q6_K: return 32;
+    default: return 0;
+    }
+}
+
+/* A 32-weight block: raw bytes, the scales of its two halves (equal but
+ * for Q6_K) and the offset m (0 for the types without one). */
+typedef struct {
+    __m256i raw;
+    float d[2], m;
+} rawblock;
+
+/* Block k (32 weights) of a row, as quant_formats.c defines it. */
+INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
+    rawblock o;
+    o.m = 0.0f;
+    if (!cpu_kept_is_k(t)) {
+        const uint8_t *b = row + (size_t)k * cpu_kept_block_bytes(t);
+        o.d[0] = o.d[1] = load_f16(b);
+        switch (t) {
+        case CPU_W_Q8_0: o.raw = _mm256_loadu_si256((const __m256i *)(b + 2)); break;
+        case CPU_W_Q4_0: o.raw = nibbles(b + 2); break;
+        case CPU_W_Q5_0: o.raw = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
+        case CPU_W_Q4_1: o.raw = nibbles(b + 4), o.m = load_f16(b + 2); break;
+        default: o.raw = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), o.m = load_f16(b + 2); break; /* Q5_1 */
+        }
+        return o;
+    }
+    const uint8_t *b = row + (size_t)(k / 8) * cpu_kept_block_bytes(t);
+    int j = k % 8;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if (t == CPU_W_Q6_K) { /* ql 128, qh 64, 16 int8 scales, d */
+        int h = j / 4, part = j % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + (part & 1) * 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        __m256i lo = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+        __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3)), 4);
+        o.raw = _mm256_or_si256(lo, hi);
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
+        float d = load_f16(b + 208);
+        o.d[0] = d * (float)sc[0], o.d[1] = d * (float)sc[1];
+        return o;
+    }
+    /* Q4_K / Q5_K: d, dmin, 12 scale bytes, [qh 32,] qs 128 */
+    int sc, mn;
+    cpu_k4_scale_min(b + 4, j, &sc, &mn);
+    o.d[0] = o.d[1] = load_f16(b) * (float)sc;
+    o.m = -load_f16(b + 2) * (float)mn;
+    __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2)));
+    o.raw = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(qs, 4) : qs, low4);
+    if (t == CPU_W_Q5_K) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        o.raw = _mm256_or_si256(o.raw, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    return o;
+}
+
+#endif
