@@ -174,7 +174,14 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
         }
     }
     for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+    /* the max and the divisions 8 lanes at a time: both exact in any
+     * order, so the same bits as one at a time */
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(scores + j), m8); /* a NaN score is passed over, as below */
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m256 mv = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
     for (j = 0; j + 8 <= n; j += 8) {
@@ -187,7 +194,9 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
         scores[j] = expf(scores[j] - mx);
         sum += scores[j];
     }
-    for (j = 0; j < n; j++) scores[j] /= sum;
+    __m256 sum8 = _mm256_set1_ps(sum);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, _mm256_div_ps(_mm256_loadu_ps(scores + j), sum8));
+    for (; j < n; j++) scores[j] /= sum;
 
     /* out = sum_j p_j v_j, 32 outputs at a time held in registers over j */
     float *oh = out + (size_t)h * hd;

@@ -171,7 +171,12 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
         }
     }
     for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+    /* the max and the divisions 16 lanes at a time: both exact in any
+     * order, so the same bits as one at a time */
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
+    for (j = 0; j + 16 <= n; j += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(scores + j), m16); /* a NaN score is passed over, as below */
+    mx = _mm512_reduce_max_ps(m16);
+    for (; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m512 mv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
     for (j = 0; j + 16 <= n; j += 16) {
@@ -184,7 +189,9 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
         scores[j] = expf(scores[j] - mx);
         sum += scores[j];
     }
-    for (j = 0; j < n; j++) scores[j] /= sum;
+    __m512 sum16 = _mm512_set1_ps(sum);
+    for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(scores + j, _mm512_div_ps(_mm512_loadu_ps(scores + j), sum16));
+    for (; j < n; j++) scores[j] /= sum;
 
     /* out = sum_j p_j v_j, 64 outputs at a time held in registers over j */
     float *oh = out + (size_t)h * hd;
