@@ -85,6 +85,16 @@ def programs_of(line):
     return out
 
 
+def cpu_name():
+    """The CPU's model name and family, as /proc/cpuinfo gives them."""
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
+
+
 def set_program(model, layers, program):
     """The reference's layer list for a program: a shallow copy of a layer
     per execution position (weights shared), numbered by position so the KV
@@ -158,6 +168,8 @@ def main():
         "prompt_layer_tokens_skipped": round(1 - run / needed, 3) if needed else 0.0,
         "reward_agreement": f"{agree}/{total}", "prompt_token_count_mismatches": token_mismatch,
         "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+        "polar": subprocess.run([args.polar, "--version"], capture_output=True, text=True).stdout.strip(),
+        "cpu": cpu_name(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python3 bench/compare_search.py " + " ".join(sys.argv[1:]),
     }

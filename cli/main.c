@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        printf("polar %s\n", POLAR_VERSION);
+        printf("polar %s (CPU kernels: %s)\n", POLAR_VERSION, polar_cpu_kernels());
         return 0;
     }
     for (int i = 0; i < N_COMMANDS; i++) {
