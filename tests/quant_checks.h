@@ -179,49 +179,53 @@ static void dots_on_level(const cpu_kernels *k, const char *name) {
 
 /* The matmul over rows and tokens: the same bits as each row's dot
  * product (plus bias, or added into y), whatever T (tiles of 1 to 4
- * tokens, 4 and 2 rows, and their tails) and thread count; two outputs of
- * different types from one input, as q/k/v run. */
+ * tokens, 4 and 2 rows, and their tails; more than 4 tokens reuse rows a
+ * level may unpack once) and thread count; two outputs of different types
+ * from one input, as q/k/v run; rows of 256 weights and, for the 32-weight
+ * types, of 96 (an odd number of blocks). */
 static void matmul_on_level(const cpu_kernels *k, const char *name) {
-    enum { COLS = 256, NB = COLS / 32, MAXT = 9 };
-    static const int Ts[] = {1, 2, 3, 5, 6, 7, 9}, out_rows[2] = {37, 22};
+    enum { MAXCOLS = 256, MAXNB = MAXCOLS / 32, MAXT = 9 };
+    static const int Ts[] = {1, 2, 3, 5, 6, 7, 9}, out_rows[2] = {37, 22}, colss[2] = {256, 96};
     for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
-        for (int ti = 0; ti < 7 && cpu_wtype_kept((cpu_wtype)t); ti++)
-            for (int acc = 0; acc < 2; acc++)
-                for (int threads = 1; threads <= 3; threads += 2) {
-                    int T = Ts[ti];
-                    cpu_wtype types[2] = {(cpu_wtype)t, t == CPU_W_Q6_K ? CPU_W_Q4_K : CPU_W_Q6_K};
-                    uint8_t *w[2];
-                    float *y[2], *y0[2], x[MAXT * COLS];
-                    bf16 bias[37];
-                    cpu_q8_block xq[MAXT * NB], xq2[NB];
-                    cpu_q_out outs[2];
-                    for (int i = 0; i < T * COLS; i++) x[i] = frand();
-                    for (int r = 0; r < 37; r++) bias[r] = f32_to_bf16(frand());
-                    for (int o = 0; o < 2; o++) {
-                        size_t rb = cpu_wtype_row_bytes(types[o], COLS);
-                        w[o] = malloc(out_rows[o] * rb);
-                        rand_rows(types[o], out_rows[o], COLS, w[o]);
-                        y[o] = malloc((size_t)T * out_rows[o] * 4);
-                        y0[o] = malloc((size_t)T * out_rows[o] * 4);
-                        for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
-                        outs[o] = (cpu_q_out){y[o], w[o], types[o], acc || o ? NULL : bias, out_rows[o]};
+        for (int ci = 0; ci < 2 && cpu_wtype_kept((cpu_wtype)t); ci++)
+            for (int ti = 0; ti < 7 && (ci == 0 || cpu_wtype_block_elems((cpu_wtype)t) == 32); ti++)
+                for (int acc = 0; acc < 2; acc++)
+                    for (int threads = 1; threads <= 3; threads += 2) {
+                        int T = Ts[ti], COLS = colss[ci], NB = COLS / 32;
+                        cpu_wtype types[2] = {(cpu_wtype)t,
+                                              ci ? (t == CPU_W_Q8_0 ? CPU_W_Q4_1 : CPU_W_Q8_0) : t == CPU_W_Q6_K ? CPU_W_Q4_K : CPU_W_Q6_K};
+                        uint8_t *w[2];
+                        float *y[2], *y0[2], x[MAXT * MAXCOLS];
+                        bf16 bias[37];
+                        cpu_q8_block xq[MAXT * MAXNB], xq2[MAXNB];
+                        cpu_q_out outs[2];
+                        for (int i = 0; i < T * COLS; i++) x[i] = frand();
+                        for (int r = 0; r < 37; r++) bias[r] = f32_to_bf16(frand());
+                        for (int o = 0; o < 2; o++) {
+                            size_t rb = cpu_wtype_row_bytes(types[o], COLS);
+                            w[o] = malloc(out_rows[o] * rb);
+                            rand_rows(types[o], out_rows[o], COLS, w[o]);
+                            y[o] = malloc((size_t)T * out_rows[o] * 4);
+                            y0[o] = malloc((size_t)T * out_rows[o] * 4);
+                            for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
+                            outs[o] = (cpu_q_out){y[o], w[o], types[o], acc || o ? NULL : bias, out_rows[o]};
+                        }
+                        cpu_matmul_q_multi_with(k, outs, 2, x, T, COLS, acc, threads, xq);
+                        int bad = 0;
+                        for (int tok = 0; tok < T; tok++) {
+                            cpu_quantize_q8(xq2, x + (size_t)tok * COLS, COLS);
+                            for (int o = 0; o < 2; o++)
+                                for (int r = 0; r < out_rows[o]; r++) {
+                                    size_t rb = cpu_wtype_row_bytes(types[o], COLS), i = (size_t)tok * out_rows[o] + r;
+                                    float d = k->dot_q[types[o]](w[o] + r * rb, xq2, NB);
+                                    float b = outs[o].bias ? bf16_to_f32(bias[r]) : 0.0f;
+                                    bad += y[o][i] != (acc ? y0[o][i] + (d + b) : d + b);
+                                }
+                        }
+                        CHECK(!bad, "%s %s+%s cols=%d T=%d acc=%d threads=%d: %d outputs differ from the row dot products",
+                              name, cpu_wtype_name(types[0]), cpu_wtype_name(types[1]), COLS, T, acc, threads, bad);
+                        for (int o = 0; o < 2; o++) free(w[o]), free(y[o]), free(y0[o]);
                     }
-                    cpu_matmul_q_multi_with(k, outs, 2, x, T, COLS, acc, threads, xq);
-                    int bad = 0;
-                    for (int tok = 0; tok < T; tok++) {
-                        cpu_quantize_q8(xq2, x + (size_t)tok * COLS, COLS);
-                        for (int o = 0; o < 2; o++)
-                            for (int r = 0; r < out_rows[o]; r++) {
-                                size_t rb = cpu_wtype_row_bytes(types[o], COLS), i = (size_t)tok * out_rows[o] + r;
-                                float d = k->dot_q[types[o]](w[o] + r * rb, xq2, NB);
-                                float b = outs[o].bias ? bf16_to_f32(bias[r]) : 0.0f;
-                                bad += y[o][i] != (acc ? y0[o][i] + (d + b) : d + b);
-                            }
-                    }
-                    CHECK(!bad, "%s %s+%s T=%d acc=%d threads=%d: %d outputs differ from the row dot products", name,
-                          cpu_wtype_name(types[0]), cpu_wtype_name(types[1]), T, acc, threads, bad);
-                    for (int o = 0; o < 2; o++) free(w[o]), free(y[o]), free(y0[o]);
-                }
 }
 
 /* The level's activation quantizer gives cpu_quantize_q8's blocks bit for

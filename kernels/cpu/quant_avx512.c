@@ -46,13 +46,22 @@ typedef struct {
     __m256 off[4];    /* [row], lane c + 4h: m * s of token c's block h of each pair (offset types) */
 } tile_acc;
 
-/* Blocks k and k + 1 (k alone when !two: the upper half is zeros, scale 0)
- * of R rows against C tokens. */
-INLINE void tile_step(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, const cpu_q8_block *x, size_t xs,
-                      int k, int two, size_t ahead, size_t step, tile_acc *a) {
-    __m512i u[4];
-    __m512 ws[4];
+/* Blocks k and k + 1 of R rows as vpdpbusd takes them (k alone when the
+ * row has no k + 1: zero bytes, scale 0). */
+typedef struct {
+    __m512i u[4]; /* unsigned bytes of the two blocks */
+    __m512 ws[4]; /* their half-block scales in the lanes of the products */
     float m[4][2];
+} pair_rows;
+
+/* The quarter scales {k half 0, k half 1, k+1 half 0, k+1 half 1}. */
+INLINE __m512 pair_scales(cpu_wtype t, const float d[4]) {
+    return t == CPU_W_Q6_K ? quarters(d[0], d[1], d[2], d[3]) : halves(d[0], d[2]);
+}
+
+/* Blocks k and k + 1 (when two) of R rows, straight from the weights. */
+INLINE void unpack_pair(cpu_wtype t, int R, const uint8_t *w, size_t row_bytes, int k, int two, size_t ahead,
+                        size_t step, pair_rows *p) {
     for (int r = 0; r < R; r++) {
         const uint8_t *wr = w + (size_t)r * row_bytes;
         /* R interleaved rows defeat the hardware's stream prefetch: ask
@@ -60,10 +69,56 @@ INLINE void tile_step(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_by
         _mm_prefetch((const char *)wr + (size_t)k * step + ahead, _MM_HINT_T0);
         rawblock b0 = unpack_raw(t, wr, k), b1 = {_mm256_setzero_si256(), {0.0f, 0.0f}, 0.0f};
         if (two) b1 = unpack_raw(t, wr, k + 1);
-        u[r] = pair_bytes(vnni_bytes(t, b0.raw), two ? vnni_bytes(t, b1.raw) : _mm256_setzero_si256());
-        ws[r] = t == CPU_W_Q6_K ? quarters(b0.d[0], b0.d[1], b1.d[0], b1.d[1]) : halves(b0.d[0], b1.d[0]);
-        m[r][0] = b0.m, m[r][1] = b1.m;
+        p->u[r] = pair_bytes(vnni_bytes(t, b0.raw), two ? vnni_bytes(t, b1.raw) : _mm256_setzero_si256());
+        const float d[4] = {b0.d[0], b0.d[1], b1.d[0], b1.d[1]};
+        p->ws[r] = pair_scales(t, d);
+        p->m[r][0] = b0.m, p->m[r][1] = b1.m;
     }
+}
+
+/* R rows of up to PREPARED_PAIRS pairs of blocks (8192 weights), unpacked
+ * once for every token tile of their row group (quant_tiles.h): about 44 KB
+ * on the stack of the matmul's thread. */
+#define PREPARED_PAIRS 128
+typedef struct {
+    uint8_t u[4][PREPARED_PAIRS][64];
+    float d[4][PREPARED_PAIRS][4], m[4][PREPARED_PAIRS][2];
+} prepared_rows;
+#define PREPARED_ROWS prepared_rows
+
+/* Blocks k and k + 1 of the prepared rows: the same values unpack_pair
+ * gives, so the same bits downstream. */
+INLINE void load_pair(cpu_wtype t, int R, const prepared_rows *pr, int k, pair_rows *p) {
+    for (int r = 0; r < R; r++) {
+        p->u[r] = _mm512_loadu_si512(pr->u[r][k / 2]);
+        p->ws[r] = pair_scales(t, pr->d[r][k / 2]);
+        p->m[r][0] = pr->m[r][k / 2][0], p->m[r][1] = pr->m[r][k / 2][1];
+    }
+}
+
+INLINE int prepare_rows(cpu_wtype t, int R, const uint8_t *w, size_t row_bytes, int nb, prepared_rows *pr) {
+    if ((nb + 1) / 2 > PREPARED_PAIRS) return 0;
+    const size_t ahead = PREFETCH_TILES * (size_t)R * row_bytes, step = row_bytes / (size_t)nb;
+    for (int k = 0; k < nb; k += 2) {
+        int two = k + 1 < nb;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wr = w + (size_t)r * row_bytes;
+            _mm_prefetch((const char *)wr + (size_t)k * step + ahead, _MM_HINT_T0); /* as in unpack_pair */
+            rawblock b0 = unpack_raw(t, wr, k), b1 = {_mm256_setzero_si256(), {0.0f, 0.0f}, 0.0f};
+            if (two) b1 = unpack_raw(t, wr, k + 1);
+            _mm512_storeu_si512(pr->u[r][k / 2],
+                                pair_bytes(vnni_bytes(t, b0.raw), two ? vnni_bytes(t, b1.raw) : _mm256_setzero_si256()));
+            float *d = pr->d[r][k / 2];
+            d[0] = b0.d[0], d[1] = b0.d[1], d[2] = b1.d[0], d[3] = b1.d[1];
+            pr->m[r][k / 2][0] = b0.m, pr->m[r][k / 2][1] = b1.m;
+        }
+    }
+    return 1;
+}
+
+/* A pair of blocks of R rows against C tokens. */
+INLINE void pair_step(cpu_wtype t, int R, int C, const pair_rows *p, const cpu_q8_block *x, size_t xs, int k, int two,
+                      tile_acc *a) {
     const int z = vnni_zero(t);
     for (int c = 0; c < C; c++) {
         const cpu_q8_block *x0 = &x[(size_t)c * xs + k], *x1 = x0 + 1;
@@ -74,8 +129,8 @@ INLINE void tile_step(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_by
         __m512i start = _mm512_setzero_si512();
         if (z) start = _mm512_sub_epi32(start, _mm512_dpbusd_epi32(start, _mm512_set1_epi8((char)z), xv));
         for (int r = 0; r < R; r++) {
-            __m512 sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, u[r], xv));
-            a->acc[r][c] = _mm512_fmadd_ps(sum, _mm512_mul_ps(ws[r], xd), a->acc[r][c]);
+            __m512 sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, p->u[r], xv));
+            a->acc[r][c] = _mm512_fmadd_ps(sum, _mm512_mul_ps(p->ws[r], xd), a->acc[r][c]);
         }
     }
     if (cpu_kept_has_offset(t)) { /* m * s for all the tile's tokens at once, one multiply and add per lane */
@@ -86,30 +141,47 @@ INLINE void tile_step(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_by
                         : _mm_setzero_ps();
         __m256 sv = _mm256_set_m128(s1, s0);
         for (int r = 0; r < R; r++) {
-            __m256 mv = _mm256_set_m128(_mm_set1_ps(m[r][1]), _mm_set1_ps(m[r][0]));
+            __m256 mv = _mm256_set_m128(_mm_set1_ps(p->m[r][1]), _mm_set1_ps(p->m[r][0]));
             a->off[r] = _mm256_add_ps(a->off[r], _mm256_mul_ps(mv, sv));
         }
     }
 }
 
-/* out[r][c] = dot of weight row r (rows row_bytes apart) with token c's nb
- * blocks (tokens xs blocks apart). R, C and t are constants at each call. */
-INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, const cpu_q8_block *x, size_t xs,
-                 int nb, float out[4][4]) {
+/* out[r][c] = dot of R weight rows with token c's nb blocks (tokens xs
+ * blocks apart), the rows from w (rows row_bytes apart) or, when
+ * prepared, from pr. R, C, t and prepared are constants at each call. */
+INLINE void tile_rows(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, int prepared,
+                      const prepared_rows *pr, const cpu_q8_block *x, size_t xs, int nb, float out[4][4]) {
     tile_acc a;
     for (int r = 0; r < R; r++) {
         a.off[r] = _mm256_setzero_ps();
         for (int c = 0; c < C; c++) a.acc[r][c] = _mm512_setzero_ps();
     }
     const size_t ahead = PREFETCH_TILES * (size_t)R * row_bytes, step = nb ? row_bytes / (size_t)nb : 0;
-    int k = 0;
-    for (; k + 2 <= nb; k += 2) tile_step(t, R, C, w, row_bytes, x, xs, k, 1, ahead, step, &a);
-    if (k < nb) tile_step(t, R, C, w, row_bytes, x, xs, k, 0, ahead, step, &a);
+    pair_rows p;
+    for (int k = 0; k < nb; k += 2) {
+        int two = k + 1 < nb;
+        if (prepared) load_pair(t, R, pr, k, &p);
+        else if (two) unpack_pair(t, R, w, row_bytes, k, 1, ahead, step, &p);
+        else unpack_pair(t, R, w, row_bytes, k, 0, ahead, step, &p);
+        if (two) pair_step(t, R, C, &p, x, xs, k, 1, &a);
+        else pair_step(t, R, C, &p, x, xs, k, 0, &a);
+    }
     for (int r = 0; r < R; r++) {
         float o[8];
         _mm256_storeu_ps(o, a.off[r]);
         for (int c = 0; c < C; c++) out[r][c] = _mm512_reduce_add_ps(a.acc[r][c]) + (o[c] + o[4 + c]);
     }
+}
+
+INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, const cpu_q8_block *x, size_t xs,
+                 int nb, float out[4][4]) {
+    tile_rows(t, R, C, w, row_bytes, 0, NULL, x, xs, nb, out);
+}
+
+INLINE void tile_prepared(cpu_wtype t, int R, int C, const prepared_rows *pr, const cpu_q8_block *x, size_t xs, int nb,
+                          float out[4][4]) {
+    tile_rows(t, R, C, NULL, 0, 1, pr, x, xs, nb, out);
 }
 
 #define BATCH_ROWS 4

@@ -16,22 +16,42 @@
 #define BATCH_ROWS 2
 #endif
 
+/* A level may also define PREPARED_ROWS, the type of R rows unpacked once
+ * for all the token tiles of a row group, with
+ *   int prepare_rows(cpu_wtype t, int R, const uint8_t *w, size_t row_bytes, int nb, PREPARED_ROWS *p)
+ * (0 when the rows are too long for it) and
+ *   void tile_prepared(cpu_wtype t, int R, int C, const PREPARED_ROWS *p, const cpu_q8_block *x, size_t xs,
+ *                      int nb, float out[4][4])
+ * giving tile's out bit for bit. */
+#ifdef PREPARED_ROWS
+#define HAVE_PREPARED_ROWS 1
+#else
+#define HAVE_PREPARED_ROWS 0
+typedef char no_prepared_rows;
+#define PREPARED_ROWS no_prepared_rows
+INLINE void tile_prepared(cpu_wtype t, int R, int C, const PREPARED_ROWS *p, const cpu_q8_block *x, size_t xs, int nb,
+                          float out[4][4]) {}
+INLINE int prepare_rows(cpu_wtype t, int R, const uint8_t *w, size_t row_bytes, int nb, PREPARED_ROWS *p) { return 0; }
+#endif
+
 /* Rows r..r+R-1 of y[T, rows] for every token, up to 4 tokens a tile (so
  * a weight block is unpacked once for all of them: batches of 2 or 3
- * sequences, and the tokens left after the 4-token tiles). */
-INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
-                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
-    const uint8_t *wr = w + (size_t)r * row_bytes;
+ * sequences, and the tokens left after the 4-token tiles), from the
+ * weights wr or, when not NULL, from the same rows prepared. */
+INLINE void token_tiles(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *wr, size_t row_bytes,
+                        const PREPARED_ROWS *prep, const bf16 *bias, int T, int rows, int nb, int accumulate, int r) {
     for (int c = 0; c < T;) {
         float out[4][4];
         int nc = R > BATCH_ROWS ? 1 : T - c < 4 ? T - c : 4;
         const cpu_q8_block *xc = xq + (size_t)c * nb;
+#define TILE(C) (prep ? tile_prepared(t, R, C, prep, xc, nb, nb, out) : tile(t, R, C, wr, row_bytes, xc, nb, nb, out))
         switch (nc) { /* constant tile shapes, unrolled */
-        case 4: tile(t, R, 4, wr, row_bytes, xc, nb, nb, out); break;
-        case 3: tile(t, R, 3, wr, row_bytes, xc, nb, nb, out); break;
-        case 2: tile(t, R, 2, wr, row_bytes, xc, nb, nb, out); break;
-        default: tile(t, R, 1, wr, row_bytes, xc, nb, nb, out); break;
+        case 4: TILE(4); break;
+        case 3: TILE(3); break;
+        case 2: TILE(2); break;
+        default: TILE(1); break;
         }
+#undef TILE
         for (int i = 0; i < R; i++) {
             float b = bias ? bf16_to_f32(bias[r + i]) : 0.0f;
             for (int j = 0; j < nc; j++) {
@@ -43,17 +63,28 @@ INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, cons
     }
 }
 
+/* scratch: room for R prepared rows, used when there is more than one
+ * token tile over them. */
+INLINE void row_group(cpu_wtype t, int R, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes,
+                      const bf16 *bias, int T, int rows, int nb, int accumulate, int r, PREPARED_ROWS *scratch) {
+    const uint8_t *wr = w + (size_t)r * row_bytes;
+    int prepared = HAVE_PREPARED_ROWS && T > 4 && R <= BATCH_ROWS && prepare_rows(t, R, wr, row_bytes, nb, scratch);
+    token_tiles(t, R, y, xq, wr, row_bytes, prepared ? scratch : NULL, bias, T, rows, nb, accumulate, r);
+}
+
 /* Rows r0..r1-1 for every token: 4-row tiles for one token (decode),
  * BATCH_ROWS rows x up to 4 tokens otherwise (batches, prefill), single
  * rows at the tail. */
 INLINE void rows_q(cpu_wtype t, float *y, const cpu_q8_block *xq, const uint8_t *w, size_t row_bytes, const bf16 *bias,
                    int T, int rows, int nb, int accumulate, int r0, int r1) {
+    PREPARED_ROWS scratch;
     int r = r0;
     if (T == 1)
-        for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+        for (; r + 4 <= r1; r += 4) row_group(t, 4, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r, &scratch);
     else
-        for (; r + BATCH_ROWS <= r1; r += BATCH_ROWS) row_group(t, BATCH_ROWS, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
-    for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r);
+        for (; r + BATCH_ROWS <= r1; r += BATCH_ROWS)
+            row_group(t, BATCH_ROWS, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r, &scratch);
+    for (; r < r1; r++) row_group(t, 1, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r, &scratch);
 }
 
 #define LEVEL_FUNCTIONS(name, type)                                                                                 \
