@@ -63,7 +63,7 @@ $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx5
 $(BUILD)/obj/kernels/cpu/quant_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
-           kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c $(SIMD_SRC) \
+           kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/quant_x16.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/batch.c runtime/cuda_batch.c \
            runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
@@ -169,7 +169,7 @@ $(QWEN_TIKTOKEN):
 NEON_CC     ?= aarch64-linux-gnu-gcc
 QEMU_ARM64  ?= qemu-aarch64
 NEON_SYSROOT ?= /usr/aarch64-linux-gnu
-NEON_KERNELS := kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c \
+NEON_KERNELS := kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/quant_x16.c \
                 kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
 NEON_CFLAGS := -std=c11 -O2 -ffp-contract=off -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -Iinclude
 NEON_HDR    := tests/harness.h $(wildcard kernels/cpu/*.h) include/polar.h

@@ -107,15 +107,15 @@ static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) 
 }
 
 /* A matrix of the model as bf16 on the device: GGUF blocks the CPU keeps
- * quantized are dequantized row by row here (the CUDA kernels read bf16). */
+ * quantized (row-major or interleaved) are dequantized row by row here (the
+ * CUDA kernels read bf16). */
 static int upload_w(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_wtype t, size_t rows, size_t cols) {
     if (t == CPU_W_BF16 || !src) return upload(w, dst, src, rows * cols);
     bf16 *buf = malloc(rows * cols * sizeof *buf);
     float *f = malloc(cols * sizeof *f);
     int ok = buf && f;
-    size_t row_bytes = cpu_wtype_row_bytes(t, cols);
     for (size_t r = 0; ok && r < rows; r++) {
-        cpu_dequantize_row(t, (const unsigned char *)src + r * row_bytes, f, (int)cols);
+        cpu_dequantize_matrix_row(t, src, cols, (int)r, f);
         for (size_t j = 0; j < cols; j++) buf[r * cols + j] = f32_to_bf16(f[j]);
     }
     ok = ok && upload(w, dst, buf, rows * cols);

@@ -1,8 +1,9 @@
 /* What a loaded model holds. Weights are bf16, row-major [out, in] as in
  * Hugging Face checkpoints; either inside a mapped file or in buffers the
- * model owns. A GGUF's Q8_0/Q4_0/Q4_1 projections, embedding and head stay
- * in their block format: then the pointer holds blocks (rows of
- * cpu_wtype_row_bytes) and the matrix's t_* field says which. */
+ * model owns. A GGUF's quantized projections, embedding and head stay in
+ * their block format: then the pointer holds blocks (rows of
+ * cpu_wtype_row_bytes, or Q8_0/Q4_0/Q4_1 interleaved by 16 rows when the
+ * CPU kernels want that, quant.h) and the matrix's t_* field says which. */
 #ifndef POLAR_MODEL_H
 #define POLAR_MODEL_H
 

@@ -286,7 +286,10 @@ static polar_status bind_safetensors(polar_model *m, const tensor_ref *r, polar_
 static cpu_wtype kept_type(ggml_type t) { return cpu_wtype_kept(ggml_block_format(t)) ? ggml_block_format(t) : CPU_W_BF16; }
 
 /* Keep a quantized matrix in its blocks: in place in the mapping, or (q/k
- * of llama, whose rows must be unpermuted) in a copy the model owns. */
+ * of llama, whose rows must be unpermuted) in a copy the model owns; or,
+ * when the CPU kernels multiply it faster so (cpu_x16_active), repacked
+ * into an interleaved copy the model owns (the mapped blocks are then no
+ * longer read). */
 static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_tensor *t, cpu_wtype wt, int permuted,
                                 polar_error *err) {
     size_t row_bytes = cpu_wtype_row_bytes(wt, (size_t)r->cols);
@@ -294,16 +297,29 @@ static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s': %zu bytes of %s blocks, expected %zu",
                           ((const gguf_file *)m->gguf)->path, r->gguf_name, t->nbytes, cpu_wtype_name(wt),
                           row_bytes * (size_t)r->rows);
-    if (!permuted) {
-        *r->slot = t->data; /* blocks are read bytewise: any alignment will do */
-    } else {
-        void *buf = malloc(t->nbytes);
-        if (!model_own(m, buf)) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
-        memcpy(buf, t->data, t->nbytes);
-        if (!unpermute_rows(buf, r->rows, row_bytes, m->arch.head_dim))
+    const void *blocks = t->data; /* blocks are read bytewise: any alignment will do */
+    void *copy = NULL;
+    if (permuted) {
+        copy = malloc(t->nbytes);
+        if (!copy) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
+        memcpy(copy, t->data, t->nbytes);
+        if (!unpermute_rows(copy, r->rows, row_bytes, m->arch.head_dim)) {
+            free(copy);
             return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
-        *r->slot = buf;
+        }
+        blocks = copy;
     }
+    cpu_wtype x16 = cpu_x16_active(wt);
+    if (x16 != CPU_W_BF16) {
+        void *packed = malloc(cpu_x16_bytes(x16, r->rows, (size_t)r->cols));
+        if (packed) cpu_repack_x16(wt, blocks, r->rows, (size_t)r->cols, packed);
+        free(copy);
+        if (!model_own(m, packed)) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
+        blocks = packed, wt = x16;
+    } else if (copy && !model_own(m, copy)) {
+        return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
+    }
+    *r->slot = blocks;
     *r->wtype = wt;
     m->quantized = 1;
     return POLAR_OK;

@@ -252,11 +252,91 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
     int same = 1;
     for (int b = 0; b < N / 32; b++) {
         int nan_w = isnan(want[b].d), nan_g = isnan(got[b].d);
-        if (nan_w != nan_g || memcmp(want[b].q, got[b].q, 32) ||
+        if (nan_w != nan_g || memcmp(want[b].q, got[b].q, 32) || want[b].sum != got[b].sum ||
             (!nan_w && (memcmp(&want[b].d, &got[b].d, sizeof(float)) || memcmp(&want[b].s, &got[b].s, sizeof(float)))))
             same = 0;
     }
     CHECK(same, "%s: quantize_q8 differs from cpu_quantize_q8", name);
+}
+
+/* The interleaved layouts (quant.h), on a level that multiplies them:
+ * repacked rows dequantize to the row-major rows' values bit for bit;
+ * the matmul (rows not a multiple of 16, columns of an odd number of
+ * blocks, T up to 17, 1 and 3 threads, bias or accumulate, two outputs
+ * from one input) is within 1e-5 of the plain C dot of each original row,
+ * and every token's outputs are those of the token alone (T = 1) bit for
+ * bit: decode and batches agree. */
+static void x16_on_level(const cpu_kernels *k, const char *name) {
+    enum { MAXCOLS = 256, MAXT = 17, ROWS0 = 37, ROWS1 = 21 };
+    static const cpu_wtype types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1};
+    static const int Ts[] = {1, 2, 3, 5, 8, 9, 17}, colss[2] = {256, 96}, out_rows[2] = {ROWS0, ROWS1};
+    static float x[MAXT * MAXCOLS], wf[MAXCOLS], row_f[MAXCOLS], y[2][MAXT * ROWS0], y0[2][MAXT * ROWS0],
+        one[2][ROWS0];
+    static cpu_q8_block xq[MAXT * MAXCOLS / 32], xq1[MAXCOLS / 32];
+    int ran = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int ci = 0; ci < 2; ci++) {
+            cpu_wtype rt[2] = {types[ti], types[(ti + 1) % 3]}, xt[2];
+            int cols = colss[ci], nb = cols / 32;
+            uint8_t *w[2], *wx[2];
+            for (int o = 0; o < 2; o++) {
+                xt[o] = cpu_x16_of(rt[o]);
+                size_t rb = cpu_wtype_row_bytes(rt[o], (size_t)cols);
+                w[o] = malloc((size_t)out_rows[o] * rb);
+                wx[o] = malloc(cpu_x16_bytes(xt[o], out_rows[o], (size_t)cols));
+                rand_rows(rt[o], out_rows[o], cols, w[o]);
+                cpu_repack_x16(rt[o], w[o], out_rows[o], (size_t)cols, wx[o]);
+                int bad = 0;
+                for (int r = 0; r < out_rows[o]; r++) {
+                    cpu_dequantize_row(rt[o], w[o] + (size_t)r * rb, wf, cols);
+                    cpu_dequantize_matrix_row(xt[o], wx[o], (size_t)cols, r, row_f);
+                    bad += memcmp(wf, row_f, (size_t)cols * 4) != 0;
+                }
+                CHECK(!bad, "%s: %d rows of %s x %d differ from %s's", cpu_wtype_name(xt[o]), bad, cpu_wtype_name(rt[o]),
+                      cols, cpu_wtype_name(rt[o]));
+            }
+            if (!k->rows_q[xt[0]] || !k->rows_q[xt[1]]) {
+                for (int o = 0; o < 2; o++) free(w[o]), free(wx[o]);
+                continue;
+            }
+            ran = 1;
+            bf16 bias[ROWS0];
+            for (int r = 0; r < ROWS0; r++) bias[r] = f32_to_bf16(frand());
+            for (int tj = 0; tj < 7; tj++)
+                for (int acc = 0; acc < 2; acc++)
+                    for (int threads = 1; threads <= 3; threads += 2) {
+                        int T = Ts[tj], far = 0, split = 0;
+                        for (int i = 0; i < T * cols; i++) x[i] = frand() * (i % 5 ? 1.0f : 6.0f);
+                        for (int o = 0; o < 2; o++)
+                            for (int i = 0; i < T * out_rows[o]; i++) y[o][i] = y0[o][i] = frand();
+                        cpu_q_out outs[2] = {{y[0], wx[0], xt[0], acc ? NULL : bias, ROWS0}, {y[1], wx[1], xt[1], NULL, ROWS1}};
+                        cpu_matmul_q_multi_with(k, outs, 2, x, T, cols, acc, threads, xq);
+                        for (int tok = 0; tok < T; tok++) {
+                            for (int o = 0; o < 2; o++)
+                                for (int r = 0; r < out_rows[o]; r++) one[o][r] = y0[o][(size_t)tok * out_rows[o] + r];
+                            cpu_q_out alone[2] = {{one[0], wx[0], xt[0], acc ? NULL : bias, ROWS0}, {one[1], wx[1], xt[1], NULL, ROWS1}};
+                            cpu_matmul_q_multi_with(k, alone, 2, x + (size_t)tok * cols, 1, cols, acc, 1, xq1);
+                            for (int o = 0; o < 2; o++)
+                                for (int r = 0; r < out_rows[o]; r++) {
+                                    size_t i = (size_t)tok * out_rows[o] + r;
+                                    split += memcmp(&y[o][i], &one[o][r], sizeof(float)) != 0;
+                                    double mag = 0;
+                                    const uint8_t *row = w[o] + (size_t)r * cpu_wtype_row_bytes(rt[o], (size_t)cols);
+                                    cpu_dequantize_row(rt[o], row, wf, cols);
+                                    for (int c = 0; c < cols; c++) mag += fabs((double)wf[c] * x[(size_t)tok * cols + c]);
+                                    float plain = cpu_dot_q_plain(rt[o], row, xq1, nb);
+                                    float b = outs[o].bias ? bf16_to_f32(bias[r]) : 0.0f;
+                                    float want = acc ? y0[o][i] + (plain + b) : plain + b;
+                                    far += !(fabs(y[o][i] - want) <= 1e-5 * (mag + fabs(y0[o][i]) + fabs(b)) + 1e-30);
+                                }
+                        }
+                        CHECK(!far && !split,
+                              "%s %s+%s cols=%d T=%d acc=%d threads=%d: %d outputs off the plain dot, %d differ from T = 1",
+                              name, cpu_wtype_name(xt[0]), cpu_wtype_name(xt[1]), cols, T, acc, threads, far, split);
+                    }
+            for (int o = 0; o < 2; o++) free(w[o]), free(wx[o]);
+        }
+    if (!ran) printf("  %s: no x16 kernels (repacking checked only)\n", name);
 }
 
 static void levels(void) {
@@ -270,6 +350,7 @@ static void levels(void) {
         dots_on_level(k, cpu_level_name((cpu_level)l));
         matmul_on_level(k, cpu_level_name((cpu_level)l));
         quantize_on_level(k, cpu_level_name((cpu_level)l));
+        x16_on_level(k, cpu_level_name((cpu_level)l));
     }
 }
 

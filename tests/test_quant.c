@@ -28,8 +28,12 @@
 #include "harness.h"
 #include "quant_checks.h"
 
-/* Measured max |logit diff| quantized vs bf16 on the 3 prompts, below. */
-#define LOGIT_TOL 1.5f
+/* Max |logit diff| quantized vs bf16 on the 3 prompts, below, as measured
+ * on a Zen 5 for each level: generic (the plain C oracle) 1.58, avx2 1.37,
+ * avx512 1.29, avx512vnni (the x16 layouts) 1.68. Int8 activations make the
+ * quantized forward sensitive to rounding: a last-bit change flips a
+ * rounding in a later quantization, so the levels spread this much. */
+#define LOGIT_TOL 2.0f
 #define TIE_TOL 0.5f
 #define STEPS 16
 
@@ -67,6 +71,10 @@ static void nonfinite_activations(void) {
 
 static char dir[] = "/tmp/polar-quant-XXXXXX";
 
+/* How a loader keeps a matrix of GGUF blocks of type t: interleaved when
+ * the active CPU kernels multiply that layout, else as the blocks. */
+static cpu_wtype kept_as(cpu_wtype t) { return cpu_x16_active(t) != CPU_W_BF16 ? cpu_x16_active(t) : t; }
+
 /* A random Llama with Q8_0 matrices: kept quantized (the q/k rows
  * un-permuted as blocks), close to the same file loaded as bf16. */
 static void q8_0_gguf_model(void) {
@@ -83,14 +91,15 @@ static void q8_0_gguf_model(void) {
     CHECK_OK(polar_model_load(path, &b, &err));
     unsetenv("POLAR_GGUF_BF16");
     if (q && b) {
-        CHECK(q->quantized && q->layers[0].t_wq == CPU_W_Q8_0 && q->layers[0].t_down == CPU_W_Q8_0, "kept as Q8_0");
+        cpu_wtype kept = kept_as(CPU_W_Q8_0);
+        CHECK(q->quantized && q->layers[0].t_wq == kept && q->layers[0].t_down == kept, "kept as %s",
+              cpu_wtype_name(kept));
         CHECK(!b->quantized && b->layers[0].t_wq == CPU_W_BF16, "POLAR_GGUF_BF16=1 loads bf16");
         /* q rows un-permuted: dequantized row r of the kept blocks is row r of the bf16 load */
         int H = a.hidden, bad = 0;
         float *row = malloc((size_t)H * 4);
         for (int r = 0; r < a.n_heads * a.head_dim; r++) {
-            cpu_dequantize_row(CPU_W_Q8_0, (const uint8_t *)q->layers[1].wq + (size_t)r * cpu_wtype_row_bytes(CPU_W_Q8_0, H),
-                               row, H);
+            cpu_dequantize_matrix_row(q->layers[1].t_wq, q->layers[1].wq, (size_t)H, r, row);
             for (int j = 0; j < H; j++) bad += f32_to_bf16(row[j]) != b->layers[1].wq[(size_t)r * H + j];
         }
         free(row);
@@ -245,8 +254,10 @@ static void default_model_quantized(void) {
     unsetenv("POLAR_GGUF_BF16");
     CHECK_OK(st_open(GOLDEN_DIR "/default_model.safetensors", &exp, &err));
     if (q && b && exp.tensors) {
-        CHECK(q->layers[0].t_wq == CPU_W_Q4_1 && q->t_embed == CPU_W_Q8_0 && q->t_lm_head == CPU_W_Q8_0,
-              "Q4_1 layers, Q8_0 embedding and head kept quantized");
+        cpu_wtype q4_1 = kept_as(CPU_W_Q4_1), q8_0 = kept_as(CPU_W_Q8_0);
+        CHECK(q->layers[0].t_wq == q4_1 && q->t_embed == q8_0 && q->t_lm_head == q8_0,
+              "Q4_1 layers, Q8_0 embedding and head kept quantized (as %s, %s)", cpu_wtype_name(q4_1),
+              cpu_wtype_name(q8_0));
         for (int p = 0; p < 3; p++) {
             char name[32];
             snprintf(name, sizeof name, "p%d.ids", p);

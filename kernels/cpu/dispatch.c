@@ -71,6 +71,11 @@ const cpu_kernels *cpu_kernels_active(void) {
     return active;
 }
 
+cpu_wtype cpu_x16_active(cpu_wtype t) {
+    cpu_wtype x = cpu_x16_of(t);
+    return x != CPU_W_BF16 && cpu_kernels_active()->rows_q[x] ? x : CPU_W_BF16;
+}
+
 
 /* Each thread gets one contiguous range of rows, a multiple of the level's
  * row block, so it streams its share of the weights front to back. */

@@ -18,6 +18,7 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
         cpu_q8_block *o = &out[b];
         if (!finite) { /* NaN out, as the f32 product would give; no float->int of NaN */
             o->d = o->s = NAN;
+            o->sum = 0;
             for (int i = 0; i < CPU_QK; i++) o->q[i] = 0;
             continue;
         }
@@ -31,6 +32,7 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
             sum += q;
         }
         o->d = d;
+        o->sum = sum;
         o->s = d * (float)sum;
     }
 }
@@ -40,7 +42,7 @@ void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidd
         cpu_embed(out, table, token, hidden);
         return;
     }
-    cpu_dequantize_row(t, (const uint8_t *)table + (size_t)token * cpu_wtype_row_bytes(t, (size_t)hidden), out, hidden);
+    cpu_dequantize_matrix_row(t, table, (size_t)hidden, token, out);
 }
 
 /* ---------------------------------------------- plain C dot products */
@@ -105,11 +107,11 @@ static void run_blocks(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, 
 void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
                              int accumulate, int n_threads, cpu_q8_block *xq) {
     int quantized = 1;
-    for (int i = 0; i < n_outs; i++) quantized &= cpu_wtype_kept(outs[i].t);
+    for (int i = 0; i < n_outs; i++) quantized &= cpu_wtype_kept(outs[i].t) || cpu_wtype_is_x16(outs[i].t);
     if (!quantized) { /* bf16 models keep their own matmul, bit for bit */
         for (int i = 0; i < n_outs; i++) {
             const cpu_q_out *o = &outs[i];
-            if (!cpu_wtype_kept(o->t)) cpu_matmul_with(k, o->y, x, o->w, o->bias, T, o->rows, cols, accumulate, n_threads);
+            if (o->t == CPU_W_BF16) cpu_matmul_with(k, o->y, x, o->w, o->bias, T, o->rows, cols, accumulate, n_threads);
             else cpu_matmul_q_multi_with(k, o, 1, x, T, cols, accumulate, n_threads, xq);
         }
         return;

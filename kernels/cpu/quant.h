@@ -20,15 +20,19 @@
  * ggml's (see loader/gguf.h for those). */
 typedef enum {
     CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
-    CPU_W_Q2_K, CPU_W_Q3_K, CPU_W_N
+    CPU_W_Q2_K, CPU_W_Q3_K,
+    CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, /* interleaved by 16 rows (below) */
+    CPU_W_N
 } cpu_wtype;
 
 #define CPU_QK 32 /* activations per block; weights unpack 32 at a time */
 
-/* One 32-block of activations: x[i] ~= d * q[i]; s = d * sum(q) (Q4_1's
- * offset term needs it). */
+/* One 32-block of activations: x[i] ~= d * q[i]; sum = sum(q), s = d * sum
+ * (the offset types' term needs s, the zero points of the interleaved
+ * types the exact sum). */
 typedef struct {
     float d, s;
+    int32_t sum;
     int8_t q[CPU_QK];
 } cpu_q8_block;
 
@@ -117,6 +121,32 @@ extern const cpu_dot_q_fn cpu_dot_q_neon[CPU_W_N];
 extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 #endif
 
+
+/* The interleaved ("x16") layouts of Q8_0, Q4_0 and Q4_1, which the
+ * AVX-512 VNNI level multiplies 16 rows at a time (one row a 32-bit lane,
+ * so a block's products need no horizontal sums). Rows go in groups of 16,
+ * the last padded with zero blocks; in a group, block k of its 16 rows lies
+ * together, at byte (g * nb + k) * 16 * block_bytes (nb blocks a row):
+ * first the quant bytes as vectors of sixteen 4-byte lanes, lane r of
+ * vector j holding bytes 4j..4j+3 of row r's quants (Q8_0: 8 vectors of the
+ * 32 int8; Q4_0 / Q4_1: 4 vectors of the 16 nibble bytes, so a vector's low
+ * nibbles are weights 4j..4j+3 and its high ones 16+4j..16+4j+3), then the
+ * 16 rows' f16 scales, then (Q4_1) their 16 f16 offsets. The bytes of the
+ * row-major blocks, rearranged: cpu_wtype_row_bytes is the same. */
+int cpu_wtype_is_x16(cpu_wtype t);
+/* The x16 layout of a row-major type, or CPU_W_BF16 when it has none. */
+cpu_wtype cpu_x16_of(cpu_wtype t);
+/* The x16 layout of t when the active CPU kernels multiply it (the
+ * avx512vnni level), else CPU_W_BF16: what a model loader repacks to. */
+cpu_wtype cpu_x16_active(cpu_wtype t);
+/* Bytes of a rows x cols matrix of x16 type x (its rows padded to 16). */
+size_t cpu_x16_bytes(cpu_wtype x, int rows, size_t cols);
+/* w (rows x cols of row-major type t, with an x16 layout) -> out
+ * (cpu_x16_bytes of it). */
+void cpu_repack_x16(cpu_wtype t, const void *w, int rows, size_t cols, void *out);
+
+/* Row r of a matrix of cols weights of type t (row-major or x16), as f32. */
+void cpu_dequantize_matrix_row(cpu_wtype t, const void *w, size_t cols, int r, float *out);
 
 /* out[hidden] = row `token` of a table of type t, dequantized. */
 void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidden);

@@ -115,6 +115,7 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         cpu_q8_block *o = &out[b];
         if (_mm256_movemask_ps(bad)) {
             o->d = o->s = __builtin_nanf("");
+            o->sum = 0;
             _mm256_storeu_si256((__m256i *)o->q, _mm256_setzero_si256());
             continue;
         }
@@ -136,7 +137,8 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
         o->d = d;
-        o->s = d * (float)_mm_cvtsi128_si32(s4);
+        o->sum = _mm_cvtsi128_si32(s4);
+        o->s = d * (float)o->sum;
     }
 }
 

@@ -18,6 +18,8 @@
  * same operations per (row, token) whatever the shape, so the dot product
  * and the matmul (quant_tiles.h, 4 rows x 4 tokens here) agree bit for
  * bit. */
+#include <string.h>
+
 #include "quant_x86.h"
 
 /* The bytes vpdpbusd multiplies (unsigned) and the zero point it removes. */
@@ -183,6 +185,94 @@ INLINE void tile_prepared(cpu_wtype t, int R, int C, const prepared_rows *pr, co
                           float out[4][4]) {
     tile_rows(t, R, C, NULL, 0, 1, pr, x, xs, nb, out);
 }
+
+/* ------------------------------------------ the x16 layouts (quant.h) */
+
+/* C tokens against one group of 16 interleaved rows (its nb blocks from
+ * g): f[c] lane r = the dot of row r with token c. Per (row, token) and
+ * block: the block's exact integer sum (lanes are rows, so vpdpbusd needs
+ * no horizontal sum; it starts at -z * sum(x) for the types with a zero
+ * point), times d_w * d_x by one FMA, then (Q4_1) m * s by another, block
+ * after block: the same operations whatever C, so decode and batches
+ * agree bit for bit. */
+INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_block *x, size_t xs, __m512 f[8]) {
+    const int q8 = t == CPU_W_Q8_0_X16, off = t == CPU_W_Q4_1_X16, z = q8 ? 128 : t == CPU_W_Q4_0_X16 ? 8 : 0;
+    const size_t nq = q8 ? 512 : 256, bb = nq + (off ? 64 : 32); /* quants, scales, offsets */
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < C; c++) f[c] = _mm512_setzero_ps();
+    for (int k = 0; k < nb; k++) {
+        const uint8_t *b = g + (size_t)k * bb;
+        for (size_t line = 0; line < bb; line += 64) _mm_prefetch((const char *)b + 4 * bb + line, _MM_HINT_T0);
+        __m512i u[8];
+        if (q8) {
+            for (int j = 0; j < 8; j++) u[j] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * j), _mm512_set1_epi8((char)0x80));
+        } else {
+            for (int j = 0; j < 4; j++) { /* low nibbles: weights 4j.., high: 16+4j.. */
+                __m512i p = _mm512_loadu_si512(b + 64 * j);
+                u[j] = _mm512_and_si512(p, low4);
+                u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + nq)));
+        __m512 mw = off ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + nq + 32))) : _mm512_setzero_ps();
+        for (int c = 0; c < C; c++) {
+            const cpu_q8_block *xb = &x[(size_t)c * xs + k];
+            int32_t xi[8];
+            memcpy(xi, xb->q, sizeof xi);
+            /* two chains of four: x bytes 4j..4j+3 go with u[j] */
+            __m512i a0 = z ? _mm512_set1_epi32(-z * xb->sum) : _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                a0 = _mm512_dpbusd_epi32(a0, u[j], _mm512_set1_epi32(xi[j]));
+                a1 = _mm512_dpbusd_epi32(a1, u[j + 4], _mm512_set1_epi32(xi[j + 4]));
+            }
+            __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
+            f[c] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), f[c]);
+            if (off) f[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), f[c]);
+        }
+    }
+}
+
+/* Rows r0..r1-1 (r0 a multiple of 16, as the threads' row blocks are) of
+ * an x16 matrix for every token, 8, 4, 2 or 1 tokens a tile. */
+INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
+                     int T, int rows, int nb, int accumulate, int r0, int r1) {
+    for (int r = r0; r < r1; r += 16) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)r * row_bytes;
+        __mmask16 valid = (__mmask16)(r1 - r >= 16 ? 0xFFFF : (1u << (r1 - r)) - 1);
+        __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + r)), 16))
+                        : _mm512_setzero_ps();
+        for (int c = 0; c < T;) {
+            __m512 f[8];
+            int n = T - c >= 8 ? 8 : T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
+            const cpu_q8_block *xc = xq + (size_t)c * nb;
+            switch (n) { /* constant tile widths, unrolled */
+            case 8: x16_tile(t, 8, g, nb, xc, nb, f); break;
+            case 4: x16_tile(t, 4, g, nb, xc, nb, f); break;
+            case 2: x16_tile(t, 2, g, nb, xc, nb, f); break;
+            default: x16_tile(t, 1, g, nb, xc, nb, f); break;
+            }
+            for (int j = 0; j < n; j++) { /* as row_group stores: acc ? dst + (out + b) : out + b */
+                float *dst = y + (size_t)(c + j) * rows + r;
+                __m512 v = _mm512_add_ps(f[j], b);
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(valid, dst), v);
+                _mm512_mask_storeu_ps(dst, valid, v);
+            }
+            c += n;
+        }
+    }
+}
+
+#define X16_FUNCTION(name, type)                                                                                     \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,   \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                              \
+        rows_x16(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                 \
+    }
+X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)
+X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)
+X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)
+#define LEVEL_EXTRA_ROWS \
+    [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,
 
 #define BATCH_ROWS 4
 #define QUANT_LEVEL avx512vnni

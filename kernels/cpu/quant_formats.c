@@ -15,6 +15,9 @@ static const struct {
     [CPU_W_Q4_1] = {"q4_1", 20, 32, 1},   [CPU_W_Q5_0] = {"q5_0", 22, 32, 1},   [CPU_W_Q5_1] = {"q5_1", 24, 32, 1},
     [CPU_W_Q4_K] = {"q4_k", 144, 256, 1}, [CPU_W_Q5_K] = {"q5_k", 176, 256, 1}, [CPU_W_Q6_K] = {"q6_k", 210, 256, 1},
     [CPU_W_Q2_K] = {"q2_k", 84, 256, 0},  [CPU_W_Q3_K] = {"q3_k", 110, 256, 0},
+    /* the x16 layouts: the row-major blocks' bytes per row (quant_x16.c) */
+    [CPU_W_Q8_0_X16] = {"q8_0x16", 34, 32, 0}, [CPU_W_Q4_0_X16] = {"q4_0x16", 18, 32, 0},
+    [CPU_W_Q4_1_X16] = {"q4_1x16", 20, 32, 0},
 };
 
 size_t cpu_wtype_block_bytes(cpu_wtype t) { return (unsigned)t < CPU_W_N ? (size_t)formats[t].block_bytes : 0; }

@@ -116,6 +116,9 @@ const cpu_dot_q_fn LEVEL_TABLE(dot_q, QUANT_LEVEL)[CPU_W_N] = {
 const cpu_rows_q_fn LEVEL_TABLE(rows_q, QUANT_LEVEL)[CPU_W_N] = {
     [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
     [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+#ifdef LEVEL_EXTRA_ROWS /* a level's entries for layouts of its own (the x16 ones) */
+    LEVEL_EXTRA_ROWS
+#endif
 };
 
 #endif
