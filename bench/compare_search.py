@@ -16,7 +16,8 @@ same model, questions and programs, on the CPU. Not part of make test.
    reward is the same boxed-answer check.
 
 Prints simulations/s of both and the ratio, the share of prompt layer-tokens
-polar's prefix sharing skipped, and how often the two rewards agree (polar
+polar's prefix sharing skipped and the ratio polar gets without its prefix
+cache (a second run with --cache-mb 0), and how often the two rewards agree (polar
 runs GGUF blocks with int8 activations, transformers the dequantized f32
 weights, so a few answers may differ)."""
 import argparse
@@ -64,10 +65,10 @@ def same_answer(got, gold):
         return a == b
 
 
-def run_polar(args, labels):
+def run_polar(args, labels, cache_mb=1024):
     cmd = [args.polar, "search", "--model", args.model, "--data", args.data, "--start", str(args.start), "--limit",
            str(args.limit), "--sims", str(args.sims), "--max-new", str(args.max_new), "--threads", str(args.threads),
-           "--batch", str(args.batch), "-o", labels, "--quiet"]
+           "--batch", str(args.batch), "--cache-mb", str(cache_mb), "-o", labels, "--quiet"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t0
@@ -128,6 +129,8 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         lines, polar_wall = run_polar(args, os.path.join(tmp, "labels.jsonl"))
+        # the same search without the prefix cache: what prefix sharing is worth
+        _, uncached_wall = run_polar(args, os.path.join(tmp, "uncached.jsonl"), cache_mb=0)
 
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(args.model), gguf_file=os.path.basename(args.model),
                                                  dtype=torch.float32)
@@ -166,6 +169,8 @@ def main():
         "reference_sims_per_s": round(ref_sims / ref_seconds, 3),
         "ratio": round((polar_sims / polar_seconds) / (ref_sims / ref_seconds), 2),
         "prompt_layer_tokens_skipped": round(1 - run / needed, 3) if needed else 0.0,
+        "polar_seconds_without_prefix_cache": round(uncached_wall, 3),
+        "ratio_without_prefix_cache": round((polar_sims / uncached_wall) / (ref_sims / ref_seconds), 2),
         "reward_agreement": f"{agree}/{total}", "prompt_token_count_mismatches": token_mismatch,
         "transformers": __import__("transformers").__version__, "torch": torch.__version__,
         "polar": subprocess.run([args.polar, "--version"], capture_output=True, text=True).stdout.strip(),
@@ -177,7 +182,8 @@ def main():
     print(f"polar search:    {polar_sims} programs in {polar_seconds:.1f} s = {result['polar_sims_per_s']} sims/s "
           f"(prefix sharing skipped {100 * result['prompt_layer_tokens_skipped']:.1f}% of prompt layer-tokens)")
     print(f"reference's way: {ref_sims} programs in {ref_seconds:.1f} s = {result['reference_sims_per_s']} sims/s")
-    print(f"polar / reference: {result['ratio']}x; rewards agree on {agree} of {total}")
+    print(f"polar / reference: {result['ratio']}x ({result['ratio_without_prefix_cache']}x without the prefix cache: "
+          f"{uncached_wall:.1f} s); rewards agree on {agree} of {total}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(result) + "\n")
