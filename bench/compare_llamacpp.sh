@@ -64,7 +64,7 @@ fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx2|fma' | sort -u | tr '\n' ' ')
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx512_vnni|avx2|fma' | sort -u | tr '\n' ' ')
 [ -n "$FLAGS" ] || FLAGS="$(uname -m)"
 if [ -n "$BATCH" ]; then
     MAXB=$(echo "$BATCH" | tr ',' '\n' | sort -n | tail -n 1)
