@@ -252,7 +252,7 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
     int same = 1;
     for (int b = 0; b < N / 32; b++) {
         int nan_w = isnan(want[b].d), nan_g = isnan(got[b].d);
-        if (nan_w != nan_g || memcmp(want[b].q, got[b].q, 32) || want[b].sum != got[b].sum ||
+        if (nan_w != nan_g || memcmp(want[b].q, got[b].q, 32) || memcmp(want[b].half_sum, got[b].half_sum, sizeof want[b].half_sum) ||
             (!nan_w && (memcmp(&want[b].d, &got[b].d, sizeof(float)) || memcmp(&want[b].s, &got[b].s, sizeof(float)))))
             same = 0;
     }
@@ -261,23 +261,25 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
 
 /* The interleaved layouts (quant.h), on a level that multiplies them:
  * repacked rows dequantize to the row-major rows' values bit for bit;
- * the matmul (rows not a multiple of 16, columns of an odd number of
- * blocks, T up to 17, 1 and 3 threads, bias or accumulate, two outputs
- * from one input) is within 1e-5 of the plain C dot of each original row,
+ * the matmul (rows not a multiple of 16, two k-quant 256-blocks or an odd
+ * number of 32-blocks a row, T up to 17, 1 and 3 threads, bias or
+ * accumulate, two outputs from one input) is within 1e-5 of the plain C dot
+ * of each original row,
  * and every token's outputs are those of the token alone (T = 1) bit for
  * bit: decode and batches agree. */
 static void x16_on_level(const cpu_kernels *k, const char *name) {
-    enum { MAXCOLS = 256, MAXT = 17, ROWS0 = 37, ROWS1 = 21 };
-    static const cpu_wtype types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1};
-    static const int Ts[] = {1, 2, 3, 5, 8, 9, 17}, colss[2] = {256, 96}, out_rows[2] = {ROWS0, ROWS1};
+    enum { MAXCOLS = 512, MAXT = 17, ROWS0 = 37, ROWS1 = 21, NTYPES = 5 };
+    static const cpu_wtype types[NTYPES] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q4_K, CPU_W_Q6_K};
+    static const int Ts[] = {1, 2, 3, 5, 8, 9, 17}, colss[2] = {512, 96}, out_rows[2] = {ROWS0, ROWS1};
     static float x[MAXT * MAXCOLS], wf[MAXCOLS], row_f[MAXCOLS], y[2][MAXT * ROWS0], y0[2][MAXT * ROWS0],
         one[2][ROWS0];
     static cpu_q8_block xq[MAXT * MAXCOLS / 32], xq1[MAXCOLS / 32];
     int ran = 0;
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < NTYPES; ti++)
         for (int ci = 0; ci < 2; ci++) {
-            cpu_wtype rt[2] = {types[ti], types[(ti + 1) % 3]}, xt[2];
+            cpu_wtype rt[2] = {types[ti], types[(ti + 1) % NTYPES]}, xt[2];
             int cols = colss[ci], nb = cols / 32;
+            if (cols % cpu_wtype_block_elems(rt[0]) || cols % cpu_wtype_block_elems(rt[1])) continue;
             uint8_t *w[2], *wx[2];
             for (int o = 0; o < 2; o++) {
                 xt[o] = cpu_x16_of(rt[o]);

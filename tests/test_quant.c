@@ -141,8 +141,8 @@ static void k_quant_gguf_model(void) {
     unsetenv("POLAR_GGUF_BF16");
     if (q && b) {
         const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
-        CHECK(lq->t_wq == CPU_W_Q4_K && lq->t_wv == CPU_W_Q6_K && lq->t_down == CPU_W_Q6_K && lq->t_gate == CPU_W_Q4_K &&
-                  q->t_embed == CPU_W_Q6_K,
+        cpu_wtype q4_k = kept_as(CPU_W_Q4_K), q6_k = kept_as(CPU_W_Q6_K);
+        CHECK(lq->t_wq == q4_k && lq->t_wv == q6_k && lq->t_down == q6_k && lq->t_gate == q4_k && q->t_embed == q6_k,
               "kept as the Q4_K_M mix");
         struct {
             const void *w;
@@ -155,9 +155,8 @@ static void k_quant_gguf_model(void) {
         float *row = malloc((size_t)a.ffn * 4);
         for (int i = 0; i < 3; i++) {
             int bad = 0;
-            size_t rb = cpu_wtype_row_bytes(mats[i].t, (size_t)mats[i].cols);
             for (int r = 0; r < mats[i].rows; r++) {
-                cpu_dequantize_row(mats[i].t, (const uint8_t *)mats[i].w + r * rb, row, mats[i].cols);
+                cpu_dequantize_matrix_row(mats[i].t, mats[i].w, (size_t)mats[i].cols, r, row);
                 for (int j = 0; j < mats[i].cols; j++) bad += f32_to_bf16(row[j]) != mats[i].ref[(size_t)r * mats[i].cols + j];
             }
             CHECK(!bad, "matrix %d: %d weights differ from the bf16 load", i, bad);

@@ -18,22 +18,22 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n) {
         cpu_q8_block *o = &out[b];
         if (!finite) { /* NaN out, as the f32 product would give; no float->int of NaN */
             o->d = o->s = NAN;
-            o->sum = 0;
+            o->half_sum[0] = o->half_sum[1] = 0;
             for (int i = 0; i < CPU_QK; i++) o->q[i] = 0;
             continue;
         }
         float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         if (id == INFINITY) id = 0.0f; /* amax under 127 / FLT_MAX: the block is 0 (every level alike) */
-        int sum = 0;
+        int sum[2] = {0, 0};
         for (int i = 0; i < CPU_QK; i++) {
             int q = (int)lrintf(x[i] * id);
             q = q > 127 ? 127 : q < -127 ? -127 : q;
             o->q[i] = (int8_t)q;
-            sum += q;
+            sum[i / 16] += q;
         }
         o->d = d;
-        o->sum = sum;
-        o->s = d * (float)sum;
+        o->half_sum[0] = (int16_t)sum[0], o->half_sum[1] = (int16_t)sum[1];
+        o->s = d * (float)(sum[0] + sum[1]);
     }
 }
 

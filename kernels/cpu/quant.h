@@ -21,18 +21,19 @@
 typedef enum {
     CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
     CPU_W_Q2_K, CPU_W_Q3_K,
-    CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, /* interleaved by 16 rows (below) */
+    CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, CPU_W_Q4_K_X16, CPU_W_Q6_K_X16, /* interleaved by 16 rows (below) */
     CPU_W_N
 } cpu_wtype;
 
 #define CPU_QK 32 /* activations per block; weights unpack 32 at a time */
 
-/* One 32-block of activations: x[i] ~= d * q[i]; sum = sum(q), s = d * sum
- * (the offset types' term needs s, the zero points of the interleaved
- * types the exact sum). */
+/* One 32-block of activations: x[i] ~= d * q[i]; half_sum = the sums of
+ * q[0..15] and q[16..31] (|sum| <= 2032), s = d * their sum (the offset
+ * types' term needs s, the zero points of the interleaved types the exact
+ * sums, per half for Q6_K's two scales). */
 typedef struct {
     float d, s;
-    int32_t sum;
+    int16_t half_sum[2];
     int8_t q[CPU_QK];
 } cpu_q8_block;
 
@@ -122,17 +123,25 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 #endif
 
 
-/* The interleaved ("x16") layouts of Q8_0, Q4_0 and Q4_1, which the
- * AVX-512 VNNI level multiplies 16 rows at a time (one row a 32-bit lane,
- * so a block's products need no horizontal sums). Rows go in groups of 16,
- * the last padded with zero blocks; in a group, block k of its 16 rows lies
- * together, at byte (g * nb + k) * 16 * block_bytes (nb blocks a row):
- * first the quant bytes as vectors of sixteen 4-byte lanes, lane r of
- * vector j holding bytes 4j..4j+3 of row r's quants (Q8_0: 8 vectors of the
- * 32 int8; Q4_0 / Q4_1: 4 vectors of the 16 nibble bytes, so a vector's low
- * nibbles are weights 4j..4j+3 and its high ones 16+4j..16+4j+3), then the
- * 16 rows' f16 scales, then (Q4_1) their 16 f16 offsets. The bytes of the
- * row-major blocks, rearranged: cpu_wtype_row_bytes is the same. */
+/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
+ * which the AVX-512 VNNI level multiplies 16 rows at a time (one row a
+ * 32-bit lane, so a block's products need no horizontal sums). Rows go in
+ * groups of 16, the last padded with zero blocks; in a group, unit u of its
+ * 16 rows lies together (a unit: a 32-block, or a 256-block of the
+ * k-quants), at byte (g * units + u) * 16 * unit_bytes. In a unit, vectors
+ * of sixteen 4-byte lanes, lane r for row r:
+ * - Q8_0: 8 vectors, lane r of vector j = row r's quants 4j..4j+3; then
+ *   the 16 f16 scales.
+ * - Q4_0 / Q4_1: 4 vectors of the 16 nibble bytes (low nibbles: weights
+ *   4j..4j+3, high: 16+4j..16+4j+3); the 16 scales; (Q4_1) the 16 offsets.
+ * - Q4_K: for each pair of 32-blocks, 8 vectors of its 32 qs bytes (low
+ *   nibbles: the first block's weights 4j..4j+3, high: the second's); the
+ *   16 d, the 16 dmin (f16); 3 vectors of the 12 packed scale bytes.
+ * - Q6_K: for each 32-block, 4 vectors of its low 4 bits as nibble bytes
+ *   (as Q4_0) and 2 vectors of its high 2 bits (byte p of the lane, bits
+ *   2q..2q+1: weight 16h + 4q + p of vector h); then 4 vectors of the 16
+ *   int8 scales; the 16 d.
+ * The blocks' own values, rearranged: cpu_wtype_row_bytes is the same. */
 int cpu_wtype_is_x16(cpu_wtype t);
 /* The x16 layout of a row-major type, or CPU_W_BF16 when it has none. */
 cpu_wtype cpu_x16_of(cpu_wtype t);

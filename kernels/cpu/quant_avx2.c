@@ -97,6 +97,13 @@ INLINE void tile(cpu_wtype t, int R, int C, const uint8_t *w, size_t row_bytes, 
     }
 }
 
+INLINE int hsum_epi32(__m256i v) {
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    return _mm_cvtsi128_si32(s4);
+}
+
 /* cpu_quantize_q8 (quant.c) eight lanes at a time: the same largest
  * magnitude (max is exact in any order), scale, products, rounding to
  * nearest even (cvtps under the default rounding, as lrintf) and integer
@@ -115,7 +122,7 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         cpu_q8_block *o = &out[b];
         if (_mm256_movemask_ps(bad)) {
             o->d = o->s = __builtin_nanf("");
-            o->sum = 0;
+            o->half_sum[0] = o->half_sum[1] = 0;
             _mm256_storeu_si256((__m256i *)o->q, _mm256_setzero_si256());
             continue;
         }
@@ -124,21 +131,18 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
         float d = m / 127.0f, id = m > 0.0f ? 127.0f / m : 0.0f;
         if (id == __builtin_inff()) id = 0.0f;
-        __m256i q[4], sum = _mm256_setzero_si256();
+        __m256i q[4];
         for (int i = 0; i < 4; i++) {
             q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
             q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], lim), _mm256_sub_epi32(_mm256_setzero_si256(), lim));
-            sum = _mm256_add_epi32(sum, q[i]);
         }
         /* packs interleave the 128-bit lanes; the permute puts 0..31 back in order */
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)o->q, _mm256_permutevar8x32_epi32(bytes, order));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
         o->d = d;
-        o->sum = _mm_cvtsi128_si32(s4);
-        o->s = d * (float)o->sum;
+        o->half_sum[0] = (int16_t)hsum_epi32(_mm256_add_epi32(q[0], q[1])); /* elements 0..15 */
+        o->half_sum[1] = (int16_t)hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+        o->s = d * (float)(o->half_sum[0] + o->half_sum[1]);
     }
 }
 

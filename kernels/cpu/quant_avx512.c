@@ -188,46 +188,145 @@ INLINE void tile_prepared(cpu_wtype t, int R, int C, const prepared_rows *pr, co
 
 /* ------------------------------------------ the x16 layouts (quant.h) */
 
-/* C tokens against one group of 16 interleaved rows (its nb blocks from
- * g): f[c] lane r = the dot of row r with token c. Per (row, token) and
- * block: the block's exact integer sum (lanes are rows, so vpdpbusd needs
- * no horizontal sum; it starts at -z * sum(x) for the types with a zero
- * point), times d_w * d_x by one FMA, then (Q4_1) m * s by another, block
- * after block: the same operations whatever C, so decode and batches
- * agree bit for bit. */
-INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_block *x, size_t xs, __m512 f[8]) {
-    const int q8 = t == CPU_W_Q8_0_X16, off = t == CPU_W_Q4_1_X16, z = q8 ? 128 : t == CPU_W_Q4_0_X16 ? 8 : 0;
-    const size_t nq = q8 ? 512 : 256, bb = nq + (off ? 64 : 32); /* quants, scales, offsets */
+/* One 32-block of a group of 16 interleaved rows, as the tile multiplies
+ * it: u[j] the unsigned weight bytes of weights 4j..4j+3 in each row's lane
+ * (j < 4: the first half of the block, j >= 4 the second), a[h] each row's
+ * scale of half h (equal but for Q6_K), m each row's offset (Q4_1, Q4_K),
+ * z the zero point vpdpbusd's unsigned bytes carry. */
+typedef struct {
+    __m512i u[8];
+    __m512 a[2], m;
+    int z;
+} x16_block;
+
+INLINE int x16_two_scales(cpu_wtype t) { return t == CPU_W_Q6_K_X16; }
+INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16; }
+INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q6_K_X16; }
+/* Bytes of one unit of the 16 rows (a 32-block, or a k-quant 256-block). */
+INLINE size_t x16_unit_bytes(cpu_wtype t) {
+    switch (t) {
+    case CPU_W_Q8_0_X16: return 16 * 34;
+    case CPU_W_Q4_0_X16: return 16 * 18;
+    case CPU_W_Q4_1_X16: return 16 * 20;
+    case CPU_W_Q4_K_X16: return 16 * 144;
+    default: return 16 * 210; /* Q6_K */
+    }
+}
+
+INLINE __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* Byte b (0..15) of each lane's bytes, the lanes' 4-byte words w[b / 4]. */
+INLINE __m512i lane_byte(const __m512i *w, int b) {
+    return _mm512_and_si512(_mm512_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm512_set1_epi32(0xFF));
+}
+
+/* 32-block k of the group starting at g (units of ub bytes). */
+INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const size_t ub = x16_unit_bytes(t);
+    const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
+    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64) _mm_prefetch((const char *)b + 4 * ub + line, _MM_HINT_T0);
+    o->m = _mm512_setzero_ps();
+    o->z = 0;
+    switch (t) {
+    case CPU_W_Q8_0_X16:
+        for (int j = 0; j < 8; j++) o->u[j] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * j), _mm512_set1_epi8((char)0x80));
+        o->a[0] = o->a[1] = load_f16x16(b + 512);
+        o->z = 128;
+        return;
+    case CPU_W_Q4_0_X16:
+    case CPU_W_Q4_1_X16:
+        for (int j = 0; j < 4; j++) { /* low nibbles: weights 4j.., high: 16+4j.. */
+            __m512i p = _mm512_loadu_si512(b + 64 * j);
+            o->u[j] = _mm512_and_si512(p, low4);
+            o->u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        }
+        o->a[0] = o->a[1] = load_f16x16(b + 256);
+        if (t == CPU_W_Q4_1_X16) o->m = load_f16x16(b + 288);
+        else o->z = 8;
+        return;
+    case CPU_W_Q4_K_X16: {
+        int j = k % 8, shift = 4 * (j % 2);
+        if (j == 0)
+            for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + 2 * ub + line, _MM_HINT_T0);
+        for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
+            o->u[v] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(b + 512 * (j / 2) + 64 * v), shift), low4);
+        __m512i s[3];
+        for (int i = 0; i < 3; i++) s[i] = _mm512_loadu_si512(b + 2112 + 64 * i);
+        /* cpu_k4_scale_min, a lane at a time */
+        __m512i sc, mn, six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(0xF);
+        if (j < 4) {
+            sc = _mm512_and_si512(lane_byte(s, j), six);
+            mn = _mm512_and_si512(lane_byte(s, j + 4), six);
+        } else {
+            __m512i top_sc = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(s, j - 4), 6), 4);
+            __m512i top_mn = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(s, j), 6), 4);
+            sc = _mm512_or_si512(_mm512_and_si512(lane_byte(s, j + 4), four), top_sc);
+            mn = _mm512_or_si512(_mm512_srli_epi32(lane_byte(s, j + 4), 4), top_mn);
+        }
+        /* as quant_x86.h: d * sc, and the offset -dmin * mn */
+        o->a[0] = o->a[1] = _mm512_mul_ps(load_f16x16(b + 2048), _mm512_cvtepi32_ps(sc));
+        __m512 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(load_f16x16(b + 2080)),
+                                                               _mm512_set1_epi32((int)0x80000000u)));
+        o->m = _mm512_mul_ps(neg_dmin, _mm512_cvtepi32_ps(mn));
+        return;
+    }
+    default: { /* Q6_K */
+        int j = k % 8;
+        if (j == 0)
+            for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + 2 * ub + line, _MM_HINT_T0);
+        const uint8_t *n = b + 384 * j;
+        __m512i h0 = _mm512_loadu_si512(n + 256), h1 = _mm512_loadu_si512(n + 320), three = _mm512_set1_epi8(3);
+        for (int q = 0; q < 4; q++) {
+            __m512i p = _mm512_loadu_si512(n + 64 * q);
+            __m512i hi0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h0, 2 * q), three), 4);
+            __m512i hi1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h1, 2 * q), three), 4);
+            o->u[q] = _mm512_or_si512(_mm512_and_si512(p, low4), hi0);
+            o->u[q + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), low4), hi1);
+        }
+        __m512i s[4];
+        for (int i = 0; i < 4; i++) s[i] = _mm512_loadu_si512(b + 3072 + 64 * i);
+        __m512 d = load_f16x16(b + 3328);
+        for (int h = 0; h < 2; h++) { /* int8 scales 2j and 2j + 1, sign-extended; d * sc as quant_x86.h */
+            __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(lane_byte(s, 2 * j + h), 24), 24);
+            o->a[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        }
+        o->z = 32;
+        return;
+    }
+    }
+}
+
+/* C tokens against one group of 16 interleaved rows (its blocks from g):
+ * f[c] lane r = the dot of row r with token c. Per (row, token) and block:
+ * the exact integer sum of each half (lanes are rows, so vpdpbusd needs no
+ * horizontal sum; each half starts at -z * its sum of x), times the half's
+ * scale times d_x by one FMA (the halves added first when their scales are
+ * one), then m * s by another for the offset types, block after block: the
+ * same operations whatever C, so decode and batches agree bit for bit. */
+INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_block *x, size_t xs, __m512 f[8]) {
     for (int c = 0; c < C; c++) f[c] = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
-        const uint8_t *b = g + (size_t)k * bb;
-        for (size_t line = 0; line < bb; line += 64) _mm_prefetch((const char *)b + 4 * bb + line, _MM_HINT_T0);
-        __m512i u[8];
-        if (q8) {
-            for (int j = 0; j < 8; j++) u[j] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * j), _mm512_set1_epi8((char)0x80));
-        } else {
-            for (int j = 0; j < 4; j++) { /* low nibbles: weights 4j.., high: 16+4j.. */
-                __m512i p = _mm512_loadu_si512(b + 64 * j);
-                u[j] = _mm512_and_si512(p, low4);
-                u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-            }
-        }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + nq)));
-        __m512 mw = off ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + nq + 32))) : _mm512_setzero_ps();
+        x16_block w;
+        x16_load(t, g, k, &w);
         for (int c = 0; c < C; c++) {
             const cpu_q8_block *xb = &x[(size_t)c * xs + k];
             int32_t xi[8];
             memcpy(xi, xb->q, sizeof xi);
-            /* two chains of four: x bytes 4j..4j+3 go with u[j] */
-            __m512i a0 = z ? _mm512_set1_epi32(-z * xb->sum) : _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            /* a chain per half: x bytes 4j..4j+3 go with u[j] */
+            __m512i a0 = _mm512_set1_epi32(-w.z * xb->half_sum[0]), a1 = _mm512_set1_epi32(-w.z * xb->half_sum[1]);
             for (int j = 0; j < 4; j++) {
-                a0 = _mm512_dpbusd_epi32(a0, u[j], _mm512_set1_epi32(xi[j]));
-                a1 = _mm512_dpbusd_epi32(a1, u[j + 4], _mm512_set1_epi32(xi[j + 4]));
+                a0 = _mm512_dpbusd_epi32(a0, w.u[j], _mm512_set1_epi32(xi[j]));
+                a1 = _mm512_dpbusd_epi32(a1, w.u[j + 4], _mm512_set1_epi32(xi[j + 4]));
             }
-            __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
-            f[c] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), f[c]);
-            if (off) f[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), f[c]);
+            __m512 xd = _mm512_set1_ps(xb->d);
+            if (x16_two_scales(t)) {
+                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(w.a[0], xd), f[c]);
+                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(w.a[1], xd), f[c]);
+            } else {
+                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), _mm512_mul_ps(w.a[0], xd), f[c]);
+            }
+            if (x16_has_offset(t)) f[c] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(xb->s), f[c]);
         }
     }
 }
@@ -271,8 +370,11 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
 X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)
 X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)
 X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)
-#define LEVEL_EXTRA_ROWS \
-    [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,
+X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)
+X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
+#define LEVEL_EXTRA_ROWS                                                                                             \
+    [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
 
 #define BATCH_ROWS 4
 #define QUANT_LEVEL avx512vnni

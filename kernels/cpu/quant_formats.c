@@ -17,7 +17,8 @@ static const struct {
     [CPU_W_Q2_K] = {"q2_k", 84, 256, 0},  [CPU_W_Q3_K] = {"q3_k", 110, 256, 0},
     /* the x16 layouts: the row-major blocks' bytes per row (quant_x16.c) */
     [CPU_W_Q8_0_X16] = {"q8_0x16", 34, 32, 0}, [CPU_W_Q4_0_X16] = {"q4_0x16", 18, 32, 0},
-    [CPU_W_Q4_1_X16] = {"q4_1x16", 20, 32, 0},
+    [CPU_W_Q4_1_X16] = {"q4_1x16", 20, 32, 0}, [CPU_W_Q4_K_X16] = {"q4_kx16", 144, 256, 0},
+    [CPU_W_Q6_K_X16] = {"q6_kx16", 210, 256, 0},
 };
 
 size_t cpu_wtype_block_bytes(cpu_wtype t) { return (unsigned)t < CPU_W_N ? (size_t)formats[t].block_bytes : 0; }
