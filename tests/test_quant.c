@@ -29,8 +29,9 @@
 #include "quant_checks.h"
 
 /* Max |logit diff| quantized vs bf16 on the 3 prompts, below, as measured
- * on a Zen 5 for each level: generic (the plain C oracle) 1.58, avx2 1.37,
- * avx512 1.29, avx512vnni (the x16 layouts) 1.68. Int8 activations make the
+ * on a Zen 5 for each level: generic (the plain C oracle) 1.58, avx2 1.23,
+ * avx512 and avx512vnni (the same x16 matmul bits) 1.68; before the x16
+ * layouts avx2 gave 1.37 and avx512 1.29. Int8 activations make the
  * quantized forward sensitive to rounding: a last-bit change flips a
  * rounding in a later quantization, so the levels spread this much. */
 #define LOGIT_TOL 2.0f

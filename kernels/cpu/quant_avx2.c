@@ -9,6 +9,8 @@
  * single row's dot is one dependent chain). Every tile shape does the same
  * operations per (row, token) in the same order, so the 1x1 dot product
  * and the matmul (quant_tiles.h) agree bit for bit. */
+#include <string.h>
+
 #include "quant_x86.h"
 
 INLINE float hsum8(__m256 v) {
@@ -145,6 +147,189 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         o->s = d * (float)(o->half_sum[0] + o->half_sum[1]);
     }
 }
+
+/* ------------------------------------------ the x16 layouts (quant.h) */
+
+/* One 32-block of half of a group of 16 interleaved rows (rows 8h..8h+7:
+ * bytes 32h.. of each 64-byte vector), as the AVX2 tile multiplies it: u[j]
+ * the bytes maddubs takes unsigned (|q| for Q8_0, whose signs s[j] move
+ * onto x), a[h] each row's scale of half h of the block (equal but for
+ * Q6_K), m each row's offset (Q4_1, Q4_K), z the zero point. maddubs' pair
+ * sums stay within int16: |q| <= 128 for Q8_0, q <= 63 otherwise. */
+typedef struct {
+    __m256i u[8], s[8];
+    __m256 a[2], m;
+    int z;
+} x16_half;
+
+INLINE size_t x16_unit_bytes(cpu_wtype t) {
+    switch (t) {
+    case CPU_W_Q8_0_X16: return 16 * 34;
+    case CPU_W_Q4_0_X16: return 16 * 18;
+    case CPU_W_Q4_1_X16: return 16 * 20;
+    case CPU_W_Q4_K_X16: return 16 * 144;
+    default: return 16 * 210; /* Q6_K */
+    }
+}
+INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q6_K_X16; }
+
+INLINE __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* Byte b (0..15) of each lane's bytes, the lanes' 4-byte words w[b / 4]. */
+INLINE __m256i lane_byte(const __m256i *w, int b) {
+    return _mm256_and_si256(_mm256_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm256_set1_epi32(0xFF));
+}
+
+/* 32-block k, rows 8h..8h+7, of the group starting at g. */
+INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const size_t ub = x16_unit_bytes(t);
+    const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
+#define V(off) _mm256_loadu_si256((const __m256i *)(b + (off) + 32 * h)) /* rows 8h.. of the 64-byte vector at off */
+    if (h == 0 && (!x16_is_k(t) || k % 8 == 0))
+        for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + (x16_is_k(t) ? 2 : 4) * ub + line, _MM_HINT_T0);
+    o->m = _mm256_setzero_ps();
+    o->z = 0;
+    switch (t) {
+    case CPU_W_Q8_0_X16:
+        for (int j = 0; j < 8; j++) o->s[j] = V(64 * j), o->u[j] = _mm256_sign_epi8(o->s[j], o->s[j]);
+        o->a[0] = o->a[1] = load_f16x8(b + 512 + 16 * h);
+        return;
+    case CPU_W_Q4_0_X16:
+    case CPU_W_Q4_1_X16:
+        for (int j = 0; j < 4; j++) { /* low nibbles: weights 4j.., high: 16+4j.. */
+            __m256i p = V(64 * j);
+            o->u[j] = _mm256_and_si256(p, low4);
+            o->u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
+        }
+        o->a[0] = o->a[1] = load_f16x8(b + 256 + 16 * h);
+        if (t == CPU_W_Q4_1_X16) o->m = load_f16x8(b + 288 + 16 * h);
+        else o->z = 8;
+        return;
+    case CPU_W_Q4_K_X16: {
+        int j = k % 8, shift = 4 * (j % 2);
+        for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
+            o->u[v] = _mm256_and_si256(_mm256_srli_epi16(V(512 * (j / 2) + 64 * v), shift), low4);
+        __m256i s[3];
+        for (int i = 0; i < 3; i++) s[i] = V(2112 + 64 * i);
+        __m256i sc, mn, six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(0xF);
+        if (j < 4) { /* cpu_k4_scale_min, a lane at a time */
+            sc = _mm256_and_si256(lane_byte(s, j), six);
+            mn = _mm256_and_si256(lane_byte(s, j + 4), six);
+        } else {
+            sc = _mm256_or_si256(_mm256_and_si256(lane_byte(s, j + 4), four),
+                                 _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j - 4), 6), 4));
+            mn = _mm256_or_si256(_mm256_srli_epi32(lane_byte(s, j + 4), 4),
+                                 _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j), 6), 4));
+        }
+        o->a[0] = o->a[1] = _mm256_mul_ps(load_f16x8(b + 2048 + 16 * h), _mm256_cvtepi32_ps(sc));
+        __m256 neg_dmin = _mm256_xor_ps(load_f16x8(b + 2080 + 16 * h), _mm256_set1_ps(-0.0f));
+        o->m = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(mn));
+        return;
+    }
+    default: { /* Q6_K */
+        int j = k % 8;
+        const size_t n = 384 * (size_t)j;
+        __m256i h0 = V(n + 256), h1 = V(n + 320), three = _mm256_set1_epi8(3);
+        for (int q = 0; q < 4; q++) {
+            __m256i p = V(n + 64 * q);
+            __m256i hi0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2 * q), three), 4);
+            __m256i hi1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2 * q), three), 4);
+            o->u[q] = _mm256_or_si256(_mm256_and_si256(p, low4), hi0);
+            o->u[q + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), hi1);
+        }
+        __m256i s[4];
+        for (int i = 0; i < 4; i++) s[i] = V(3072 + 64 * i);
+        __m256 d = load_f16x8(b + 3328 + 16 * h);
+        for (int e = 0; e < 2; e++) { /* int8 scales 2j and 2j + 1, sign-extended */
+            __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(lane_byte(s, 2 * j + e), 24), 24);
+            o->a[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        }
+        o->z = 32;
+        return;
+    }
+    }
+#undef V
+}
+
+/* C tokens against rows 8h..8h+7 of one group (its blocks from g): f[c]
+ * lane r = the dot of row 8h + r with token c, by the operations of the
+ * AVX-512 x16 tile (quant_avx512.c) with maddubs + madd in place of
+ * vpdpbusd: the same for every C, so decode and batches agree bit for bit. */
+INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const cpu_q8_block *x, size_t xs, __m256 f[4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();
+    for (int k = 0; k < nb; k++) {
+        x16_half w;
+        x16_load(t, g, k, h, &w);
+        for (int c = 0; c < C; c++) {
+            const cpu_q8_block *xb = &x[(size_t)c * xs + k];
+            int32_t xi[8];
+            memcpy(xi, xb->q, sizeof xi);
+            __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])};
+            for (int j = 0; j < 8; j++) {
+                __m256i xv = _mm256_set1_epi32(xi[j]);
+                if (t == CPU_W_Q8_0_X16) xv = _mm256_sign_epi8(xv, w.s[j]);
+                a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(w.u[j], xv), ones));
+            }
+            __m256 xd = _mm256_set1_ps(xb->d);
+            if (t == CPU_W_Q6_K_X16) {
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w.a[0], xd), f[c]);
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(w.a[1], xd), f[c]);
+            } else {
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), f[c]);
+            }
+            if (t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16) f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
+        }
+    }
+}
+
+/* Rows r0..r1-1 (r0 a multiple of 16) of an x16 matrix for every token:
+ * each half of a group, 4, 2 or 1 tokens a tile. */
+INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
+                     int T, int rows, int nb, int accumulate, int r0, int r1) {
+    for (int r = r0; r < r1; r += 16) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (int h = 0; h < 2 && r + 8 * h < r1; h++) {
+            int rb = r + 8 * h, n_valid = r1 - rb < 8 ? r1 - rb : 8;
+            __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            float bv[8] = {0};
+            for (int i = 0; i < n_valid && bias; i++) bv[i] = bf16_to_f32(bias[rb + i]);
+            __m256 b = _mm256_loadu_ps(bv);
+            for (int c = 0; c < T;) {
+                __m256 f[4];
+                int n = T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
+                const cpu_q8_block *xc = xq + (size_t)c * nb;
+                switch (n) { /* constant tile widths, unrolled */
+                case 4: x16_tile(t, 4, g, h, nb, xc, nb, f); break;
+                case 2: x16_tile(t, 2, g, h, nb, xc, nb, f); break;
+                default: x16_tile(t, 1, g, h, nb, xc, nb, f); break;
+                }
+                for (int j = 0; j < n; j++) { /* as row_group stores: acc ? dst + (out + b) : out + b */
+                    float *dst = y + (size_t)(c + j) * rows + rb;
+                    __m256 v = _mm256_add_ps(f[j], b);
+                    if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(dst, valid), v);
+                    _mm256_maskstore_ps(dst, valid, v);
+                }
+                c += n;
+            }
+        }
+    }
+}
+
+#define X16_FUNCTION(name, type)                                                                                     \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,   \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                              \
+        rows_x16(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                 \
+    }
+X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)
+X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)
+X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)
+X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)
+X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
+#define LEVEL_EXTRA_ROWS                                                                                             \
+    [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
 
 #define QUANT_LEVEL avx2
 #include "quant_tiles.h"
