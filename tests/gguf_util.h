@@ -186,7 +186,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     char *us = strchr(gname, '_');
     if (us) memmove(us, us + 1, strlen(us));
     int moe_keys = a->n_experts ? 3 + (a->shared_ffn > 0) : 0;
-    gw_u64(f, 11 + (uint64_t)moe_keys);
+    gw_u64(f, 12 + (uint64_t)moe_keys);
     gw_str(f, "general.architecture");
     gw_u32(f, fault == GGUF_BAD_VALUE_TYPE ? 77 : GGUF_STRING);
     if (fault == GGUF_HUGE_STRING) gw_u64(f, (uint64_t)1 << 50);
@@ -216,6 +216,9 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     kv_f32(f, key, (float)a->rope_theta);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", gname);
     kv_f32(f, key, (float)a->rms_eps);
+    gw_str(f, "tokenizer.ggml.model"); /* no vocabulary: so llama.cpp loads the file too */
+    gw_u32(f, GGUF_STRING);
+    gw_str(f, "no_vocab");
     if (fault == GGUF_TRUNCATED) {
         fclose(f);
         free(refs);

@@ -1,0 +1,37 @@
+/* A random-weight model of a preset as a GGUF file, for benchmarks of the
+ * block formats on real shapes (polar bench, bench/compare_llamacpp.sh):
+ *
+ *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED]
+ *
+ * q4_k_m: llama.cpp's Q4_K_M mix (Q6_K attn_v, ffn_down and embedding, Q4_K
+ * the rest), q8_0: Q8_0 matrices; norms and biases F32. The file carries no
+ * vocabulary (tokenizer.ggml.model "no_vocab"): run it with token ids or
+ * prompt lengths, not text. */
+#include "gguf_util.h"
+
+int main(int argc, char **argv) {
+    if (argc < 3 || argc > 5) {
+        fprintf(stderr, "usage: mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED]\n");
+        return 2;
+    }
+    const char *format = argc > 3 ? argv[3] : "q4_k_m";
+    if (strcmp(format, "q8_0") && strcmp(format, "q4_k_m")) {
+        fprintf(stderr, "mkgguf: error: unknown format '%s' (q8_0 or q4_k_m)\n", format);
+        return 2;
+    }
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL;
+    if (polar_arch_preset(argv[1], &a, &err) != POLAR_OK ||
+        polar_model_random(&a, argc > 4 ? strtoull(argv[4], NULL, 10) : 7, &m, &err) != POLAR_OK) {
+        fprintf(stderr, "mkgguf: error: %s\n", err.msg);
+        return 1;
+    }
+    int ok = gguf_write_model(m, argv[2], strcmp(format, "q8_0") ? GGUF_K_FILE : GGUF_Q8_0_FILE);
+    polar_model_free(m);
+    if (!ok) {
+        fprintf(stderr, "mkgguf: error: cannot write %s\n", argv[2]);
+        return 1;
+    }
+    return 0;
+}
