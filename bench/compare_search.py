@@ -130,7 +130,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         lines, polar_wall = run_polar(args, os.path.join(tmp, "labels.jsonl"))
         # the same search without the prefix cache: what prefix sharing is worth
-        _, uncached_wall = run_polar(args, os.path.join(tmp, "uncached.jsonl"), cache_mb=0)
+        uncached, uncached_wall = run_polar(args, os.path.join(tmp, "uncached.jsonl"), cache_mb=0)
+    # the uncached run must have searched the same programs, or its time means nothing
+    by_index = {l["index"]: programs_of(l) for l in uncached}
+    uncached_same = sum(by_index.get(l["index"]) == programs_of(l) for l in lines)
 
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(args.model), gguf_file=os.path.basename(args.model),
                                                  dtype=torch.float32)
@@ -170,6 +173,7 @@ def main():
         "ratio": round((polar_sims / polar_seconds) / (ref_sims / ref_seconds), 2),
         "prompt_layer_tokens_skipped": round(1 - run / needed, 3) if needed else 0.0,
         "polar_seconds_without_prefix_cache": round(uncached_wall, 3),
+        "questions_same_programs_without_prefix_cache": f"{uncached_same}/{len(lines)}",
         "ratio_without_prefix_cache": round((polar_sims / uncached_wall) / (ref_sims / ref_seconds), 2),
         "reward_agreement": f"{agree}/{total}", "prompt_token_count_mismatches": token_mismatch,
         "transformers": __import__("transformers").__version__, "torch": torch.__version__,
@@ -183,7 +187,8 @@ def main():
           f"(prefix sharing skipped {100 * result['prompt_layer_tokens_skipped']:.1f}% of prompt layer-tokens)")
     print(f"reference's way: {ref_sims} programs in {ref_seconds:.1f} s = {result['reference_sims_per_s']} sims/s")
     print(f"polar / reference: {result['ratio']}x ({result['ratio_without_prefix_cache']}x without the prefix cache: "
-          f"{uncached_wall:.1f} s); rewards agree on {agree} of {total}")
+          f"{uncached_wall:.1f} s, the same programs on {uncached_same} of {len(lines)} questions); "
+          f"rewards agree on {agree} of {total}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(result) + "\n")

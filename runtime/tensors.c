@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../loader/gguf.h"
 #include "error.h"
@@ -285,6 +287,16 @@ static polar_status bind_safetensors(polar_model *m, const tensor_ref *r, polar_
 /* The block format a GGUF type stays in, or CPU_W_BF16. */
 static cpu_wtype kept_type(ggml_type t) { return cpu_wtype_kept(ggml_block_format(t)) ? ggml_block_format(t) : CPU_W_BF16; }
 
+/* The whole pages of a mapped tensor nothing reads any more (its blocks
+ * were repacked): handed back, so the model's resident memory stays about
+ * its size rather than twice it. The file stays mapped; a read would bring
+ * them back. */
+static void release_pages(const void *data, size_t n) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)data + page - 1) / page * page, hi = ((uintptr_t)data + n) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: its failure changes nothing */
+}
+
 /* Keep a quantized matrix in its blocks: in place in the mapping, or (q/k
  * of llama, whose rows must be unpermuted) in a copy the model owns; or,
  * when the CPU kernels multiply it faster so (cpu_x16_active), repacked
@@ -312,7 +324,10 @@ static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_
     cpu_wtype x16 = cpu_x16_active(wt);
     if (x16 != CPU_W_BF16) {
         void *packed = malloc(cpu_x16_bytes(x16, r->rows, (size_t)r->cols));
-        if (packed) cpu_repack_x16(wt, blocks, r->rows, (size_t)r->cols, packed);
+        if (packed) {
+            cpu_repack_x16(wt, blocks, r->rows, (size_t)r->cols, packed);
+            release_pages(t->data, t->nbytes);
+        }
         free(copy);
         if (!model_own(m, packed)) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory for '%s'", r->gguf_name);
         blocks = packed, wt = x16;

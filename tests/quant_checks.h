@@ -185,7 +185,7 @@ static void dots_on_level(const cpu_kernels *k, const char *name) {
  * types, of 96 (an odd number of blocks). */
 static void matmul_on_level(const cpu_kernels *k, const char *name) {
     enum { MAXCOLS = 256, MAXNB = MAXCOLS / 32, MAXT = 9 };
-    static const int Ts[] = {1, 2, 3, 5, 6, 7, 9}, out_rows[2] = {37, 22}, colss[2] = {256, 96};
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 9}, out_rows[2] = {37, 22}, colss[2] = {256, 96};
     for (int t = CPU_W_Q8_0; t < CPU_W_N; t++)
         for (int ci = 0; ci < 2 && cpu_wtype_kept((cpu_wtype)t); ci++)
             for (int ti = 0; ti < 7 && (ci == 0 || cpu_wtype_block_elems((cpu_wtype)t) == 32); ti++)
@@ -226,6 +226,26 @@ static void matmul_on_level(const cpu_kernels *k, const char *name) {
                               name, cpu_wtype_name(types[0]), cpu_wtype_name(types[1]), COLS, T, acc, threads, bad);
                         for (int o = 0; o < 2; o++) free(w[o]), free(y[o]), free(y0[o]);
                     }
+}
+
+/* Rows too long for a level to unpack once for all tokens (more than 8192
+ * weights: the AVX-512 VNNI tiles then unpack per tile): the same bits as
+ * the row dot products. */
+static void long_rows_on_level(const cpu_kernels *k, const char *name) {
+    enum { COLS = 8448, NB = COLS / 32, T = 5, ROWS = 21 };
+    size_t rb = cpu_wtype_row_bytes(CPU_W_Q5_0, COLS);
+    uint8_t *w = malloc(ROWS * rb);
+    float *x = malloc((size_t)T * COLS * 4), y[T * ROWS];
+    cpu_q8_block *xq = malloc((size_t)T * NB * sizeof *xq);
+    rand_rows(CPU_W_Q5_0, ROWS, COLS, w);
+    for (int i = 0; i < T * COLS; i++) x[i] = frand();
+    cpu_q_out out = {y, w, CPU_W_Q5_0, NULL, ROWS};
+    cpu_matmul_q_multi_with(k, &out, 1, x, T, COLS, 0, 1, xq);
+    int bad = 0;
+    for (int tok = 0; tok < T; tok++)
+        for (int r = 0; r < ROWS; r++) bad += y[tok * ROWS + r] != k->dot_q[CPU_W_Q5_0](w + r * rb, xq + tok * NB, NB);
+    CHECK(!bad, "%s q5_0 cols=%d T=%d: %d outputs differ from the row dot products", name, COLS, T, bad);
+    free(w), free(x), free(xq);
 }
 
 /* The level's activation quantizer gives cpu_quantize_q8's blocks bit for
@@ -338,6 +358,10 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
                     }
             for (int o = 0; o < 2; o++) free(w[o]), free(wx[o]);
         }
+    /* the x86 SIMD levels multiply every x16 type (a silently missing kernel
+     * would leave models row-major and these checks vacuous) */
+    int expected = !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "avx512vnni");
+    CHECK(ran == expected, "%s: x16 kernels %s", name, ran ? "present where none were expected" : "missing");
     if (!ran) printf("  %s: no x16 kernels (repacking checked only)\n", name);
 }
 
@@ -353,6 +377,7 @@ static void levels(void) {
         matmul_on_level(k, cpu_level_name((cpu_level)l));
         quantize_on_level(k, cpu_level_name((cpu_level)l));
         x16_on_level(k, cpu_level_name((cpu_level)l));
+        long_rows_on_level(k, cpu_level_name((cpu_level)l));
     }
 }
 

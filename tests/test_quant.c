@@ -72,9 +72,16 @@ static void nonfinite_activations(void) {
 
 static char dir[] = "/tmp/polar-quant-XXXXXX";
 
-/* How a loader keeps a matrix of GGUF blocks of type t: interleaved when
- * the active CPU kernels multiply that layout, else as the blocks. */
-static cpu_wtype kept_as(cpu_wtype t) { return cpu_x16_active(t) != CPU_W_BF16 ? cpu_x16_active(t) : t; }
+/* How a loader must keep a matrix of GGUF blocks of type t: interleaved
+ * on the x86 SIMD levels for the types with an x16 layout (unless
+ * POLAR_REPACK=0), else as the blocks. Decided here from the level's name,
+ * not from the loader's own cpu_x16_active. */
+static cpu_wtype kept_as(cpu_wtype t) {
+    const char *level = cpu_kernels_active()->name, *repack = getenv("POLAR_REPACK");
+    int x86_simd = !strcmp(level, "avx2") || !strcmp(level, "avx512") || !strcmp(level, "avx512vnni");
+    int off = repack && !strcmp(repack, "0");
+    return x86_simd && !off && cpu_x16_of(t) != CPU_W_BF16 ? cpu_x16_of(t) : t;
+}
 
 /* A random Llama with Q8_0 matrices: kept quantized (the q/k rows
  * un-permuted as blocks), close to the same file loaded as bf16. */

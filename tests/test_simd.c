@@ -197,14 +197,13 @@ static void simd_attention(void) {
 }
 
 int main(void) {
-    static const cpu_level levels[] = {CPU_AVX2, CPU_AVX512, CPU_NEON};
-    static const char *names[] = {"avx2", "avx512", "neon"};
+    static const cpu_level levels[] = {CPU_AVX2, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON};
     printf("active kernels: %s\n", cpu_kernels_active()->name);
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < 4; l++) {
         const char *why;
         k = cpu_kernels_for(levels[l], &why);
         if (!k) {
-            printf("SKIP %s: skipped: %s\n", names[l], why);
+            printf("SKIP %s: skipped: %s\n", cpu_level_name(levels[l]), why);
             continue;
         }
         printf("== %s against generic\n", k->name);

@@ -25,12 +25,14 @@ const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why) {
         __builtin_cpu_init();
         if (!__builtin_cpu_supports("avx2")) return *why = "CPU lacks avx2", NULL;
         if (!__builtin_cpu_supports("fma")) return *why = "CPU lacks fma", NULL;
+        if (!__builtin_cpu_supports("f16c")) return *why = "CPU lacks f16c", NULL;
         return &cpu_kernels_avx2;
     case CPU_AVX512:
         __builtin_cpu_init();
         if (!__builtin_cpu_supports("avx512f")) return *why = "CPU lacks avx512f", NULL;
         if (!__builtin_cpu_supports("avx512bw")) return *why = "CPU lacks avx512bw", NULL;
         if (!__builtin_cpu_supports("avx512vl")) return *why = "CPU lacks avx512vl", NULL;
+        if (!cpu_kernels_for(CPU_AVX2, why)) return NULL; /* its block dots and quantizer are AVX2's */
         return &cpu_kernels_avx512;
     case CPU_AVX512VNNI:
         if (!cpu_kernels_for(CPU_AVX512, why)) return NULL;
@@ -72,6 +74,8 @@ const cpu_kernels *cpu_kernels_active(void) {
 }
 
 cpu_wtype cpu_x16_active(cpu_wtype t) {
+    const char *repack = getenv("POLAR_REPACK");
+    if (repack && !strcmp(repack, "0")) return CPU_W_BF16;
     cpu_wtype x = cpu_x16_of(t);
     return x != CPU_W_BF16 && cpu_kernels_active()->rows_q[x] ? x : CPU_W_BF16;
 }

@@ -172,6 +172,7 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
     const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     int j = 0;
+    _Static_assert(CPU_KV_BLOCK % 16 == 0, "16 keys from j (a multiple of 16) lie in one KV block");
     if (hd % 16 == 0) /* a KV block (16 keys) at once, the 16 sums reduced together */
         for (; j + 16 <= n; j += 16) {
             const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;

@@ -89,7 +89,8 @@ void cpu_quantize_q8(cpu_q8_block *out, const float *x, int n);
 void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n);
 
 /* n weights (a multiple of the block) of a row of type t -> f32, by the
- * format's definition. bf16 rows are widened. */
+ * format's definition. bf16 rows are widened. Not for the x16 layouts,
+ * whose rows are not contiguous (cpu_dequantize_matrix_row reads those). */
 void cpu_dequantize_row(cpu_wtype t, const void *w, float *out, int n);
 
 /* The dot product of the first 32 * nb weights of a row with nb activation
@@ -101,7 +102,10 @@ float cpu_dot_q_plain(cpu_wtype t, const void *w, const cpu_q8_block *x, int nb)
 
 /* Rows r0..r1-1 of y[T, rows] (+ bias, or added into y) for all T tokens
  * (T * nb activation blocks), on the calling thread; equal bit for bit to
- * the same level's dot product of each row. */
+ * the same level's dot product of each row (for the x16 layouts, which
+ * have no dot products, to the same rows' outputs for any T; r0 must then
+ * be a multiple of 16). The AVX-512 VNNI level's row-major tiles use up to
+ * 44 KB of the calling thread's stack (rows unpacked once for all tokens). */
 typedef void (*cpu_rows_q_fn)(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
                               int T, int rows, int nb, int accumulate, int r0, int r1);
 
@@ -145,8 +149,9 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 int cpu_wtype_is_x16(cpu_wtype t);
 /* The x16 layout of a row-major type, or CPU_W_BF16 when it has none. */
 cpu_wtype cpu_x16_of(cpu_wtype t);
-/* The x16 layout of t when the active CPU kernels multiply it (the
- * avx512vnni level), else CPU_W_BF16: what a model loader repacks to. */
+/* The x16 layout of t when the active CPU kernels multiply it (the AVX2
+ * and AVX-512 levels) and POLAR_REPACK is not 0, else CPU_W_BF16: what a
+ * model loader repacks to. */
 cpu_wtype cpu_x16_active(cpu_wtype t);
 /* Bytes of a rows x cols matrix of x16 type x (its rows padded to 16). */
 size_t cpu_x16_bytes(cpu_wtype x, int rows, size_t cols);

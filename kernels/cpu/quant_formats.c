@@ -3,6 +3,7 @@
  *   w[i] = a[i / 16] * q[i] - m[i / 16],
  * and the dequantization and the plain C dot products (the oracle every
  * SIMD level is tested against) both follow from that one unpacking. */
+#include <assert.h>
 #include <string.h>
 
 #include "quant.h"
@@ -44,6 +45,7 @@ static void q3k_scales(const uint8_t *s, int out[16]) {
 }
 
 void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2], float m[2]) {
+    assert(cpu_wtype_kept(t) || t == CPU_W_Q2_K || t == CPU_W_Q3_K); /* a row of blocks, not an x16 group */
     const uint8_t *b = row;
     m[0] = m[1] = 0.0f;
     if (formats[t].block_elems == 32) {
