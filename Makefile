@@ -143,7 +143,7 @@ $(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj
 
 $(BUILD)/tests/test_cuda $(BUILD)/tests/test_cuda_batch: tests/logit_compare.h
 
-$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libpolar.a
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)
 
@@ -211,7 +211,7 @@ EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention \
                     kernel_moe
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
-                   gpu_cache_consistency predictor_fused
+                   gpu_cache_consistency predictor_fused model_gguf_blocks
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)

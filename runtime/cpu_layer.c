@@ -14,8 +14,10 @@ int cpu_work_init(cpu_work *w, const polar_model *m, int rows, int max_ctx, int 
     size_t ffn = (size_t)a->ffn, top_k = a->top_k > 0 ? (size_t)a->top_k : 1;
     if ((size_t)a->shared_ffn > ffn) ffn = (size_t)a->shared_ffn;
     if ((size_t)2 * a->moe_ffn > ffn) ffn = (size_t)2 * a->moe_ffn;
-    size_t max_cols = (size_t)a->hidden > q ? (size_t)a->hidden : q;
+    size_t max_cols = (size_t)a->hidden > q ? (size_t)a->hidden : q; /* the widest matmul input */
     if ((size_t)a->ffn > max_cols) max_cols = (size_t)a->ffn;
+    if ((size_t)a->moe_ffn > max_cols) max_cols = (size_t)a->moe_ffn;
+    if ((size_t)a->shared_ffn > max_cols) max_cols = (size_t)a->shared_ffn;
     *w = (cpu_work){.rows = rows, .n_threads = n_threads, .max_ctx = max_ctx};
     w->x = malloc(R * a->hidden * sizeof(float));
     w->xn = malloc(R * a->hidden * sizeof(float));
@@ -62,6 +64,37 @@ void cpu_work_free(cpu_work *w) {
     *w = (cpu_work){0};
 }
 
+/* Rows e * rows .. of a matrix of type t with cols columns: one expert of
+ * a stack (row-major blocks, bf16, or x16 with rows a multiple of 16). */
+static const void *expert_rows(const bf16 *stack, cpu_wtype t, int e, int rows, int cols) {
+    return (const uint8_t *)stack + (size_t)e * rows * cpu_wtype_row_bytes(t, (size_t)cols);
+}
+
+/* Expert e's MLP over the n rows of w->expert_in, into w->expert_out. A
+ * Hugging Face checkpoint's gate and up rows are one [2F, H] block; a
+ * GGUF's are two stacks, multiplied in one pass over the input. */
+static void expert_mlp(const polar_arch *a, cpu_work *w, const layer_weights *lw, int e, int n, int round) {
+    int H = a->hidden, F = a->moe_ffn, nt = w->n_threads;
+    float *act = w->up; /* [n, F] the SwiGLU output */
+    if (lw->exp_gate_up) {
+        cpu_matmul(w->gate, w->expert_in, lw->exp_gate_up + (size_t)e * 2 * F * H, NULL, n, 2 * F, H, 0, nt);
+        for (int i = 0; i < n; i++) {
+            float *gu = w->gate + (size_t)i * 2 * F;
+            cpu_swiglu(gu, gu + F, F);
+            memcpy(act + (size_t)i * F, gu, (size_t)F * sizeof(float));
+        }
+    } else {
+        const cpu_q_out gate_up[2] = {{w->gate, expert_rows(lw->exp_gate, lw->t_exp_gate, e, F, H), lw->t_exp_gate, NULL, F},
+                                      {w->up, expert_rows(lw->exp_up, lw->t_exp_up, e, F, H), lw->t_exp_up, NULL, F}};
+        cpu_matmul_q_multi(gate_up, 2, w->expert_in, n, H, 0, nt, w->xq);
+        for (int i = 0; i < n; i++) cpu_swiglu(w->gate + (size_t)i * F, w->up + (size_t)i * F, F);
+        act = w->gate;
+    }
+    if (round) cpu_round_bf16(act, (size_t)n * F);
+    cpu_matmul_q(w->expert_out, act, expert_rows(lw->exp_down, lw->t_exp_down, e, H, F), lw->t_exp_down, NULL, n, H, F,
+                 0, nt, w->xq);
+}
+
 /* The MoE sublayer on the normed input w->xn: each token through its top-k
  * experts (weighted, summed in ascending expert order) plus the
  * sigmoid-gated shared expert, then added to the residual stream. Tokens are
@@ -87,15 +120,7 @@ static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *l
         for (int i = 0; i < n; i++)
             memcpy(w->expert_in + (size_t)i * H, w->xn + (size_t)members[i] * H, (size_t)H * sizeof(float));
         if (round_experts) cpu_round_bf16(w->expert_in, (size_t)n * H);
-        /* gate and up rows of expert e are one [2F, H] block */
-        cpu_matmul(w->gate, w->expert_in, lw->exp_gate_up + (size_t)e * 2 * F * H, NULL, n, 2 * F, H, 0, nt);
-        for (int i = 0; i < n; i++) {
-            float *gu = w->gate + (size_t)i * 2 * F;
-            cpu_swiglu(gu, gu + F, F);
-            memcpy(w->up + (size_t)i * F, gu, (size_t)F * sizeof(float));
-        }
-        if (round_experts) cpu_round_bf16(w->up, (size_t)n * F);
-        cpu_matmul(w->expert_out, w->up, lw->exp_down + (size_t)e * H * F, NULL, n, H, F, 0, nt);
+        expert_mlp(a, w, lw, e, n, round_experts);
         for (int i = 0; i < n; i++) {
             float *out = w->mlp_out + (size_t)members[i] * H, *y = w->expert_out + (size_t)i * H;
             for (int c = 0; c < H; c++) out[c] += y[c] * member_w[i];
@@ -110,12 +135,12 @@ static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *l
             cpu_round_bf16(w->expert_in, (size_t)T * H);
             in = w->expert_in;
         }
-        cpu_matmul(w->gate, in, lw->sh_gate, NULL, T, S, H, 0, nt);
-        cpu_matmul(w->up, in, lw->sh_up, NULL, T, S, H, 0, nt);
+        const cpu_q_out sh[2] = {{w->gate, lw->sh_gate, lw->t_sh_gate, NULL, S}, {w->up, lw->sh_up, lw->t_sh_up, NULL, S}};
+        cpu_matmul_q_multi(sh, 2, in, T, H, 0, nt, w->xq);
         for (int t = 0; t < T; t++) cpu_swiglu(w->gate + (size_t)t * S, w->up + (size_t)t * S, S);
         if (round_in) cpu_round_bf16(w->gate, (size_t)T * S);
         cpu_matmul(g, w->xn, lw->sh_router, NULL, T, 1, H, 0, 1);
-        cpu_matmul(w->expert_out, w->gate, lw->sh_down, NULL, T, H, S, 0, nt);
+        cpu_matmul_q(w->expert_out, w->gate, lw->sh_down, lw->t_sh_down, NULL, T, H, S, 0, nt, w->xq);
         for (int t = 0; t < T; t++) {
             float sig = 1.0f / (1.0f + expf(-g[t]));
             for (int i = 0; i < H; i++) w->mlp_out[(size_t)t * H + i] += sig * w->expert_out[(size_t)t * H + i];

@@ -132,6 +132,28 @@ void cuda_weights_free(void *weights) {
     free(w);
 }
 
+/* The experts' gate and up rows as the CUDA kernels read them, [E, 2F, H]
+ * bf16 (gate rows, then up rows, per expert): a Hugging Face checkpoint's
+ * block as it is, or a GGUF's two stacks (possibly kept in blocks)
+ * interleaved expert by expert. */
+static int upload_gate_up(cuda_weights *w, const bf16 **dst, const layer_weights *l, size_t E, size_t F, size_t H) {
+    if (l->exp_gate_up) return upload(w, dst, l->exp_gate_up, E * 2 * F * H);
+    bf16 *buf = malloc(E * 2 * F * H * sizeof *buf);
+    float *f = malloc(H * sizeof *f);
+    int ok = buf && f;
+    for (size_t r = 0; ok && r < E * 2 * F; r++) { /* row r: expert r / 2F, gate when r % 2F < F */
+        size_t e = r / (2 * F), i = r % (2 * F);
+        int gate = i < F;
+        cpu_dequantize_matrix_row(gate ? l->t_exp_gate : l->t_exp_up, gate ? l->exp_gate : l->exp_up, H,
+                                  (int)(e * F + (gate ? i : i - F)), f);
+        for (size_t j = 0; j < H; j++) buf[r * H + j] = f32_to_bf16(f[j]);
+    }
+    ok = ok && upload(w, dst, buf, E * 2 * F * H);
+    free(buf);
+    free(f);
+    return ok;
+}
+
 /* Every weight of the model on the device; NULL when out of memory. */
 static cuda_weights *weights_upload(const polar_model *m) {
     const polar_arch *a = &m->arch;
@@ -157,10 +179,10 @@ static cuda_weights *weights_upload(const polar_model *m) {
              upload_w(c, &d->w_up, w->w_up, w->t_up, F, H) && upload_w(c, &d->w_down, w->w_down, w->t_down, H, F);
         if (ok && w->router) {
             size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
-            ok = upload(c, &d->router, w->router, E * H) && upload(c, &d->exp_gate_up, w->exp_gate_up, E * 2 * MF * H) &&
-                 upload(c, &d->exp_down, w->exp_down, E * H * MF) && upload(c, &d->sh_gate, w->sh_gate, S * H) &&
-                 upload(c, &d->sh_up, w->sh_up, S * H) && upload(c, &d->sh_down, w->sh_down, H * S) &&
-                 upload(c, &d->sh_router, w->sh_router, H);
+            ok = upload(c, &d->router, w->router, E * H) && upload_gate_up(c, &d->exp_gate_up, w, E, MF, H) &&
+                 upload_w(c, &d->exp_down, w->exp_down, w->t_exp_down, E * H, MF) &&
+                 upload_w(c, &d->sh_gate, w->sh_gate, w->t_sh_gate, S, H) && upload_w(c, &d->sh_up, w->sh_up, w->t_sh_up, S, H) &&
+                 upload_w(c, &d->sh_down, w->sh_down, w->t_sh_down, H, S) && upload(c, &d->sh_router, w->sh_router, H);
         }
     }
     ok = ok && (c->inv_freq = dev_alloc_in(&c->allocs, hd / 2 * sizeof(float))) &&

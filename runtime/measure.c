@@ -78,13 +78,24 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
                                                                 (double)cpu_wtype_row_bytes(*refs[i].wtype, (size_t)refs[i].cols)
                                                           : (double)ref_elems(&refs[i]) * sizeof(bf16);
     free(refs);
-    double idle_experts = (double)(a->n_experts - a->top_k) * 3.0 * a->moe_ffn * a->hidden * sizeof(bf16);
+    /* the refs count every expert in bf16: an MoE layer reads top_k of them,
+     * in the blocks a GGUF kept them in on the CPU */
+    for (int l = 0; l < a->n_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        if (!polar_arch_layer_is_moe(a, l)) continue;
+        size_t H = (size_t)a->hidden, F = (size_t)a->moe_ffn;
+        cpu_wtype tg = cpu ? w->t_exp_gate : CPU_W_BF16, tu = cpu ? w->t_exp_up : CPU_W_BF16,
+                  td = cpu ? w->t_exp_down : CPU_W_BF16;
+        double one = (double)F * (double)(cpu_wtype_row_bytes(tg, H) + cpu_wtype_row_bytes(tu, H)) +
+                     (double)H * (double)cpu_wtype_row_bytes(td, F);
+        layer[l] += a->top_k * one - a->n_experts * 3.0 * (double)F * (double)H * sizeof(bf16);
+    }
     double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (device == POLAR_DEVICE_CUDA ? sizeof(bf16) : sizeof(float));
     cpu_wtype th = cpu ? m->t_lm_head : CPU_W_BF16, te = cpu ? m->t_embed : CPU_W_BF16;
     double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * (double)cpu_wtype_row_bytes(th, (size_t)a->hidden);
     double total = (double)cpu_wtype_row_bytes(te, (size_t)a->hidden) + head; /* one embedding row, final norm, lm_head */
     for (int k = 0; k < p->n; k++)
-        total += layer[p->layers[k]] - (polar_arch_layer_is_moe(a, p->layers[k]) ? idle_experts : 0) + kv_row * ctx;
+        total += layer[p->layers[k]] + kv_row * ctx;
     free(layer);
     return total;
 }

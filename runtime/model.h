@@ -25,13 +25,16 @@ typedef struct {
     const bf16 *w_gate, *w_up;  /* [ffn, hidden]   dense MLP (NULL in MoE layers) */
     const bf16 *w_down;         /* [hidden, ffn] */
     const bf16 *router;         /* [n_experts, hidden]                MoE layers only */
-    const bf16 *exp_gate_up;    /* [n_experts, 2*moe_ffn, hidden]  gate rows, then up rows */
+    const bf16 *exp_gate_up;    /* [n_experts, 2*moe_ffn, hidden]  gate rows, then up rows (Hugging Face checkpoints) */
+    const bf16 *exp_gate, *exp_up; /* [n_experts, moe_ffn, hidden] each: a GGUF's stacks (exp_gate_up NULL) */
     const bf16 *exp_down;       /* [n_experts, hidden, moe_ffn] */
     const bf16 *sh_gate, *sh_up;/* [shared_ffn, hidden]  shared expert, or NULL */
     const bf16 *sh_down;        /* [hidden, shared_ffn] */
     const bf16 *sh_router;      /* [1, hidden]  sigmoid gate of the shared expert */
-    /* storage of the dense projections (CPU_W_BF16 unless a GGUF kept them quantized) */
+    /* storage of the projections and experts (CPU_W_BF16 unless a GGUF kept them quantized; a GGUF's expert
+     * stacks as matrices of n_experts * rows rows) */
     cpu_wtype t_wq, t_wk, t_wv, t_wo, t_gate, t_up, t_down;
+    cpu_wtype t_exp_gate, t_exp_up, t_exp_down, t_sh_gate, t_sh_up, t_sh_down;
 } layer_weights;
 
 /* The model's weights on the GPU: uploaded by its first CUDA session and

@@ -61,6 +61,14 @@ static void add_matrix(ref_list *l, const bf16 **slot, cpu_wtype *wtype, int lay
     if (l->cap >= 0) l->r[l->n - 1].wtype = wtype;
 }
 
+/* A stack of experts [experts, rows, cols] that may stay in a GGUF block
+ * format, in a buffer of its own (a matrix of experts * rows rows). */
+static void add_expert_matrix(ref_list *l, const bf16 **slot, cpu_wtype *wtype, int layer, int experts, int rows,
+                              int cols, const char *gguf) {
+    add(l, slot, layer, experts, rows, cols, (size_t)experts * rows * cols, 0, (size_t)rows * cols, gguf, gguf, 0);
+    if (l->cap >= 0) l->r[l->n - 1].wtype = wtype;
+}
+
 static void add_experts(ref_list *l, layer_weights *w, int layer, expert_layout layout) {
     const polar_arch *a = &l->m->arch;
     int E = a->n_experts, F = a->moe_ffn, H = a->hidden;
@@ -78,17 +86,19 @@ static void add_experts(ref_list *l, layer_weights *w, int layer, expert_layout 
     } else if (layout == LAYOUT_STACKED) {
         add(l, &w->exp_gate_up, layer, E, 2 * F, H, E * gu, 0, gu, "model.layers.%d.mlp.experts.gate_up_proj", "", 0);
         add(l, &w->exp_down, layer, E, H, F, E * dn, 0, dn, "model.layers.%d.mlp.experts.down_proj", "", 0);
-    } else {
-        add(l, &w->exp_gate_up, layer, E, F, H, E * gu, 0, gu, "blk.%d.ffn_gate_exps.weight", "blk.%d.ffn_gate_exps.weight", 0);
-        add(l, &w->exp_gate_up, layer, E, F, H, E * gu, (size_t)F * H, gu, "blk.%d.ffn_up_exps.weight",
-            "blk.%d.ffn_up_exps.weight", 0);
-        add(l, &w->exp_down, layer, E, H, F, E * dn, 0, dn, "blk.%d.ffn_down_exps.weight", "blk.%d.ffn_down_exps.weight", 0);
+    } else { /* separate gate and up stacks, each possibly kept in its blocks */
+        add_expert_matrix(l, &w->exp_gate, &w->t_exp_gate, layer, E, F, H, "blk.%d.ffn_gate_exps.weight");
+        add_expert_matrix(l, &w->exp_up, &w->t_exp_up, layer, E, F, H, "blk.%d.ffn_up_exps.weight");
+        add_expert_matrix(l, &w->exp_down, &w->t_exp_down, layer, E, H, F, "blk.%d.ffn_down_exps.weight");
     }
     if (a->shared_ffn) {
         int S = a->shared_ffn;
-        add_plain(l, &w->sh_gate, layer, S, H, "model.layers.%d.mlp.shared_expert.gate_proj.weight", "blk.%d.ffn_gate_shexp.weight");
-        add_plain(l, &w->sh_up, layer, S, H, "model.layers.%d.mlp.shared_expert.up_proj.weight", "blk.%d.ffn_up_shexp.weight");
-        add_plain(l, &w->sh_down, layer, H, S, "model.layers.%d.mlp.shared_expert.down_proj.weight", "blk.%d.ffn_down_shexp.weight");
+        add_matrix(l, &w->sh_gate, &w->t_sh_gate, layer, S, H, "model.layers.%d.mlp.shared_expert.gate_proj.weight",
+                   "blk.%d.ffn_gate_shexp.weight");
+        add_matrix(l, &w->sh_up, &w->t_sh_up, layer, S, H, "model.layers.%d.mlp.shared_expert.up_proj.weight",
+                   "blk.%d.ffn_up_shexp.weight");
+        add_matrix(l, &w->sh_down, &w->t_sh_down, layer, H, S, "model.layers.%d.mlp.shared_expert.down_proj.weight",
+                   "blk.%d.ffn_down_shexp.weight");
         add_plain(l, &w->sh_router, layer, 1, H, "model.layers.%d.mlp.shared_expert_gate.weight", "blk.%d.ffn_gate_inp_shexp.weight");
     }
 }
@@ -304,11 +314,13 @@ static void release_pages(const void *data, size_t n) {
  * longer read). */
 static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_tensor *t, cpu_wtype wt, int permuted,
                                 polar_error *err) {
+    /* a stack of experts is one matrix of all their rows */
+    int rows = r->rows * (r->experts ? r->experts : 1);
     size_t row_bytes = cpu_wtype_row_bytes(wt, (size_t)r->cols);
-    if (row_bytes * (size_t)r->rows != t->nbytes)
+    if (row_bytes * (size_t)rows != t->nbytes)
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s': %zu bytes of %s blocks, expected %zu",
                           ((const gguf_file *)m->gguf)->path, r->gguf_name, t->nbytes, cpu_wtype_name(wt),
-                          row_bytes * (size_t)r->rows);
+                          row_bytes * (size_t)rows);
     const void *blocks = t->data; /* blocks are read bytewise: any alignment will do */
     void *copy = NULL;
     if (permuted) {
@@ -321,11 +333,12 @@ static polar_status keep_blocks(polar_model *m, const tensor_ref *r, const gguf_
         }
         blocks = copy;
     }
-    cpu_wtype x16 = cpu_x16_active(wt);
+    /* interleaved when each expert's rows start a group of 16 */
+    cpu_wtype x16 = !r->experts || r->rows % 16 == 0 ? cpu_x16_active(wt) : CPU_W_BF16;
     if (x16 != CPU_W_BF16) {
-        void *packed = malloc(cpu_x16_bytes(x16, r->rows, (size_t)r->cols));
+        void *packed = malloc(cpu_x16_bytes(x16, rows, (size_t)r->cols));
         if (packed) {
-            cpu_repack_x16(wt, blocks, r->rows, (size_t)r->cols, packed);
+            cpu_repack_x16(wt, blocks, rows, (size_t)r->cols, packed);
             release_pages(t->data, t->nbytes);
         }
         free(copy);
@@ -352,7 +365,7 @@ static polar_status bind_gguf(polar_model *m, const tensor_ref *r, int keep_quan
     else v.quant = t->type;
     int permuted = r->rope_permuted && strcmp(m->arch.arch, "llama") == 0;
     cpu_wtype wt = kept_type(t->type);
-    if (keep_quant && wt != CPU_W_BF16 && r->wtype && !r->experts && r->dst_offset == 0 && !*r->slot) {
+    if (keep_quant && wt != CPU_W_BF16 && r->wtype && r->dst_offset == 0 && r->dst_elems == ref_elems(r) && !*r->slot) {
         if (!shape_matches(r, &v)) return shape_error(r, &v, r->gguf_name, err);
         return keep_blocks(m, r, t, wt, permuted, err);
     }

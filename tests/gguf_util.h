@@ -4,7 +4,8 @@
  * corruptions for the bad-input tests. GGUF_Q8_0_FILE writes the matrices
  * that may stay quantized as Q8_0 blocks (d = max|x|/127 as f16);
  * GGUF_K_FILE as llama.cpp's Q4_K_M mix: Q6_K for attn_v, ffn_down and the
- * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks). */
+ * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks;
+ * Q8_0 for those whose rows are whole 32-blocks only). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -125,15 +126,30 @@ static void gw_q6_k(const float *x, size_t n, unsigned char *out) {
     }
 }
 
-/* The ggml type ref i goes out as. */
+/* The ggml type ref i goes out as (expert stacks too, as a GGUF holds
+ * them: one tensor of experts * rows rows). */
 static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
-    if (!r->wtype || r->experts) return GGML_F32;
+    if (!r->wtype) return GGML_F32;
     if ((fault == GGUF_Q8_0_FILE || fault == GGUF_Q8_0_BAD_ROW) && r->cols % 32 == 0) return GGML_Q8_0;
     if (fault == GGUF_K_FILE && r->cols % 256 == 0)
         return strstr(r->gguf_name, "attn_v") || strstr(r->gguf_name, "ffn_down") || strstr(r->gguf_name, "token_embd")
                    ? GGML_Q6_K
                    : GGML_Q4_K;
+    if (fault == GGUF_K_FILE && r->cols % 32 == 0) return GGML_Q8_0; /* llama.cpp falls back too where 256 does not divide */
     return GGML_F32;
+}
+
+/* A ref's elements: its own region, or for a GGUF's gate / up expert stacks
+ * of a model holding them as one [E, 2F, H] block (a Hugging Face layout,
+ * as polar_model_random makes), each expert's gate or up rows of it. */
+static void gw_gather(const polar_model *m, const tensor_ref *r, bf16 *out) {
+    const layer_weights *w = r->layer >= 0 ? &m->layers[r->layer] : NULL;
+    if (*r->slot || !w || !w->exp_gate_up || (r->slot != &w->exp_gate && r->slot != &w->exp_up)) {
+        ref_gather(r, out);
+        return;
+    }
+    size_t fh = (size_t)r->rows * (size_t)r->cols, up = r->slot == &w->exp_up;
+    for (int e = 0; e < r->experts; e++) memcpy(out + e * fh, w->exp_gate_up + (2 * e + up) * fh, fh * sizeof *out);
 }
 
 static void gw_u32(FILE *f, uint32_t v) { fwrite(&v, 4, 1, f); }
@@ -258,7 +274,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             cnt = ref_elems(&refs[i]);
             v = malloc(cnt * 4);
             bf16 *b = malloc(cnt * sizeof *b);
-            ref_gather(&refs[i], b);
+            gw_gather(m, &refs[i], b);
             for (size_t j = 0; j < cnt; j++) v[j] = bf16_to_f32(b[j]);
             free(b);
             if (refs[i].rope_permuted && !strcmp(a->arch, "llama")) permute_rows(v, refs[i].rows, refs[i].cols, a->head_dim);

@@ -1,17 +1,19 @@
 /* A random-weight model of a preset as a GGUF file, for benchmarks of the
  * block formats on real shapes (polar bench, bench/compare_llamacpp.sh):
  *
- *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED]
+ *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED] [LAYERS]
  *
  * q4_k_m: llama.cpp's Q4_K_M mix (Q6_K attn_v, ffn_down and embedding, Q4_K
- * the rest), q8_0: Q8_0 matrices; norms and biases F32. The file carries no
- * vocabulary (tokenizer.ggml.model "no_vocab"): run it with token ids or
- * prompt lengths, not text. */
+ * the rest, expert stacks too), q8_0: Q8_0 matrices; norms, biases and
+ * routers F32. LAYERS cuts the preset to its first layers (a large MoE's
+ * weights are made in bf16 first, and must fit in memory). The file
+ * carries no vocabulary (tokenizer.ggml.model "no_vocab"): run it with
+ * token ids or prompt lengths, not text. */
 #include "gguf_util.h"
 
 int main(int argc, char **argv) {
-    if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED]\n");
+    if (argc < 3 || argc > 6) {
+        fprintf(stderr, "usage: mkgguf PRESET OUT.gguf [q8_0|q4_k_m] [SEED] [LAYERS]\n");
         return 2;
     }
     const char *format = argc > 3 ? argv[3] : "q4_k_m";
@@ -22,8 +24,17 @@ int main(int argc, char **argv) {
     polar_error err;
     polar_arch a;
     polar_model *m = NULL;
-    if (polar_arch_preset(argv[1], &a, &err) != POLAR_OK ||
-        polar_model_random(&a, argc > 4 ? strtoull(argv[4], NULL, 10) : 7, &m, &err) != POLAR_OK) {
+    if (polar_arch_preset(argv[1], &a, &err) != POLAR_OK) {
+        fprintf(stderr, "mkgguf: error: %s\n", err.msg);
+        return 1;
+    }
+    int layers = argc > 5 ? atoi(argv[5]) : a.n_layers;
+    if (layers < 1 || layers > a.n_layers) {
+        fprintf(stderr, "mkgguf: error: LAYERS must be 1 to %d for %s\n", a.n_layers, argv[1]);
+        return 2;
+    }
+    a.n_layers = layers;
+    if (polar_model_random(&a, argc > 4 ? strtoull(argv[4], NULL, 10) : 7, &m, &err) != POLAR_OK) {
         fprintf(stderr, "mkgguf: error: %s\n", err.msg);
         return 1;
     }

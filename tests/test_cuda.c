@@ -9,10 +9,12 @@
  * (TOL_ROUNDED below), with the difference to the f32 CPU printed. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cuda/ops.h"
 #include "../runtime/cuda_gemm.h"
+#include "gguf_util.h"
 #include "harness.h"
 #include "logit_compare.h"
 #include "pred_util.h"
@@ -432,10 +434,14 @@ static void kernel_moe(void) {
  * a measured figure. */
 /* (TOL_ROUNDED, TOL_REL_GEMM and TOL_GEMM_MAX are in logit_compare.h.) */
 
-/* strict: assert the rounded reference's bound and greedy tokens (golden
+/* The GPU running gm against the CPU running cm (the same weights: gm
+ * itself, or a GGUF's blocks loaded as the bf16 the GPU uploads them as).
+ * strict: assert the rounded reference's bound and greedy tokens (golden
  * models); otherwise (random-weight presets, whose near-uniform logits make
  * greedy ties) assert cosine >= 0.999 against f32 and the bound. */
-static void compare_model(const polar_model *m, const char *program, int n_prompt, int steps, int strict) {
+static void compare_models(const polar_model *gm, const polar_model *cm, const char *program, int n_prompt, int steps,
+                           int strict) {
+    const polar_model *m = cm;
     polar_error err;
     polar_model_info info;
     polar_model_info_get(m, &info);
@@ -446,7 +452,7 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
     polar_session_opts o[3] = {{.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CUDA},
                                {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1},
                                {.max_ctx = n_prompt + steps, .device = POLAR_DEVICE_CPU}};
-    for (int i = 0; i < 3; i++) CHECK_OK(polar_session_create(m, &p, &o[i], &s[i], &err));
+    for (int i = 0; i < 3; i++) CHECK_OK(polar_session_create(i ? cm : gm, &p, &o[i], &s[i], &err));
     int *prompt = malloc((size_t)n_prompt * sizeof *prompt);
     for (int i = 0; i < n_prompt; i++) prompt[i] = (i * 7919 + 13) % V;
     float *l[3];
@@ -479,6 +485,10 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
     for (int i = 0; i < 3; i++) free(l[i]), polar_session_free(s[i]);
     free(prompt);
     polar_program_free(&p);
+}
+
+static void compare_model(const polar_model *m, const char *program, int n_prompt, int steps, int strict) {
+    compare_models(m, m, program, n_prompt, steps, strict);
 }
 
 /* Every golden architecture and program, with a 7-token prompt (decode
@@ -805,6 +815,54 @@ static void gpu_cache_consistency(void) {
     polar_model_free(m);
 }
 
+/* GGUF blocks on the GPU: a random Llama and Qwen2-MoE written as Q8_0
+ * (projections, embedding, expert stacks and shared expert), loaded kept in
+ * their blocks (interleaved where the CPU level runs that) for the GPU,
+ * which dequantizes them at upload, and as bf16 for the CPU reference: the
+ * same weights, so the bounds of the golden models hold. */
+static void model_gguf_blocks(void) {
+    static const char *archs[] = {"llama", "qwen2_moe"};
+    for (int i = 0; i < 2; i++) {
+        polar_error err;
+        polar_arch a;
+        polar_model *m = NULL, *q = NULL, *b = NULL;
+        CHECK_OK(polar_arch_default(archs[i], &a, &err));
+        if (a.n_experts) a.moe_ffn = 64, a.shared_ffn = 96; /* whole 32-blocks in every stack */
+        CHECK_OK(polar_model_random(&a, 3, &m, &err));
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/polar-cuda-gguf-%d.gguf", (int)getpid());
+        CHECK(m && gguf_write_model(m, path, GGUF_Q8_0_FILE), "write %s", path);
+        CHECK_OK(polar_model_load(path, &q, &err));
+        setenv("POLAR_GGUF_BF16", "1", 1);
+        CHECK_OK(polar_model_load(path, &b, &err));
+        unsetenv("POLAR_GGUF_BF16");
+        unlink(path);
+        if (q && b) {
+            CHECK(q->quantized && !b->quantized, "%s: kept in blocks for the GPU, bf16 for the CPU", archs[i]);
+            /* the upload dequantizes to the bf16 load's weights: the GPU gives the same bits from either */
+            polar_program p;
+            polar_session *s[2] = {NULL, NULL};
+            polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+            CHECK_OK(polar_program_base(a.n_layers, &p, &err));
+            CHECK_OK(polar_session_create(q, &p, &o, &s[0], &err));
+            CHECK_OK(polar_session_create(b, &p, &o, &s[1], &err));
+            int toks[5] = {3, 1, 4, 1, 5};
+            for (int j = 0; j < 2; j++)
+                if (s[j]) CHECK_OK(polar_prefill(s[j], toks, 5, NULL, &err));
+            if (s[0] && s[1])
+                CHECK(!memcmp(polar_logits(s[0]), polar_logits(s[1]), (size_t)a.vocab * sizeof(float)),
+                      "%s: GPU logits from the blocks differ from those of the bf16 load", archs[i]);
+            for (int j = 0; j < 2; j++) polar_session_free(s[j]);
+            polar_program_free(&p);
+            compare_models(q, b, "base", 7, 8, 1);
+            if (!quick) compare_models(q, b, "0,1-2x2,3", 40, 8, 1);
+        }
+        polar_model_free(m);
+        polar_model_free(q);
+        polar_model_free(b);
+    }
+}
+
 static char **only;
 static int n_only;
 
@@ -840,6 +898,7 @@ int main(int argc, char **argv) {
     RUN_IF(model_long_prompt);
     RUN_IF(model_preset);
     RUN_IF(model_moe_deterministic);
+    RUN_IF(model_gguf_blocks);
     RUN_IF(predictor_fused);
     RUN_IF(graph_recapture);
     RUN_IF(greedy_stop);

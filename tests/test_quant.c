@@ -200,6 +200,74 @@ static void malformed_blocks(void) {
     polar_model_free(m);
 }
 
+/* A random Qwen2-MoE (router, 8 experts, a shared expert) written as Q8_0
+ * and as the Q4_K_M mix: its expert stacks and shared expert stay in their
+ * blocks (interleaved where the level runs that), read back to the bf16
+ * load's values, and the logits stay close to it (programs through dense
+ * and MoE layers). */
+static void moe_gguf_model(void) {
+    static const struct {
+        gguf_fault kind;
+        int hidden, moe_ffn, shared, vocab;
+        cpu_wtype gate, down;
+    } files[] = {{GGUF_Q8_0_FILE, 64, 64, 96, 256, CPU_W_Q8_0, CPU_W_Q8_0},
+                 {GGUF_K_FILE, 256, 256, 256, 256, CPU_W_Q4_K, CPU_W_Q6_K}};
+    for (int f = 0; f < 2; f++) {
+        polar_error err;
+        polar_arch a;
+        polar_model *m = NULL, *q = NULL, *b = NULL;
+        CHECK_OK(polar_arch_default("qwen2_moe", &a, &err));
+        a.hidden = files[f].hidden, a.moe_ffn = files[f].moe_ffn, a.shared_ffn = files[f].shared;
+        a.ffn = files[f].moe_ffn, a.vocab = files[f].vocab;
+        CHECK_OK(polar_model_random(&a, 13, &m, &err));
+        char path[128];
+        snprintf(path, sizeof path, "%s/moe%d.gguf", dir, f);
+        CHECK(m && gguf_write_model(m, path, files[f].kind), "write %s", path);
+        CHECK_OK(polar_model_load(path, &q, &err));
+        setenv("POLAR_GGUF_BF16", "1", 1);
+        CHECK_OK(polar_model_load(path, &b, &err));
+        unsetenv("POLAR_GGUF_BF16");
+        if (!q || !b) {
+            polar_model_free(m), polar_model_free(q), polar_model_free(b);
+            continue;
+        }
+        const layer_weights *lq = &q->layers[1], *lb = &b->layers[1]; /* an MoE layer */
+        CHECK(!lq->exp_gate_up && lq->t_exp_gate == kept_as(files[f].gate) && lq->t_exp_up == kept_as(files[f].gate) &&
+                  lq->t_exp_down == kept_as(files[f].down) && lq->t_sh_gate == kept_as(files[f].gate),
+              "file %d: experts kept as %s / %s (got %s, %s)", f, cpu_wtype_name(kept_as(files[f].gate)),
+              cpu_wtype_name(kept_as(files[f].down)), cpu_wtype_name(lq->t_exp_gate), cpu_wtype_name(lq->t_exp_down));
+        CHECK(!b->quantized && lb->t_exp_gate == CPU_W_BF16, "POLAR_GGUF_BF16=1 loads the experts as bf16");
+        int H = a.hidden, F = a.moe_ffn, E = a.n_experts, bad = 0;
+        float *row = malloc((size_t)(H > F ? H : F) * 4);
+        for (int r = 0; r < E * F; r += 7) { /* every expert's gate rows, sampled */
+            cpu_dequantize_matrix_row(lq->t_exp_gate, lq->exp_gate, (size_t)H, r, row);
+            for (int j = 0; j < H; j++) bad += f32_to_bf16(row[j]) != lb->exp_gate[(size_t)r * H + j];
+        }
+        for (int r = 0; r < E * H; r += 5) {
+            cpu_dequantize_matrix_row(lq->t_exp_down, lq->exp_down, (size_t)F, r, row);
+            for (int j = 0; j < F; j++) bad += f32_to_bf16(row[j]) != lb->exp_down[(size_t)r * F + j];
+        }
+        free(row);
+        CHECK(!bad, "file %d: %d expert weights differ from the bf16 load", f, bad);
+        static const char *programs[] = {"base", "0-1,1-5", "0,2-5"};
+        float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4);
+        for (int p = 0; p < 3; p++) {
+            float d = 0, mx = 0;
+            prompt_logits(q, programs[p], lgq);
+            prompt_logits(b, programs[p], lgb);
+            for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
+            CHECK(d <= 0.05f * mx, "file %d %s: quantized logits differ by %g (max |logit| %g)", f, programs[p], d, mx);
+            printf("  random qwen2_moe, %s experts, %-8s max |logit diff| %.3g of max |logit| %.3g\n",
+                   cpu_wtype_name(files[f].gate), programs[p], d, mx);
+        }
+        free(lgq);
+        free(lgb);
+        polar_model_free(m);
+        polar_model_free(q);
+        polar_model_free(b);
+    }
+}
+
 /* Fixture prompt ids through both loads, then 16 greedy steps, both fed
  * the bf16 path's token (teacher forcing, so one near-tie does not send the
  * two down different texts): at every step the logits within LOGIT_TOL;
@@ -287,6 +355,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     RUN(q8_0_gguf_model);
     RUN(k_quant_gguf_model);
+    RUN(moe_gguf_model);
     RUN(malformed_blocks);
     RUN(default_model_quantized);
     char cmd[256];
