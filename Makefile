@@ -230,9 +230,10 @@ cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
 
 # On a machine with a GPU: every CUDA kernel and whole models against the CPU
-# reference, then the same under compute-sanitizer's memcheck. It needs
-# nothing from package registries (GPU machines may have no network).
-# racecheck runs the kernel tests only: whole models under it take minutes.
+# reference, then the same under compute-sanitizer's memcheck (and the batch
+# step's quick cases under initcheck and racecheck too). It needs nothing
+# from package registries (GPU machines may have no network). racecheck runs
+# test_cuda's kernel tests only: whole models under it take minutes.
 RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
                    predictor_fused
 SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(CUDA_HOME)/bin/compute-sanitizer)
@@ -241,6 +242,8 @@ test-cuda:
 	@rc=0; ./build-cuda/tests/test_cuda || rc=1; ./build-cuda/tests/test_cuda_batch || rc=1; \
 	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick || rc=1; \
 	  $(SANITIZER) --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick || rc=1; \
+	  $(SANITIZER) --tool initcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick || rc=1; \
+	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick || rc=1; \
 	  $(SANITIZER) --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick $(RACECHECK_TESTS) || rc=1; \
 	  exit $$rc
 

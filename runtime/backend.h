@@ -78,6 +78,11 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
                                polar_error *err);
 void cuda_batch_free(cuda_batch *d);
 
+/* The start of a step: clears the CUDA errors earlier calls left pending on
+ * this thread (a failed allocation, say), so cuda_batch_finish reports only
+ * the step's own. */
+void cuda_batch_begin(cuda_batch *d);
+
 /* The step's rows embed tokens[0..R). */
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R);
 

@@ -734,6 +734,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     memset(stats, 0, sizeof *stats);
     if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
     if (b->broken) return refuse_broken(err);
+    if (b->dev) cuda_batch_begin(b->dev);
     int n_seqs, rows = plan_rows(b, &n_seqs, stats);
     if (!rows) return POLAR_OK;
     stats->sequences = n_seqs;

@@ -25,6 +25,7 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
 }
 
 void cuda_batch_free(cuda_batch *d) { (void)d; }
+void cuda_batch_begin(cuda_batch *d) { (void)d; }
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) { (void)d, (void)tokens, (void)R; }
 void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
     (void)d, (void)tables, (void)offset, (void)n;
@@ -132,6 +133,11 @@ static const int *upload_ints(cuda_batch *d, const int *const *parts, int n_part
         d->failed = 1;
     d->used += total;
     return dev;
+}
+
+void cuda_batch_begin(cuda_batch *d) {
+    (void)d;
+    (void)cudaGetLastError();
 }
 
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {

@@ -52,9 +52,9 @@ int kv_seq_admit(kv_pool *p, kv_seq *s, int n_program, int n_tokens) {
     s->reserved = need;
     s->n_program = n_program;
     s->n_mapped = 0;
-    /* -1 until mapped: a device reading a table it was not sent the mapped
-     * part of reads outside the pool (compute-sanitizer and the emulation
-     * report it) rather than another sequence's rows */
+    /* -1 until mapped: a device reading an entry it was not sent the mapped
+     * block of faults (kv_row in kernels/cuda/common.cuh reads -1 as a block
+     * far past the pool) rather than reading another sequence's rows */
     for (size_t i = 0; i < (size_t)n_program * s->max_blocks; i++) s->blocks[i] = -1;
     return 1;
 }

@@ -21,8 +21,11 @@ static __device__ __forceinline__ int kv_pos(const cuda_kv_map &m, int t) { retu
 static __device__ __forceinline__ const int *kv_table(const cuda_kv_map &m, int t) {
     return m.pos0 ? NULL : m.tables + m.table[t];
 }
+// An entry never mapped (-1) reads as 2^32 - 1 blocks: far past any pool,
+// so a kernel that reads one faults instead of landing on the rows before
+// the pool (another sequence's, or another pool's).
 static __device__ __forceinline__ size_t kv_row(const int *table, int j) {
-    return table ? (size_t)table[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK : (size_t)j;
+    return table ? (size_t)(unsigned)table[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK : (size_t)j;
 }
 
 static __device__ __forceinline__ float warp_sum(float v) {
