@@ -134,6 +134,9 @@ def main():
     # the uncached run must have searched the same programs, or its time means nothing
     by_index = {l["index"]: programs_of(l) for l in uncached}
     uncached_same = sum(by_index.get(l["index"]) == programs_of(l) for l in lines)
+    if uncached_same != len(lines):
+        sys.exit(f"compare_search.py: the run without the prefix cache searched other programs on "
+                 f"{len(lines) - uncached_same} of {len(lines)} questions: its time compares nothing")
 
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(args.model), gguf_file=os.path.basename(args.model),
                                                  dtype=torch.float32)

@@ -164,16 +164,18 @@ polar_status polar_model_save(const polar_model *m, const char *dir, polar_error
         if (n > 0) free(refs);
         return polar_fail(err, POLAR_ERR_NOMEM, "out of memory saving the model");
     }
-    for (int k = 0; k < n; k++) {
+    st = POLAR_OK;
+    for (int k = 0; k < n && st == POLAR_OK; k++) {
         w[k].name = refs[k].name;
         w[k].dtype = ST_BF16;
         w[k].ndim = refs[k].cols ? 2 : 1;
         w[k].shape[0] = refs[k].rows;
         w[k].shape[1] = refs[k].cols;
-        w[k].data = *refs[k].slot + refs[k].dst_offset;
+        w[k].data = ref_chunk(m, &refs[k], 0);
+        if (!w[k].data) st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "tensor '%s' has no bf16 rows to save", refs[k].name);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st = st_write(path, w, (size_t)n, err);
+    if (st == POLAR_OK) st = st_write(path, w, (size_t)n, err);
     free(refs);
     free(w);
     return st;

@@ -90,8 +90,16 @@ int model_tensor_refs(polar_model *m, expert_layout layout, tensor_ref **refs);
 /* Elements of a ref (all experts). */
 size_t ref_elems(const tensor_ref *r);
 
-/* Copy a ref's elements out of the model (for writers): n = ref_elems. */
-void ref_gather(const tensor_ref *r, bf16 *out);
+/* Where chunk e of a ref (an expert, or the whole tensor) lies in m as
+ * bf16: its own region, or the same rows of the model's other layout of
+ * the experts' gate and up rows (a Hugging Face [E, 2F, H] block against a
+ * GGUF's two stacks); NULL when they are not held as bf16 or the chunk is
+ * not contiguous there (a stacked gate_up_proj of a GGUF-loaded model). */
+const bf16 *ref_chunk(const polar_model *m, const tensor_ref *r, int e);
+
+/* Copy a ref's elements out of the model (for writers): n = ref_elems.
+ * 0 when some chunk has no bf16 rows to copy (ref_chunk). */
+int ref_gather(const polar_model *m, const tensor_ref *r, bf16 *out);
 
 /* Bind every tensor of a checkpoint (m->files or m->gguf) into the model. */
 polar_status model_bind(polar_model *m, polar_error *err);

@@ -152,10 +152,38 @@ size_t ref_elems(const tensor_ref *r) {
 /* The chunk of a ref: one expert's rows x cols, or the whole tensor. */
 static size_t chunk_elems(const tensor_ref *r) { return ref_elems(r) / (size_t)(r->experts ? r->experts : 1); }
 
-void ref_gather(const tensor_ref *r, bf16 *out) {
+/* The bf16 rows [first, first + n) of expert e's gate and up rows (gate
+ * rows 0..F-1, up rows F..2F-1) in m's layer w, whichever way it holds them
+ * (one [E, 2F, H] block, or a GGUF's two stacks, which must be bf16 then). */
+static const bf16 *gate_up_rows(const polar_model *m, const layer_weights *w, size_t e, size_t first) {
+    size_t F = (size_t)m->arch.moe_ffn, H = (size_t)m->arch.hidden;
+    if (w->exp_gate_up) return w->exp_gate_up + (e * 2 * F + first) * H;
+    if (first < F) return w->t_exp_gate == CPU_W_BF16 && w->exp_gate ? w->exp_gate + (e * F + first) * H : NULL;
+    return w->t_exp_up == CPU_W_BF16 && w->exp_up ? w->exp_up + (e * F + first - F) * H : NULL;
+}
+
+const bf16 *ref_chunk(const polar_model *m, const tensor_ref *r, int e) {
+    if (*r->slot) return *r->slot + r->dst_offset + (size_t)e * r->dst_stride;
+    const layer_weights *w = r->layer >= 0 ? &m->layers[r->layer] : NULL;
+    if (!w) return NULL;
+    size_t F = (size_t)m->arch.moe_ffn, H = (size_t)m->arch.hidden;
+    if (r->slot == &w->exp_gate_up && r->rows == (int)F) { /* one expert's gate or up rows (per-expert layout) */
+        size_t off = r->dst_offset + (size_t)e * r->dst_stride;
+        return gate_up_rows(m, w, off / (2 * F * H), off % (2 * F * H) / H);
+    }
+    if (r->slot == &w->exp_gate || r->slot == &w->exp_up) /* a GGUF stack's expert e */
+        return gate_up_rows(m, w, (size_t)e, r->slot == &w->exp_up ? F : 0);
+    return NULL;
+}
+
+int ref_gather(const polar_model *m, const tensor_ref *r, bf16 *out) {
     size_t c = chunk_elems(r);
-    for (int e = 0; e < (r->experts ? r->experts : 1); e++)
-        memcpy(out + (size_t)e * c, *r->slot + r->dst_offset + (size_t)e * r->dst_stride, c * sizeof *out);
+    for (int e = 0; e < (r->experts ? r->experts : 1); e++) {
+        const bf16 *chunk = ref_chunk(m, r, e);
+        if (!chunk) return 0;
+        memcpy(out + (size_t)e * c, chunk, c * sizeof *out);
+    }
+    return 1;
 }
 
 /* Place a ref's elements (src, ref_elems long) into its region, allocating

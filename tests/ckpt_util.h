@@ -11,6 +11,7 @@
 
 #include "../loader/config.h"
 #include "../loader/safetensors.h"
+#include "../runtime/error.h"
 #include "../runtime/model.h"
 
 typedef struct {
@@ -52,12 +53,13 @@ static polar_status ckpt_write(polar_model *m, const char *dir, const ckpt_opts 
     int n = model_tensor_refs(m, o->stacked ? LAYOUT_STACKED : LAYOUT_PER_EXPERT, &refs), k = 0;
     st_write_tensor *w = calloc((size_t)n, sizeof *w);
     void **bufs = calloc((size_t)n, sizeof *bufs);
+    int gathered = 1;
     for (int i = 0; i < n; i++) {
         if (o->omit && strcmp(refs[i].name, o->omit) == 0) continue;
         int widen = o->widen && strcmp(refs[i].name, o->widen) == 0;
         size_t cols = refs[i].cols ? (size_t)refs[i].cols : 1, elems = ref_elems(&refs[i]);
         bf16 *vals = malloc(elems * sizeof *vals);
-        ref_gather(&refs[i], vals);
+        if (!ref_gather(m, &refs[i], vals)) memset(vals, 0, elems * sizeof *vals), gathered = 0;
         bufs[k] = ckpt_convert(vals, elems, widen ? cols : 0, o->dtype);
         free(vals);
         st_write_tensor t = {refs[i].name, o->dtype, 0, {0}, bufs[k]};
@@ -66,7 +68,9 @@ static polar_status ckpt_write(polar_model *m, const char *dir, const ckpt_opts 
         if (refs[i].cols) t.shape[t.ndim++] = refs[i].cols;
         w[k++] = t;
     }
-    if (o->shards <= 1) {
+    if (!gathered) {
+        st = polar_fail(err, POLAR_ERR_UNSUPPORTED, "the model does not hold all its weights as bf16");
+    } else if (o->shards <= 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         st = st_write(path, w, (size_t)k, err);
     } else {

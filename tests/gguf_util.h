@@ -139,19 +139,6 @@ static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
     return GGML_F32;
 }
 
-/* A ref's elements: its own region, or for a GGUF's gate / up expert stacks
- * of a model holding them as one [E, 2F, H] block (a Hugging Face layout,
- * as polar_model_random makes), each expert's gate or up rows of it. */
-static void gw_gather(const polar_model *m, const tensor_ref *r, bf16 *out) {
-    const layer_weights *w = r->layer >= 0 ? &m->layers[r->layer] : NULL;
-    if (*r->slot || !w || !w->exp_gate_up || (r->slot != &w->exp_gate && r->slot != &w->exp_up)) {
-        ref_gather(r, out);
-        return;
-    }
-    size_t fh = (size_t)r->rows * (size_t)r->cols, up = r->slot == &w->exp_up;
-    for (int e = 0; e < r->experts; e++) memcpy(out + e * fh, w->exp_gate_up + (2 * e + up) * fh, fh * sizeof *out);
-}
-
 static void gw_u32(FILE *f, uint32_t v) { fwrite(&v, 4, 1, f); }
 static void gw_u64(FILE *f, uint64_t v) { fwrite(&v, 8, 1, f); }
 static void gw_str(FILE *f, const char *s) {
@@ -261,6 +248,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
                                           : (uint64_t)rows * cols / ggml_block_elems(type) * ggml_block_bytes(type);
         offset += (bytes + 31) / 32 * 32;
     }
+    int gathered = 1;
     long pos = ftell(f);
     for (; pos % 32; pos++) fputc(0, f);
     for (int i = 0; i < n_tensors; i++) {
@@ -274,7 +262,10 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             cnt = ref_elems(&refs[i]);
             v = malloc(cnt * 4);
             bf16 *b = malloc(cnt * sizeof *b);
-            gw_gather(m, &refs[i], b);
+            if (!ref_gather(m, &refs[i], b)) { /* weights the model does not hold as bf16: no file */
+                memset(b, 0, cnt * sizeof *b);
+                gathered = 0;
+            }
             for (size_t j = 0; j < cnt; j++) v[j] = bf16_to_f32(b[j]);
             free(b);
             if (refs[i].rope_permuted && !strcmp(a->arch, "llama")) permute_rows(v, refs[i].rows, refs[i].cols, a->head_dim);
@@ -297,7 +288,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     }
     fclose(f);
     free(refs);
-    return 1;
+    return gathered;
 }
 
 #endif

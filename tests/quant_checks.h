@@ -294,7 +294,10 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
     static float x[MAXT * MAXCOLS], wf[MAXCOLS], row_f[MAXCOLS], y[2][MAXT * ROWS0], y0[2][MAXT * ROWS0],
         one[2][ROWS0];
     static cpu_q8_block xq[MAXT * MAXCOLS / 32], xq1[MAXCOLS / 32];
-    int ran = 0;
+    int ran = 0, missing = 0;
+    /* the x86 SIMD levels multiply every x16 type (a silently missing kernel
+     * would leave models row-major and these checks vacuous) */
+    int expected = !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "avx512vnni");
     for (int ti = 0; ti < NTYPES; ti++)
         for (int ci = 0; ci < 2; ci++) {
             cpu_wtype rt[2] = {types[ti], types[(ti + 1) % NTYPES]}, xt[2];
@@ -318,6 +321,7 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
                       cols, cpu_wtype_name(rt[o]));
             }
             if (!k->rows_q[xt[0]] || !k->rows_q[xt[1]]) {
+                missing += expected;
                 for (int o = 0; o < 2; o++) free(w[o]), free(wx[o]);
                 continue;
             }
@@ -358,11 +362,49 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
                     }
             for (int o = 0; o < 2; o++) free(w[o]), free(wx[o]);
         }
-    /* the x86 SIMD levels multiply every x16 type (a silently missing kernel
-     * would leave models row-major and these checks vacuous) */
-    int expected = !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "avx512vnni");
-    CHECK(ran == expected, "%s: x16 kernels %s", name, ran ? "present where none were expected" : "missing");
+    CHECK(ran == expected && !missing, "%s: x16 kernels %s", name,
+          ran && !expected ? "present where none were expected" : "missing");
     if (!ran) printf("  %s: no x16 kernels (repacking checked only)\n", name);
+}
+
+/* The x16 matmul gives the same bits on every level that runs it (AVX2's
+ * maddubs + madd and AVX-512's vpdpbusd compute the same integers, and the
+ * same float operations follow): each type, T 1 to 9, bias, 2 threads. */
+static void x16_same_on_levels(void) {
+    enum { COLS = 512, ROWS = 53, T = 9 };
+    static const cpu_wtype types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q4_K, CPU_W_Q6_K};
+    static float x[T * COLS], y[2][T * ROWS];
+    static cpu_q8_block xq[T * COLS / 32];
+    const cpu_kernels *ks[CPU_N_LEVELS];
+    int n = 0;
+    for (int l = 0; l < CPU_N_LEVELS; l++) {
+        const cpu_kernels *k = cpu_kernels_for((cpu_level)l, NULL);
+        if (k && k->rows_q[CPU_W_Q8_0_X16]) ks[n++] = k;
+    }
+    if (n < 2) {
+        printf("  x16 on one level or none here: nothing to compare\n");
+        return;
+    }
+    bf16 bias[ROWS];
+    for (int r = 0; r < ROWS; r++) bias[r] = f32_to_bf16(frand());
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        cpu_wtype x16 = cpu_x16_of(types[ti]);
+        uint8_t *w = malloc((size_t)ROWS * cpu_wtype_row_bytes(types[ti], COLS)), *wx = malloc(cpu_x16_bytes(x16, ROWS, COLS));
+        rand_rows(types[ti], ROWS, COLS, w);
+        cpu_repack_x16(types[ti], w, ROWS, COLS, wx);
+        for (int t = 1; t <= T; t++) {
+            for (int i = 0; i < t * COLS; i++) x[i] = frand() * (i % 9 ? 1.0f : 5.0f);
+            int bad = 0;
+            for (int l = 0; l < n; l++) {
+                cpu_q_out o = {y[l ? 1 : 0], wx, x16, bias, ROWS};
+                cpu_matmul_q_multi_with(ks[l], &o, 1, x, t, COLS, 0, 2, xq);
+                if (l) bad += memcmp(y[0], y[1], (size_t)t * ROWS * sizeof(float)) != 0;
+            }
+            CHECK(!bad, "%s T=%d: the levels' x16 outputs differ", cpu_wtype_name(x16), t);
+        }
+        free(w);
+        free(wx);
+    }
 }
 
 static void levels(void) {
@@ -379,6 +421,7 @@ static void levels(void) {
         x16_on_level(k, cpu_level_name((cpu_level)l));
         long_rows_on_level(k, cpu_level_name((cpu_level)l));
     }
+    x16_same_on_levels();
 }
 
 #endif

@@ -200,19 +200,39 @@ static void malformed_blocks(void) {
     polar_model_free(m);
 }
 
-/* A random Qwen2-MoE (router, 8 experts, a shared expert) written as Q8_0
- * and as the Q4_K_M mix: its expert stacks and shared expert stay in their
- * blocks (interleaved where the level runs that), read back to the bf16
- * load's values, and the logits stay close to it (programs through dense
- * and MoE layers). */
+/* The type a stack of experts of `rows` rows each, written as t, must be
+ * kept as: interleaved only when each expert starts a group of 16 rows. */
+static cpu_wtype stack_kept_as(cpu_wtype t, int rows) { return rows % 16 ? t : kept_as(t); }
+
+/* Rows r = 0, step, 2 step ... of a kept matrix (n_rows x cols) read back
+ * to the bf16 load's: the number of weights that differ. */
+static int rows_differ(const void *w, cpu_wtype t, const bf16 *ref, int n_rows, int cols, int step) {
+    float *row = malloc((size_t)cols * 4);
+    int bad = 0;
+    for (int r = 0; r < n_rows; r += step) {
+        cpu_dequantize_matrix_row(t, w, (size_t)cols, r, row);
+        for (int j = 0; j < cols; j++) bad += f32_to_bf16(row[j]) != ref[(size_t)r * cols + j];
+    }
+    free(row);
+    return bad;
+}
+
+/* A random Qwen2-MoE (router, 8 experts, a shared expert) written as Q8_0,
+ * as the Q4_K_M mix, and as Q8_0 with experts of 40 rows (row-major: 40 is
+ * not a multiple of 16; their down stacks F32, as 40 columns are not whole
+ * blocks): its expert stacks and shared expert stay in their blocks, read
+ * back to the bf16 load's values, the logits stay close to it (programs
+ * through dense and MoE layers), and the bf16 load saves as a checkpoint
+ * that loads back to the same logits. */
 static void moe_gguf_model(void) {
     static const struct {
         gguf_fault kind;
         int hidden, moe_ffn, shared, vocab;
-        cpu_wtype gate, down;
-    } files[] = {{GGUF_Q8_0_FILE, 64, 64, 96, 256, CPU_W_Q8_0, CPU_W_Q8_0},
-                 {GGUF_K_FILE, 256, 256, 256, 256, CPU_W_Q4_K, CPU_W_Q6_K}};
-    for (int f = 0; f < 2; f++) {
+        cpu_wtype gate, down, sh_down;
+    } files[] = {{GGUF_Q8_0_FILE, 64, 64, 96, 256, CPU_W_Q8_0, CPU_W_Q8_0, CPU_W_Q8_0},
+                 {GGUF_K_FILE, 256, 256, 256, 256, CPU_W_Q4_K, CPU_W_Q6_K, CPU_W_Q6_K},
+                 {GGUF_Q8_0_FILE, 64, 40, 96, 256, CPU_W_Q8_0, CPU_W_BF16, CPU_W_Q8_0}};
+    for (int f = 0; f < 3; f++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL, *q = NULL, *b = NULL;
@@ -232,22 +252,21 @@ static void moe_gguf_model(void) {
             continue;
         }
         const layer_weights *lq = &q->layers[1], *lb = &b->layers[1]; /* an MoE layer */
-        CHECK(!lq->exp_gate_up && lq->t_exp_gate == kept_as(files[f].gate) && lq->t_exp_up == kept_as(files[f].gate) &&
-                  lq->t_exp_down == kept_as(files[f].down) && lq->t_sh_gate == kept_as(files[f].gate),
-              "file %d: experts kept as %s / %s (got %s, %s)", f, cpu_wtype_name(kept_as(files[f].gate)),
-              cpu_wtype_name(kept_as(files[f].down)), cpu_wtype_name(lq->t_exp_gate), cpu_wtype_name(lq->t_exp_down));
+        int H = a.hidden, F = a.moe_ffn, E = a.n_experts, S = a.shared_ffn;
+        cpu_wtype gate = stack_kept_as(files[f].gate, F), down = stack_kept_as(files[f].down, H);
+        CHECK(!lq->exp_gate_up && lq->t_exp_gate == gate && lq->t_exp_up == gate && lq->t_exp_down == down &&
+                  lq->t_sh_gate == kept_as(files[f].gate) && lq->t_sh_up == kept_as(files[f].gate) &&
+                  lq->t_sh_down == kept_as(files[f].sh_down),
+              "file %d: experts kept as %s / %s (got %s, %s)", f, cpu_wtype_name(gate), cpu_wtype_name(down),
+              cpu_wtype_name(lq->t_exp_gate), cpu_wtype_name(lq->t_exp_down));
         CHECK(!b->quantized && lb->t_exp_gate == CPU_W_BF16, "POLAR_GGUF_BF16=1 loads the experts as bf16");
-        int H = a.hidden, F = a.moe_ffn, E = a.n_experts, bad = 0;
-        float *row = malloc((size_t)(H > F ? H : F) * 4);
-        for (int r = 0; r < E * F; r += 7) { /* every expert's gate rows, sampled */
-            cpu_dequantize_matrix_row(lq->t_exp_gate, lq->exp_gate, (size_t)H, r, row);
-            for (int j = 0; j < H; j++) bad += f32_to_bf16(row[j]) != lb->exp_gate[(size_t)r * H + j];
-        }
-        for (int r = 0; r < E * H; r += 5) {
-            cpu_dequantize_matrix_row(lq->t_exp_down, lq->exp_down, (size_t)F, r, row);
-            for (int j = 0; j < F; j++) bad += f32_to_bf16(row[j]) != lb->exp_down[(size_t)r * F + j];
-        }
-        free(row);
+        /* every expert's stacks, sampled rows, and the shared expert */
+        int bad = rows_differ(lq->exp_gate, lq->t_exp_gate, lb->exp_gate, E * F, H, 7) +
+                  rows_differ(lq->exp_up, lq->t_exp_up, lb->exp_up, E * F, H, 5) +
+                  rows_differ(lq->exp_down, lq->t_exp_down, lb->exp_down, E * H, F, 3) +
+                  rows_differ(lq->sh_gate, lq->t_sh_gate, lb->sh_gate, S, H, 1) +
+                  rows_differ(lq->sh_up, lq->t_sh_up, lb->sh_up, S, H, 1) +
+                  rows_differ(lq->sh_down, lq->t_sh_down, lb->sh_down, H, S, 1);
         CHECK(!bad, "file %d: %d expert weights differ from the bf16 load", f, bad);
         static const char *programs[] = {"base", "0-1,1-5", "0,2-5"};
         float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4);
@@ -257,9 +276,21 @@ static void moe_gguf_model(void) {
             prompt_logits(b, programs[p], lgb);
             for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
             CHECK(d <= 0.05f * mx, "file %d %s: quantized logits differ by %g (max |logit| %g)", f, programs[p], d, mx);
-            printf("  random qwen2_moe, %s experts, %-8s max |logit diff| %.3g of max |logit| %.3g\n",
-                   cpu_wtype_name(files[f].gate), programs[p], d, mx);
+            printf("  random qwen2_moe, %s experts of %d rows, %-8s max |logit diff| %.3g of max |logit| %.3g\n",
+                   cpu_wtype_name(files[f].gate), F, programs[p], d, mx);
         }
+        /* the bf16 load saves (its experts as a GGUF holds them, in two stacks) and loads back the same */
+        char save[160];
+        snprintf(save, sizeof save, "%s/moe-saved%d", dir, f);
+        polar_model *s = NULL;
+        CHECK_OK(polar_model_save(b, save, &err));
+        CHECK_OK(polar_model_load(save, &s, &err));
+        if (s) {
+            prompt_logits(b, "0-1,1-5", lgb);
+            prompt_logits(s, "0-1,1-5", lgq);
+            CHECK(!memcmp(lgb, lgq, (size_t)a.vocab * 4), "file %d: the saved checkpoint's logits differ", f);
+        }
+        polar_model_free(s);
         free(lgq);
         free(lgb);
         polar_model_free(m);

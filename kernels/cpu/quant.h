@@ -128,7 +128,7 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 
 
 /* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
- * which the AVX-512 VNNI level multiplies 16 rows at a time (one row a
+ * which the AVX2 and AVX-512 levels multiply 16 rows at a time (one row a
  * 32-bit lane, so a block's products need no horizontal sums). Rows go in
  * groups of 16, the last padded with zero blocks; in a group, unit u of its
  * 16 rows lies together (a unit: a 32-block, or a 256-block of the
