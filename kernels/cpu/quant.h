@@ -21,7 +21,8 @@
 typedef enum {
     CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
     CPU_W_Q2_K, CPU_W_Q3_K,
-    CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, CPU_W_Q4_K_X16, CPU_W_Q6_K_X16, /* interleaved by 16 rows (below) */
+    CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, CPU_W_Q4_K_X16, CPU_W_Q5_K_X16, CPU_W_Q6_K_X16, /* interleaved
+                                                                                                        by 16 rows (below) */
     CPU_W_N
 } cpu_wtype;
 
@@ -127,7 +128,7 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 #endif
 
 
-/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
+/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K,
  * which the AVX2 and AVX-512 levels multiply 16 rows at a time (one row a
  * 32-bit lane, so a block's products need no horizontal sums). Rows go in
  * groups of 16, the last padded with zero blocks; in a group, unit u of its
@@ -141,6 +142,8 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
  * - Q4_K: for each pair of 32-blocks, 8 vectors of its 32 qs bytes (low
  *   nibbles: the first block's weights 4j..4j+3, high: the second's); the
  *   16 d, the 16 dmin (f16); 3 vectors of the 12 packed scale bytes.
+ * - Q5_K: as Q4_K, then 8 vectors of the 32 qh bytes (bit j of byte i: the
+ *   fifth bit of weight i of block j).
  * - Q6_K: for each 32-block, 4 vectors of its low 4 bits as nibble bytes
  *   (as Q4_0) and 2 vectors of its high 2 bits (byte p of the lane, bits
  *   2q..2q+1: weight 16h + 4q + p of vector h); then 4 vectors of the 16

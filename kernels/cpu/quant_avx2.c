@@ -168,10 +168,11 @@ INLINE size_t x16_unit_bytes(cpu_wtype t) {
     case CPU_W_Q4_0_X16: return 16 * 18;
     case CPU_W_Q4_1_X16: return 16 * 20;
     case CPU_W_Q4_K_X16: return 16 * 144;
+    case CPU_W_Q5_K_X16: return 16 * 176;
     default: return 16 * 210; /* Q6_K */
     }
 }
-INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q6_K_X16; }
+INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16; }
 
 INLINE __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
@@ -206,10 +207,15 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x8(b + 288 + 16 * h);
         else o->z = 8;
         return;
-    case CPU_W_Q4_K_X16: {
+    case CPU_W_Q4_K_X16:
+    case CPU_W_Q5_K_X16: {
         int j = k % 8, shift = 4 * (j % 2);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm256_and_si256(_mm256_srli_epi16(V(512 * (j / 2) + 64 * v), shift), low4);
+        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
+            __m256i qh = _mm256_srl_epi16(V(2304 + 64 * v), _mm_cvtsi32_si128(j));
+            o->u[v] = _mm256_or_si256(o->u[v], _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
+        }
         __m256i s[3];
         for (int i = 0; i < 3; i++) s[i] = V(2112 + 64 * i);
         __m256i sc, mn, six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(0xF);
@@ -279,7 +285,8 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const 
             } else {
                 f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), f[c]);
             }
-            if (t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16) f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
+            if (t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16)
+                f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
         }
     }
 }
@@ -326,10 +333,11 @@ X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)
 X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)
 X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)
 X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)
+X16_FUNCTION(q5_k_x16, CPU_W_Q5_K_X16)
 X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
 #define LEVEL_EXTRA_ROWS                                                                                             \
     [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
-    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
 
 #define QUANT_LEVEL avx2
 #include "quant_tiles.h"

@@ -200,8 +200,8 @@ typedef struct {
 } x16_block;
 
 INLINE int x16_two_scales(cpu_wtype t) { return t == CPU_W_Q6_K_X16; }
-INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16; }
-INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q6_K_X16; }
+INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16; }
+INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16; }
 /* Bytes of one unit of the 16 rows (a 32-block, or a k-quant 256-block). */
 INLINE size_t x16_unit_bytes(cpu_wtype t) {
     switch (t) {
@@ -209,6 +209,7 @@ INLINE size_t x16_unit_bytes(cpu_wtype t) {
     case CPU_W_Q4_0_X16: return 16 * 18;
     case CPU_W_Q4_1_X16: return 16 * 20;
     case CPU_W_Q4_K_X16: return 16 * 144;
+    case CPU_W_Q5_K_X16: return 16 * 176;
     default: return 16 * 210; /* Q6_K */
     }
 }
@@ -245,12 +246,17 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x16(b + 288);
         else o->z = 8;
         return;
-    case CPU_W_Q4_K_X16: {
+    case CPU_W_Q4_K_X16:
+    case CPU_W_Q5_K_X16: {
         int j = k % 8, shift = 4 * (j % 2);
         if (j == 0)
             for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + 2 * ub + line, _MM_HINT_T0);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(b + 512 * (j / 2) + 64 * v), shift), low4);
+        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
+            __m512i qh = _mm512_srl_epi16(_mm512_loadu_si512(b + 2304 + 64 * v), _mm_cvtsi32_si128(j));
+            o->u[v] = _mm512_or_si512(o->u[v], _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(1)), 4));
+        }
         __m512i s[3];
         for (int i = 0; i < 3; i++) s[i] = _mm512_loadu_si512(b + 2112 + 64 * i);
         /* cpu_k4_scale_min, a lane at a time */
@@ -371,10 +377,11 @@ X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)
 X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)
 X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)
 X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)
+X16_FUNCTION(q5_k_x16, CPU_W_Q5_K_X16)
 X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
 #define LEVEL_EXTRA_ROWS                                                                                             \
     [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
-    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
 
 #define BATCH_ROWS 4
 #define QUANT_LEVEL avx512vnni

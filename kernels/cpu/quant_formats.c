@@ -19,6 +19,7 @@ static const struct {
     /* the x16 layouts: the row-major blocks' bytes per row (quant_x16.c) */
     [CPU_W_Q8_0_X16] = {"q8_0x16", 34, 32, 0}, [CPU_W_Q4_0_X16] = {"q4_0x16", 18, 32, 0},
     [CPU_W_Q4_1_X16] = {"q4_1x16", 20, 32, 0}, [CPU_W_Q4_K_X16] = {"q4_kx16", 144, 256, 0},
+    [CPU_W_Q5_K_X16] = {"q5_kx16", 176, 256, 0},
     [CPU_W_Q6_K_X16] = {"q6_kx16", 210, 256, 0},
 };
 

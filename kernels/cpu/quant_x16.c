@@ -12,6 +12,7 @@ static cpu_wtype row_type_of(cpu_wtype x) {
     case CPU_W_Q4_0_X16: return CPU_W_Q4_0;
     case CPU_W_Q4_1_X16: return CPU_W_Q4_1;
     case CPU_W_Q4_K_X16: return CPU_W_Q4_K;
+    case CPU_W_Q5_K_X16: return CPU_W_Q5_K;
     case CPU_W_Q6_K_X16: return CPU_W_Q6_K;
     default: return CPU_W_BF16;
     }
@@ -25,6 +26,7 @@ cpu_wtype cpu_x16_of(cpu_wtype t) {
     case CPU_W_Q4_0: return CPU_W_Q4_0_X16;
     case CPU_W_Q4_1: return CPU_W_Q4_1_X16;
     case CPU_W_Q4_K: return CPU_W_Q4_K_X16;
+    case CPU_W_Q5_K: return CPU_W_Q5_K_X16;
     case CPU_W_Q6_K: return CPU_W_Q6_K_X16;
     default: return CPU_W_BF16;
     }
@@ -54,10 +56,13 @@ static void move_legacy(cpu_wtype t, uint8_t *row, uint8_t *x16, int lane, int t
     for (int j = 0; j < nq / 4; j++) move(row + 2 + 2 * off + 4 * j, x16 + 64 * j + 4 * lane, 4, to_x16);
 }
 
-/* Q4_K: d, dmin, 12 scale bytes, qs 128 (four 32-byte chunks). */
-static void move_q4_k(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
+/* Q4_K: d, dmin, 12 scale bytes, qs 128 (four 32-byte chunks); Q5_K: the
+ * same with qh 32 before qs, which goes after the scales in x16. */
+static void move_q45_k(uint8_t *row, uint8_t *x16, int lane, int to_x16, int five) {
+    const uint8_t *qs = row + (five ? 48 : 16);
     for (int p = 0; p < 4; p++)
-        for (int v = 0; v < 8; v++) move(row + 16 + 32 * p + 4 * v, x16 + 512 * p + 64 * v + 4 * lane, 4, to_x16);
+        for (int v = 0; v < 8; v++) move((uint8_t *)qs + 32 * p + 4 * v, x16 + 512 * p + 64 * v + 4 * lane, 4, to_x16);
+    for (int v = 0; v < 8 && five; v++) move(row + 16 + 4 * v, x16 + 2304 + 64 * v + 4 * lane, 4, to_x16);
     move(row, x16 + 2048 + 2 * lane, 2, to_x16);
     move(row + 2, x16 + 2080 + 2 * lane, 2, to_x16);
     for (int i = 0; i < 3; i++) move(row + 4 + 4 * i, x16 + 2112 + 64 * i + 4 * lane, 4, to_x16);
@@ -96,7 +101,7 @@ static void move_q6_k(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
 
 /* Row-major unit (row type t) <-> lane `lane` of an x16 unit. */
 static void move_unit(cpu_wtype t, uint8_t *row, uint8_t *x16, int lane, int to_x16) {
-    if (t == CPU_W_Q4_K) move_q4_k(row, x16, lane, to_x16);
+    if (t == CPU_W_Q4_K || t == CPU_W_Q5_K) move_q45_k(row, x16, lane, to_x16, t == CPU_W_Q5_K);
     else if (t == CPU_W_Q6_K) move_q6_k(row, x16, lane, to_x16);
     else move_legacy(t, row, x16, lane, to_x16);
 }
