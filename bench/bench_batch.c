@@ -73,17 +73,19 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
         for (int j = 0; j < n_runs; j++)
             if (runs[j].size == r->size && !runs[j].mixed) one = &runs[j];
         double tok_s = r->size * gen / (r->decode_ms * 1e-3), vs_one = one ? r->decode_ms / one->decode_ms : 1;
+        char vs_batch1[32]; /* no batch 1 in the run: no ratio, rather than a made-up 0 */
+        if (base_tok_s) snprintf(vs_batch1, sizeof vs_batch1, "%.*f", json ? 4 : 2, tok_s / base_tok_s);
+        else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,"
                    "\"batch\":%d,\"programs\":\"%s\",\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
-                   "\"decode_tok_s\":%.3f,\"vs_batch1\":%.4f,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
+                   "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
                    "\"time_vs_one_program\":%.4f}\n",
                    name, device, polar_cpu_kernels(), threads, n_prompt, gen, r->size, r->mixed ? "mixed" : "one",
-                   r->prefill_ms, r->decode_ms / gen, tok_s, base_tok_s ? tok_s / base_tok_s : 0, r->passes,
-                   r->bound, vs_one);
+                   r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes, r->bound, vs_one);
         else
-            printf("%5d %-9s %11.1f %10.3f %9.1f %10.2fx %8.1f %8.1f %8.3fx\n", r->size, r->mixed ? "mixed" : "one",
-                   r->prefill_ms, r->decode_ms / gen, tok_s, base_tok_s ? tok_s / base_tok_s : 0, r->passes, r->bound,
+            printf("%5d %-9s %11.1f %10.3f %9.1f %10s%s %8.1f %8.1f %8.3fx\n", r->size, r->mixed ? "mixed" : "one",
+                   r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, base_tok_s ? "x" : " ", r->passes, r->bound,
                    vs_one);
     }
 }
