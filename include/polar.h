@@ -411,8 +411,12 @@ typedef struct {
 /* A sequence's state and tokens. POLAR_ERR_ARG for an unknown id. */
 polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info, polar_error *err);
 
-/* Logits (vocab floats) the sequence's last token was chosen from; NULL
- * before its first. Valid until the next step. */
+/* Logits (vocab floats) the sequence's last token was chosen from, when
+ * the last step chose it; NULL otherwise (before its first token, or a
+ * step without one of it). Valid until the next step. On a CUDA batch
+ * greedy tokens are chosen on the GPU and only sampled rows come to the
+ * host with the step: the first call for another sequence copies its row
+ * then (NULL if that copy fails). */
 const float *polar_batch_logits(const polar_batch *b, int id);
 
 /* End a sequence now (its blocks go back to the pool); its tokens stay

@@ -72,6 +72,7 @@ typedef struct {
     int cap_program; /* entries of the longest program (a row takes part in at most that many passes) */
     int cache_items; /* prefix cache items (CPU_KV_BLOCK residual rows each); 0: no cache */
     int start_rows;  /* rows the sequences' cached prompt blocks start from (max_seqs x max_ctx), with a cache */
+    int head_rows;   /* rows of a step's head at most (max_seqs) */
 } cuda_batch_shape;
 
 polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *shape, cuda_batch **out,
@@ -104,9 +105,20 @@ void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n);
 void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n);
 void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n);
 
-/* Final norm and head over rows[0..n): logits (host, n x vocab); waits for
+/* Final norm and head over rows[0..n), their logits kept on the device
+ * until the next step; ids[i] (host) = the argmax of row i, chosen there;
+ * the rows with want[i] copied to the host (cuda_batch_host_logits, row i
+ * at i x vocab): a step brings n ids back, not n x vocab floats. Waits for
  * the step. */
-polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err);
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsigned char *want, int *ids,
+                             polar_error *err);
+
+/* Pinned host memory [head_rows, vocab] the head's rows are copied to. */
+float *cuda_batch_host_logits(cuda_batch *d);
+
+/* Row i of the last head to the host now (the rows cuda_batch_head did not
+ * copy), waiting for it. */
+polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err);
 
 /* Waits for the step; its device error, if any. */
 polar_status cuda_batch_finish(cuda_batch *d, polar_error *err);

@@ -31,7 +31,9 @@ typedef struct {
     int *tokens;           /* [max_ctx + 1] the prompt, then the generated ids (the last is never run) */
     int n_prompt, n_run;   /* n_run: tokens whose K/V are in the cache */
     int n_generated;
-    int stopped_at_eos, has_logits;
+    int stopped_at_eos;
+    int head_row;          /* its row of the last step's head (-1: it chose no token there): its logits */
+    int logits_here;       /* that row is in head_out (on CUDA only sampled rows come at once, others on request) */
     polar_gen_opts gen;
     int stop[POLAR_BATCH_MAX_STOP];
     polar_rng rng;
@@ -82,8 +84,10 @@ struct polar_batch {
     int *found;            /* [max_program_len] a prompt block's pool blocks found in the prefix cache */
     int *row_start;        /* [step_tokens] the program entry each row starts at */
     batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
-    float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows */
-    float *logits;         /* [max_seqs, vocab] by slot */
+    float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows (CUDA: the
+                            * device batch's pinned rows) */
+    unsigned char *want;   /* [max_seqs] CUDA: head rows whose logits the host needs now (sampled) */
+    int *ids;              /* [max_seqs] CUDA: the head rows' argmax, chosen on the device */
     int *layer_uses;       /* [n_layers] one program's uses of each layer */
     int *layer_most;       /* [n_layers] the most uses of each layer by one program this step */
     void *sample_work;     /* polar_sample_work_bytes(vocab) */
@@ -152,13 +156,14 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->row_start = calloc(R, sizeof *b->row_start);
     b->found = malloc((size_t)o.max_program_len * sizeof *b->found);
     b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
-    b->head_out = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
-    b->logits = malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
+    b->head_out = cuda ? NULL : malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
+    b->want = malloc((size_t)o.max_seqs);
+    b->ids = malloc((size_t)o.max_seqs * sizeof *b->ids);
     b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
     b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
     b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
     ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->pass_pos && b->pass_table &&
-         b->row_tokens && b->row_start && b->found && b->order && b->head_out && b->logits && b->layer_uses &&
+         b->row_tokens && b->row_start && b->found && b->order && (cuda || b->head_out) && b->want && b->ids && b->layer_uses &&
          b->layer_most && b->sample_work;
     for (int i = 0; ok && i < o.max_seqs; i++) {
         batch_seq *q = &b->seqs[i];
@@ -188,7 +193,8 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
         size_t tables = (size_t)o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
         size_t start_rows = cached ? (size_t)o.max_seqs * o.max_ctx : 0;
         cuda_batch_shape sh = {.rows = o.step_tokens, .n_blocks = (int)(n_blocks + cached), .tables = (int)tables,
-                               .cap_program = o.max_program_len, .cache_items = (int)cached, .start_rows = (int)start_rows};
+                               .cap_program = o.max_program_len, .cache_items = (int)cached, .start_rows = (int)start_rows,
+                               .head_rows = o.max_seqs};
         polar_status st = tables > INT_MAX || start_rows > INT_MAX
                               ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints, %zu start rows", tables,
                                            start_rows)
@@ -197,6 +203,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
             polar_batch_free(b);
             return st;
         }
+        b->head_out = cuda_batch_host_logits(b->dev);
     }
     *out = b;
     return POLAR_OK;
@@ -230,8 +237,9 @@ void polar_batch_free(polar_batch *b) {
     free(b->row_start);
     free(b->found);
     free(b->order);
-    free(b->head_out);
-    free(b->logits);
+    if (!b->dev) free(b->head_out); /* else the device batch's */
+    free(b->want);
+    free(b->ids);
     free(b->layer_uses);
     free(b->layer_most);
     free(b->sample_work);
@@ -303,7 +311,7 @@ polar_status polar_batch_add(polar_batch *b, const polar_program *program, const
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *q->tokens);
     q->n_program = program->n;
     q->n_prompt = n_prompt, q->n_run = 0, q->n_generated = 0;
-    q->stopped_at_eos = 0, q->has_logits = 0;
+    q->stopped_at_eos = 0, q->head_row = -1;
     q->gen = *gen;
     if (gen->n_stop) memcpy(q->stop, gen->stop, (size_t)gen->n_stop * sizeof *q->stop);
     q->gen.stop = q->stop;
@@ -365,8 +373,14 @@ polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info,
 }
 
 const float *polar_batch_logits(const polar_batch *b, int id) {
-    const batch_seq *q = b ? find(b, id) : NULL;
-    return q && q->has_logits ? b->logits + (size_t)(q - b->seqs) * b->m->arch.vocab : NULL;
+    batch_seq *q = b ? find(b, id) : NULL;
+    if (!q || q->head_row < 0) return NULL;
+    if (!q->logits_here) { /* CUDA: the row is still on the device */
+        polar_error err;
+        if (cuda_batch_copy_logits(b->dev, q->head_row, &err) != POLAR_OK) return NULL;
+        q->logits_here = 1;
+    }
+    return b->head_out + (size_t)q->head_row * b->m->arch.vocab;
 }
 
 int polar_batch_running(const polar_batch *b) {
@@ -699,7 +713,9 @@ static polar_status next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *s
         b->order[n++] = q; /* the step's walk is done: order now lists the sequences with logits */
     }
     if (b->dev) { /* the GPU's head, and the end of its step */
-        polar_status s = n ? cuda_batch_head(b->dev, b->pass_rows, n, b->head_out, err) : cuda_batch_finish(b->dev, err);
+        for (int i = 0; i < n; i++) b->want[i] = b->order[i]->gen.temperature > 0;
+        polar_status s = n ? cuda_batch_head(b->dev, b->pass_rows, n, b->want, b->ids, err)
+                           : cuda_batch_finish(b->dev, err);
         if (s != POLAR_OK) return s;
     } else if (n) {
         /* the GPU's head runs in slices of CUDA_LOGIT_ROWS, through a GEMM beyond CUDA_DECODE_TOKENS rows */
@@ -710,12 +726,12 @@ static polar_status next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *s
     }
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
-        float *lg = b->logits + (size_t)(q - b->seqs) * a->vocab;
-        memcpy(lg, b->head_out + (size_t)i * a->vocab, (size_t)a->vocab * sizeof *lg);
-        q->has_logits = 1;
-        int token = q->gen.temperature > 0
-                        ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng, b->sample_work)
-                        : polar_argmax(lg, a->vocab);
+        const float *lg = b->head_out + (size_t)i * a->vocab;
+        q->head_row = i, q->logits_here = !b->dev || b->want[i];
+        int token = q->gen.temperature > 0 ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng,
+                                                          b->sample_work)
+                    : b->dev               ? b->ids[i]
+                                           : polar_argmax(lg, a->vocab);
         q->tokens[q->n_prompt + q->n_generated++] = token;
         q->state = POLAR_SEQ_DECODE;
         int eos = !q->gen.ignore_eos && gen_stops_at(a, &q->gen, token);
@@ -735,6 +751,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
     if (b->broken) return refuse_broken(err);
     if (b->dev) cuda_batch_begin(b->dev);
+    for (int i = 0; i < b->max_seqs; i++) b->seqs[i].head_row = -1; /* last step's logits: gone */
     int n_seqs, rows = plan_rows(b, &n_seqs, stats);
     if (!rows) return POLAR_OK;
     stats->sequences = n_seqs;

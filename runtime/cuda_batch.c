@@ -40,8 +40,17 @@ void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) { (void)d,
 void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
     (void)d, (void)rows, (void)starts, (void)n;
 }
-polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
-    (void)d, (void)rows, (void)n, (void)logits;
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsigned char *want, int *ids,
+                             polar_error *err) {
+    (void)d, (void)rows, (void)n, (void)want, (void)ids;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+float *cuda_batch_host_logits(cuda_batch *d) {
+    (void)d;
+    return NULL;
+}
+polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
+    (void)d, (void)i;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
 }
 polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
@@ -68,6 +77,11 @@ struct cuda_batch {
     float *start;          /* [start_rows, hidden] rows cached prompt blocks start from, per sequence */
     int *ints;             /* [cap_ints] the step's uploaded ints */
     int *staging;          /* pinned host [cap_ints], at the same offsets */
+    int head_rows;
+    float *logits;         /* [head_rows, vocab] the last head's logits */
+    int *ids;              /* [head_rows] their argmax */
+    float *host_logits;    /* pinned host [head_rows, vocab]: the rows the host asked for */
+    int *host_ids;         /* pinned host [head_rows] */
     size_t used, cap_ints;
     int failed;            /* a copy failed or the step wanted more than cap_ints: finish reports it */
 };
@@ -84,8 +98,8 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
         free(d);
         return st;
     }
-    size_t H = (size_t)a->hidden, R = (size_t)sh->rows;
-    d->rows = sh->rows;
+    size_t H = (size_t)a->hidden, R = (size_t)sh->rows, V = (size_t)a->vocab, HR = (size_t)sh->head_rows;
+    d->rows = sh->rows, d->head_rows = sh->head_rows;
     d->kv_dim = (size_t)a->n_kv_heads * a->head_dim;
     /* tokens, every table, a (row, pos, table) per row and pass, a (row,
      * start) per row from the cache, head rows */
@@ -96,7 +110,11 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
              (d->tables = cuda_dev_alloc(d->c, (size_t)sh->tables * sizeof(int))) &&
              (d->x = cuda_dev_alloc(d->c, R * H * sizeof(float))) &&
              (d->ints = cuda_dev_alloc(d->c, d->cap_ints * sizeof(int))) &&
-             cudaMallocHost((void **)&d->staging, d->cap_ints * sizeof(int)) == cudaSuccess;
+             (d->logits = cuda_dev_alloc(d->c, HR * V * sizeof(float))) &&
+             (d->ids = cuda_dev_alloc(d->c, HR * sizeof(int))) &&
+             cudaMallocHost((void **)&d->staging, d->cap_ints * sizeof(int)) == cudaSuccess &&
+             cudaMallocHost((void **)&d->host_logits, HR * V * sizeof(float)) == cudaSuccess &&
+             cudaMallocHost((void **)&d->host_ids, HR * sizeof(int)) == cudaSuccess;
     if (ok && sh->cache_items)
         ok = (d->cache_rows = cuda_dev_alloc(d->c, (size_t)sh->cache_items * CUDA_KV_BLOCK * H * sizeof(float))) &&
              (d->start = cuda_dev_alloc(d->c, (size_t)sh->start_rows * H * sizeof(float)));
@@ -114,6 +132,8 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
 void cuda_batch_free(cuda_batch *d) {
     if (!d) return;
     if (d->staging) cudaFreeHost(d->staging);
+    if (d->host_logits) cudaFreeHost(d->host_logits);
+    if (d->host_ids) cudaFreeHost(d->host_ids);
     cuda_state_free(d->c); /* the pool, tables and rows go with the state's own buffers */
     free(d);
 }
@@ -194,23 +214,43 @@ void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *start
     if (r) cuda_copy_rows(d->x, d->start, r, r + n, n, d->c->m->arch.hidden, d->c->stream);
 }
 
-polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, float *logits, polar_error *err) {
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsigned char *want, int *ids,
+                             polar_error *err) {
     cuda_state *c = d->c;
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, V = a->vocab;
-    const int *r = upload_ints(d, &rows, 1, (size_t)n, NULL);
+    const int *r = n <= d->head_rows ? upload_ints(d, &rows, 1, (size_t)n, NULL) : NULL;
+    if (!r) d->failed = 1;
     if (r) {
         cuda_copy_rows(c->x, d->x, NULL, r, n, H, c->stream);
         cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, c->stream);
-    }
-    /* in slices of LOGIT_ROWS rows, each copied out before the next */
-    for (int r0 = 0; r && r0 < n; r0 += LOGIT_ROWS) {
-        int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
-        cuda_mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, k, V, H, 0);
-        if (cudaMemcpyAsync(logits + (size_t)r0 * V, c->logits, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost,
-                            c->stream) != cudaSuccess)
+        /* in slices of LOGIT_ROWS rows, as a session's head (a CPU batch
+         * rounding like the GPU mirrors the slices) */
+        for (int r0 = 0; r0 < n; r0 += LOGIT_ROWS) {
+            int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
+            cuda_mm(c, d->logits + (size_t)r0 * V, c->xn + (size_t)r0 * H, c->lm_head, NULL, k, V, H, 0);
+        }
+        cuda_argmax_rows(d->ids, d->logits, n, V, c->stream);
+        if (cudaMemcpyAsync(d->host_ids, d->ids, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream) !=
+            cudaSuccess)
             d->failed = 1;
+        for (int i = 0; i < n; i++)
+            if (want[i] && cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V,
+                                           (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, c->stream) != cudaSuccess)
+                d->failed = 1;
     }
+    polar_status st = cuda_batch_finish(d, err);
+    if (st == POLAR_OK) memcpy(ids, d->host_ids, (size_t)n * sizeof(int));
+    return st;
+}
+
+float *cuda_batch_host_logits(cuda_batch *d) { return d->host_logits; }
+
+polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
+    size_t V = (size_t)d->c->m->arch.vocab;
+    if (cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
+                        cudaMemcpyDeviceToHost, d->c->stream) != cudaSuccess)
+        d->failed = 1;
     return cuda_batch_finish(d, err);
 }
 

@@ -126,6 +126,23 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
     cuda_argmax(di, dl, n, NULL);
     cudaMemcpy(&out, di, sizeof out, cudaMemcpyDeviceToHost);
     CHECK(out == 700, "argmax ties to the lowest index: %d", out);
+    /* one block per row (a batch's head): each row as polar_argmax, with an
+     * even width (vector loads) and an odd one (scalar loads, rows not
+     * 16-byte aligned); row 1 ties, row 2 is all -inf (index 0) */
+    for (int width = n; width >= n - 1; width--) {
+        for (int i = 0; i < T * width; i++) x[i] = 4 * frand();
+        x[width + 3000] = x[width + 10] = 9;
+        for (int i = 0; i < width; i++) x[2 * width + i] = -INFINITY;
+        float *drows = to_dev(x, (size_t)T * width * 4);
+        int *dids, ids[5];
+        cudaMalloc((void **)&dids, T * sizeof(int));
+        cuda_argmax_rows(dids, drows, T, width, NULL);
+        cudaMemcpy(ids, dids, T * sizeof(int), cudaMemcpyDeviceToHost);
+        for (int t = 0; t < T; t++)
+            CHECK(ids[t] == polar_argmax(x + (size_t)t * width, width), "argmax rows (width %d) row %d: %d, host %d",
+                  width, t, ids[t], polar_argmax(x + (size_t)t * width, width));
+        cudaFree(drows), cudaFree(dids);
+    }
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(du), cudaFree(dl), cudaFree(di);
     free(x), free(want), free(got), free(w), free(u);
 }

@@ -10,7 +10,10 @@
  * sequences cancelled mid-prompt and mid-decode, their slots reused, and
  * the prefix cache (residual rows kept and restored on the device). Every step's logits within the GEMM tolerances of
  * logit_compare.h (earlier passes of more than 8 rows feed every later
- * one), the same greedy tokens, the same admissions and plans. */
+ * one; on the GPU each row copied from the device when asked for), the
+ * same greedy tokens (the argmax on the device; a few requests sampled on
+ * the host with a one-token nucleus, their rows brought back with the
+ * step), the same admissions and plans. */
 #include "harness.h"
 #include "logit_compare.h"
 
@@ -24,6 +27,8 @@ typedef struct {
     int n_prompt, prompt_seed;
     int after_step;  /* added once this many steps have run (and the pool admits it) */
     int cancel_step; /* > 0: cancelled and removed after this many steps (its slot reused) */
+    int sampled;     /* drawn by polar_sample (a nucleus of one token: the greedy choice) rather than chosen
+                      * on the device: its logits come to the host with the step */
 } request;
 
 typedef struct {
@@ -87,8 +92,10 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] || sc->reqs[r].after_step > steps) continue;
             polar_status s[2];
+            polar_gen_opts g = gen;
+            if (sc->reqs[r].sampled) g.temperature = 0.8f, g.top_p = 1e-6f, g.seed = (uint64_t)r + 1;
             for (int i = 0; i < 2; i++)
-                s[i] = polar_batch_add(b[i], &req[r].p, req[r].prompt, sc->reqs[r].n_prompt, &gen, &req[r].id[i], &err);
+                s[i] = polar_batch_add(b[i], &req[r].p, req[r].prompt, sc->reqs[r].n_prompt, &g, &req[r].id[i], &err);
             CHECK(s[0] == s[1], "request %d: added %s on the GPU, %s on the CPU", r, polar_status_name(s[0]),
                   polar_status_name(s[1]));
             if (s[0] != POLAR_OK || s[1] != POLAR_OK) {
@@ -108,6 +115,7 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] <= 0) continue;
             const float *l[2] = {polar_batch_logits(b[0], req[r].id[0]), polar_batch_logits(b[1], req[r].id[1])};
+            CHECK(!l[0] == !l[1], "%s step %d request %d: logits on the %s only", arch, steps, r, l[0] ? "GPU" : "CPU");
             if (!l[0] || !l[1]) continue;
             double cosine, rel;
             float d = max_abs_diff(l[0], l[1], (size_t)V, &cosine, &rel);
@@ -150,9 +158,9 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
  * too small for the first four at once. */
 static void mixed(const char *arch) {
     static const request reqs[] = {
-        {"base", 20, 1, 0, 0},      {"0,3", 20, 2, 0, 0},     {"0-1,3", 20, 1, 0, 0}, /* the first's prompt */
-        {"0,1-2x2,3", 12, 3, 0, 0}, {"0,2,1,3", 3, 4, 2, 0},  {"0,2-3x2", 31, 5, 2, 0},
-        {"0-1,3", 9, 6, 4, 0}};
+        {"base", 20, 1, 0, 0, 0},      {"0,3", 20, 2, 0, 0, 1},  {"0-1,3", 20, 1, 0, 0, 0}, /* the first's prompt */
+        {"0,1-2x2,3", 12, 3, 0, 0, 0}, {"0,2,1,3", 3, 4, 2, 0, 0},  {"0,2-3x2", 31, 5, 2, 0, 0},
+        {"0-1,3", 9, 6, 4, 0, 0}};
     scenario sc = {reqs, 7, 5, 16, MAX_NEW, 2, 0, 0};
     figures fig;
     against_cpu(arch, &sc, &fig);
@@ -178,7 +186,7 @@ static void batch_wide(void) {
     request reqs[MAX_REQ];
     int n = 38;
     for (int r = 0; r < n; r++)
-        reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0};
+        reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0, r % 5 == 2};
     scenario sc = {reqs, n, 36, 96, 4, 0, 0, 0};
     figures fig;
     against_cpu("llama", &sc, &fig);
@@ -192,8 +200,8 @@ static void batch_wide(void) {
  * for 6 (items evicted and reused). */
 static void batch_prefix_cache(void) {
     static const request reqs[] = {
-        {"base", 40, 1, 0, 0},      {"0-1,3", 40, 2, 0, 0},  {"0-1,3", 38, 3, 0, 0}, {"0,2,1,3", 39, 4, 3, 0},
-        {"0-1x2,2-3", 37, 5, 6, 0}, {"base", 40, 1, 9, 0},   {"0,3", 36, 6, 9, 0}};
+        {"base", 40, 1, 0, 0, 0},      {"0-1,3", 40, 2, 0, 0, 0},  {"0-1,3", 38, 3, 0, 0, 0}, {"0,2,1,3", 39, 4, 3, 0, 0},
+        {"0-1x2,2-3", 37, 5, 6, 0, 0}, {"base", 40, 1, 9, 0, 0},   {"0,3", 36, 6, 9, 0, 0}};
     scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096};
     figures fig;
     long all_kept;

@@ -239,12 +239,15 @@ extern "C" void cuda_swiglu(float *g, const float *u, int count, void *stream) {
     swiglu_kernel<<<(count + 255) / 256, 256, 0, st(stream)>>>(g, u, count);
 }
 
-// One block; each thread scans its share in ascending order keeping the
-// first maximum, then a tree keeps the lower index on ties. With feed, the
+// One block per row of n logits; each thread scans its share in ascending
+// order keeping the first maximum, then a tree keeps the lower index on
+// ties. With feed (one row), the
 // chosen id also becomes the next step's input on the device: token[0], a
 // copy in ring[*step % 2] (mapped host memory the host reads after the
 // step's event), and the position and step counters advance.
 __global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, int *pos, int *step) {
+    logits += (size_t)blockIdx.x * n;
+    out += blockIdx.x;
     __shared__ float best_v[1024];
     __shared__ int best_i[1024];
     float bv = -INFINITY;
@@ -288,6 +291,10 @@ __global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, i
 
 extern "C" void cuda_argmax(int *out, const float *logits, int n, void *stream) {
     argmax_kernel<<<1, 1024, 0, st(stream)>>>(out, logits, n, NULL, NULL, NULL);
+}
+
+extern "C" void cuda_argmax_rows(int *out, const float *logits, int rows, int n, void *stream) {
+    argmax_kernel<<<rows, 1024, 0, st(stream)>>>(out, logits, n, NULL, NULL, NULL);
 }
 
 extern "C" void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n,

@@ -110,6 +110,9 @@ void cuda_swiglu(float *g, const float *u, int count, void *stream);
 /* out[0] = argmax(logits[n]), the lowest index on ties */
 void cuda_argmax(int *out, const float *logits, int n, void *stream);
 
+/* out[r] = argmax(logits[r, n]) for each of rows rows, as cuda_argmax */
+void cuda_argmax_rows(int *out, const float *logits, int rows, int n, void *stream);
+
 /* The same, fed back for greedy decoding without the host: token[0] = the
  * argmax, ring[*step % 2] = it too (host-mapped memory), then *pos and *step
  * advance by one. */
