@@ -17,6 +17,7 @@ typedef struct {
     double decode_ms;      /* best of reps: the decode steps together */
     double prefill_ms;     /* the steps until every prompt was run */
     double passes, bound;  /* per decode step */
+    double graph_steps;    /* CUDA: share of the decode steps that replayed a captured graph */
 } batch_run;
 
 /* Distinct variants of the base program for a batch: the base, then skip
@@ -41,19 +42,19 @@ static polar_status run_batch(polar_batch *b, const polar_program *progs, int n,
     polar_status st = POLAR_OK;
     for (int i = 0; i < r->size && st == POLAR_OK; i++) st = polar_batch_add(b, &progs[r->mixed ? i % n : 0], prompt, n_prompt, &g, &ids[i], err);
     polar_batch_stats bs;
-    double t0 = polar_time_ms(), passes = 0, bound = 0;
+    double t0 = polar_time_ms(), passes = 0, bound = 0, graphs = 0;
     if (st == POLAR_OK) st = polar_batch_step(b, &bs, err);
     double t1 = polar_time_ms();
     for (int s = 0; s < gen && st == POLAR_OK; s++) {
         st = polar_batch_step(b, &bs, err);
-        passes += bs.layer_passes, bound += bs.min_layer_passes;
+        passes += bs.layer_passes, bound += bs.min_layer_passes, graphs += bs.graph == 1;
     }
     double t2 = polar_time_ms();
     for (int i = 0; i < r->size; i++) polar_batch_remove(b, ids[i], NULL);
     if (st != POLAR_OK) return st;
     if (t1 - t0 < r->prefill_ms) r->prefill_ms = t1 - t0;
     if (t2 - t1 < r->decode_ms) r->decode_ms = t2 - t1;
-    r->passes = passes / gen, r->bound = bound / gen;
+    r->passes = passes / gen, r->bound = bound / gen, r->graph_steps = graphs / gen;
     return POLAR_OK;
 }
 
@@ -80,9 +81,9 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,"
                    "\"batch\":%d,\"programs\":\"%s\",\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
-                   "\"time_vs_one_program\":%.4f}\n",
+                   "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f}\n",
                    name, device, polar_cpu_kernels(), threads, n_prompt, gen, r->size, r->mixed ? "mixed" : "one",
-                   r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes, r->bound, vs_one);
+                   r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes, r->bound, vs_one, r->graph_steps);
         else
             printf("%5d %-9s %11.1f %10.3f %9.1f %10s%s %8.1f %8.1f %8.3fx\n", r->size, r->mixed ? "mixed" : "one",
                    r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, base_tok_s ? "x" : " ", r->passes, r->bound,

@@ -328,8 +328,13 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt,
  * planned the same way on the host and run on the device: the K/V pool is
  * bf16 there, every layer pass gathers its rows and runs the GEMVs (up to
  * 8 rows) or tensor-core GEMMs (more rows, inputs rounded to bf16) and
- * split-K attention over each row's own block table, and the head's logits
- * come back to the host for sampling. Results agree with the CPU within
+ * split-K attention over each row's own block table; greedy tokens are
+ * chosen there and only sampled sequences' logits come back with the step
+ * (polar_batch_logits copies others on request). A decode step with the
+ * same calls as the step before (the same sequences and programs) is
+ * captured as a CUDA graph and replayed by later such steps
+ * (polar_batch_stats.graph; POLAR_CUDA_GRAPHS=0 in the environment turns
+ * it off). Results agree with the CPU within
  * the GPU's rounding (a CPU batch with round_like_cuda is the tight
  * reference), not bit for bit. The prefix cache works the same (its
  * residual rows on the device). A device error fails the step
@@ -387,6 +392,9 @@ typedef struct {
     int min_layer_passes; /* a lower bound for these programs: the longest program, or the sum over layers of
                            * the most times one program runs it, whichever is larger (each program from the
                            * first entry it runs this step: prompt blocks found in the prefix cache start later) */
+    int graph;            /* CUDA: 1 the step replayed a graph captured from an earlier step of the same calls
+                           * (a decode step of the same sequences and programs), 2 it was captured now; 0 it went
+                           * call by call (or the CPU) */
 } polar_batch_stats;
 
 /* One step for every sequence not yet ended. Nothing to do is not an error

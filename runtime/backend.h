@@ -120,8 +120,13 @@ float *cuda_batch_host_logits(cuda_batch *d);
  * copy), waiting for it. */
 polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err);
 
-/* Waits for the step; its device error, if any. */
+/* Runs the step's calls (recorded until now: see cuda_batch.c) and waits
+ * for them; the step's device error, if any. */
 polar_status cuda_batch_finish(cuda_batch *d, polar_error *err);
+
+/* How the last step ran: 0 call by call, 1 a captured graph replayed, 2 a
+ * graph captured from it and run. */
+int cuda_batch_step_graph(const cuda_batch *d);
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);

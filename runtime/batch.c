@@ -769,6 +769,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     stats->layer_passes = walk_programs(b, n_seqs);
     copy_followed_kv(b, n_seqs);
     polar_status st = next_tokens(b, n_seqs, stats, err);
+    if (b->dev) stats->graph = cuda_batch_step_graph(b->dev);
     b->broken = st != POLAR_OK; /* only the device fails here, with the step half done */
     return st;
 }

@@ -3,13 +3,21 @@
  * its rows of the step's residual into the workspace of a slotless
  * cuda_state, runs cuda_layer_forward with each token's position and block
  * table, and scatters them back. The ints a step needs on the device
- * (tokens, table updates, each pass's rows, positions and tables, the head
- * rows) go through one pinned staging area, each at its own offset, so
- * nothing is overwritten before its copy has run; the offsets start again
- * after the step's sync. Built with POLAR_CUDA; without it there is no
- * device batch to create. */
+ * (tokens, each pass's rows, positions and tables, the head rows) go
+ * through one pinned staging area, each at its own offset, so nothing is
+ * overwritten before its copy has run; the offsets start again after the
+ * step's sync (block tables through an area of their own, copied at once).
+ *
+ * A step's calls are recorded and issued at its end. A step whose calls
+ * equal the previous step's (a decode step of the same sequences and
+ * programs: only tokens, positions and tables change, and those are read
+ * from the staging area) is captured as a graph, and later steps of that
+ * shape replay it: one launch for the whole step instead of a dozen per
+ * pass. POLAR_CUDA_GRAPHS=0 turns this off. Built with POLAR_CUDA; without
+ * it there is no device batch to create. */
 #include "backend.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +65,10 @@ polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
     (void)d;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
 }
+int cuda_batch_step_graph(const cuda_batch *d) {
+    (void)d;
+    return 0;
+}
 
 #else
 
@@ -65,6 +77,26 @@ polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
 
 /* The host's block ids index the device's pool */
 _Static_assert(CUDA_KV_BLOCK == CPU_KV_BLOCK, "one block size on the host and the device");
+
+#define STEP_GRAPHS 4 /* captured step shapes kept (least recently used replaced) */
+
+/* One device call of a step, as recorded. Its ints (if any) are in the
+ * staging area at `at`: a replayed graph copies them from there again. */
+typedef enum { OP_EMBED, OP_PASS, OP_COPY_ROWS, OP_COPY_KV, OP_CACHE_KEEP, OP_CACHE_TAKE, OP_FROM_START, OP_HEAD } op_kind;
+typedef struct {
+    int kind, n;  /* n: rows (tokens) */
+    long long a, b; /* layer; dst, src rows; from, to pool rows; item, row; item, start row */
+    size_t at;
+} step_op;
+_Static_assert(sizeof(step_op) == 32, "no padding: recorded calls are compared with memcmp");
+
+typedef struct {
+    cudaGraphExec_t exec; /* NULL: free */
+    step_op *ops;         /* [cap_ops] the calls it runs */
+    int n_ops;
+    unsigned char *want;  /* [head_rows] the head rows it copies to the host */
+    unsigned long last_used;
+} step_graph;
 
 struct cuda_batch {
     cuda_state *c;         /* weights, workspaces for `rows` tokens, stream, cuBLASLt; no KV slots */
@@ -77,12 +109,24 @@ struct cuda_batch {
     float *start;          /* [start_rows, hidden] rows cached prompt blocks start from, per sequence */
     int *ints;             /* [cap_ints] the step's uploaded ints */
     int *staging;          /* pinned host [cap_ints], at the same offsets */
+    size_t used, cap_ints;
+    int *table_staging;    /* pinned host [n_tables]: block tables on their way to the mirror */
+    size_t tables_used, n_tables;
     int head_rows;
     float *logits;         /* [head_rows, vocab] the last head's logits */
     int *ids;              /* [head_rows] their argmax */
     float *host_logits;    /* pinned host [head_rows, vocab]: the rows the host asked for */
     int *host_ids;         /* pinned host [head_rows] */
-    size_t used, cap_ints;
+    /* the step's calls, and the graphs of earlier steps */
+    step_op *ops;          /* [cap_ops] */
+    int n_ops, cap_ops;
+    unsigned char *want;   /* [head_rows] this step's head rows wanted on the host */
+    int direct;            /* calls go out as they come: graphs off, or the step outgrew cap_ops */
+    int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture failed once */
+    uint64_t last_shape;   /* the previous step's calls, hashed */
+    step_graph graph[STEP_GRAPHS];
+    unsigned long clock;
+    int step_graph;        /* the last step: 0 issued call by call, 1 replayed, 2 captured and run */
     int failed;            /* a copy failed or the step wanted more than cap_ints: finish reports it */
 };
 
@@ -101,20 +145,29 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
     size_t H = (size_t)a->hidden, R = (size_t)sh->rows, V = (size_t)a->vocab, HR = (size_t)sh->head_rows;
     d->rows = sh->rows, d->head_rows = sh->head_rows;
     d->kv_dim = (size_t)a->n_kv_heads * a->head_dim;
-    /* tokens, every table, a (row, pos, table) per row and pass, a (row,
-     * start) per row from the cache, head rows */
-    d->cap_ints = R + (size_t)sh->tables + 3 * R * sh->cap_program + 2 * R + R;
+    /* tokens, a (row, pos, table) per row and pass, a (row, start) per row
+     * from the cache, head rows */
+    d->cap_ints = R + 3 * R * sh->cap_program + 2 * R + R;
+    d->n_tables = (size_t)sh->tables;
+    /* embed, a pass per row and entry, a few copies per row and block */
+    d->cap_ops = (int)(2 * R * sh->cap_program + 4 * R + 8);
+    const char *env = getenv("POLAR_CUDA_GRAPHS");
+    d->graphs = !(env && !strcmp(env, "0"));
     size_t pool = (size_t)sh->n_blocks * CUDA_KV_BLOCK * d->kv_dim;
     int ok = (d->k_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
              (d->v_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
-             (d->tables = cuda_dev_alloc(d->c, (size_t)sh->tables * sizeof(int))) &&
+             (d->tables = cuda_dev_alloc(d->c, d->n_tables * sizeof(int))) &&
              (d->x = cuda_dev_alloc(d->c, R * H * sizeof(float))) &&
              (d->ints = cuda_dev_alloc(d->c, d->cap_ints * sizeof(int))) &&
              (d->logits = cuda_dev_alloc(d->c, HR * V * sizeof(float))) &&
              (d->ids = cuda_dev_alloc(d->c, HR * sizeof(int))) &&
              cudaMallocHost((void **)&d->staging, d->cap_ints * sizeof(int)) == cudaSuccess &&
+             cudaMallocHost((void **)&d->table_staging, d->n_tables * sizeof(int)) == cudaSuccess &&
              cudaMallocHost((void **)&d->host_logits, HR * V * sizeof(float)) == cudaSuccess &&
-             cudaMallocHost((void **)&d->host_ids, HR * sizeof(int)) == cudaSuccess;
+             cudaMallocHost((void **)&d->host_ids, HR * sizeof(int)) == cudaSuccess &&
+             (d->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->want = calloc(HR, 1));
+    for (int i = 0; ok && d->graphs && i < STEP_GRAPHS; i++)
+        ok = (d->graph[i].ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->graph[i].want = calloc(HR, 1));
     if (ok && sh->cache_items)
         ok = (d->cache_rows = cuda_dev_alloc(d->c, (size_t)sh->cache_items * CUDA_KV_BLOCK * H * sizeof(float))) &&
              (d->start = cuda_dev_alloc(d->c, (size_t)sh->start_rows * H * sizeof(float)));
@@ -125,6 +178,7 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
                           "prefix cache of %d items)",
                           sh->n_blocks, sh->rows, sh->cache_items);
     }
+    d->direct = !d->graphs;
     *out = d;
     return POLAR_OK;
 }
@@ -132,52 +186,39 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
 void cuda_batch_free(cuda_batch *d) {
     if (!d) return;
     if (d->staging) cudaFreeHost(d->staging);
+    if (d->table_staging) cudaFreeHost(d->table_staging);
     if (d->host_logits) cudaFreeHost(d->host_logits);
     if (d->host_ids) cudaFreeHost(d->host_ids);
+    for (int i = 0; i < STEP_GRAPHS; i++) {
+        if (d->graph[i].exec) cudaGraphExecDestroy(d->graph[i].exec);
+        free(d->graph[i].ops);
+        free(d->graph[i].want);
+    }
+    free(d->ops);
+    free(d->want);
     cuda_state_free(d->c); /* the pool, tables and rows go with the state's own buffers */
     free(d);
 }
 
-/* n_parts arrays of n ints each onto the device for this step in one copy,
- * one after the other, at `to` or else in the step's array; the device
- * address of the first (NULL when the step's area is spent). */
-static const int *upload_ints(cuda_batch *d, const int *const *parts, int n_parts, size_t n, int *to) {
-    size_t total = (size_t)n_parts * n;
-    if (d->used + total > d->cap_ints) {
+/* n_parts arrays of n ints each into the step's staging area, one after
+ * the other; their offset (SIZE_MAX when the area is spent). */
+static size_t stage_ints(cuda_batch *d, const int *const *parts, int n_parts, size_t n) {
+    size_t total = (size_t)n_parts * n, at = d->used;
+    if (at + total > d->cap_ints) {
         d->failed = 1;
-        return NULL;
+        return SIZE_MAX;
     }
-    int *stage = d->staging + d->used, *dev = to ? to : d->ints + d->used;
-    for (int i = 0; i < n_parts; i++) memcpy(stage + i * n, parts[i], n * sizeof(int));
-    if (cudaMemcpyAsync(dev, stage, total * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) != cudaSuccess)
-        d->failed = 1;
+    for (int i = 0; i < n_parts; i++) memcpy(d->staging + at + i * n, parts[i], n * sizeof(int));
     d->used += total;
-    return dev;
+    return at;
 }
 
-void cuda_batch_begin(cuda_batch *d) {
-    (void)d;
-    (void)cudaGetLastError();
-}
-
-void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {
-    const int *dev = upload_ints(d, &tokens, 1, (size_t)R, NULL);
-    if (dev) cuda_embed(d->x, d->c->embed, dev, R, d->c->m->arch.hidden, d->c->stream);
-}
-
-void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
-    upload_ints(d, &tables, 1, (size_t)n, d->tables + offset);
-}
-
-void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
-    cuda_state *c = d->c;
-    int H = c->m->arch.hidden;
-    const int *parts[3] = {rows, pos, table}, *r = upload_ints(d, parts, 3, (size_t)T, NULL);
-    if (!r) return;
-    cuda_kv_map map = {NULL, r + T, r + 2 * T, d->tables};
-    cuda_copy_rows(c->x, d->x, NULL, r, T, H, c->stream);
-    cuda_layer_forward(c, &c->layers[layer], 0, T, &map, d->k_pool, d->v_pool);
-    cuda_copy_rows(d->x, c->x, r, NULL, T, H, c->stream);
+/* The staged ints at..at+n to the same offset on the device; their address there. */
+static const int *upload(cuda_batch *d, size_t at, size_t n) {
+    if (cudaMemcpyAsync(d->ints + at, d->staging + at, n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
+        cudaSuccess)
+        d->failed = 1;
+    return d->ints + at;
 }
 
 /* n f32 rows of the residual width, device to device. */
@@ -186,58 +227,214 @@ static void copy_f32_rows(cuda_batch *d, float *dst, const float *src, int n) {
     if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->c->stream) != cudaSuccess) d->failed = 1;
 }
 
-void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) {
-    size_t H = (size_t)d->c->m->arch.hidden;
-    copy_f32_rows(d, d->x + dst * H, d->x + src * H, n);
-}
-
-void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to, int n) {
-    size_t w = d->kv_dim, bytes = (size_t)n * w * sizeof(bf16);
-    cudaStream_t s = d->c->stream;
-    if (cudaMemcpyAsync(d->k_pool + to * w, d->k_pool + from * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess ||
-        cudaMemcpyAsync(d->v_pool + to * w, d->v_pool + from * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
-        d->failed = 1;
-}
-
-void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n) {
-    size_t H = (size_t)d->c->m->arch.hidden;
-    copy_f32_rows(d, d->cache_rows + (size_t)item * CUDA_KV_BLOCK * H, d->x + (size_t)row * H, n);
-}
-
-void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) {
-    size_t H = (size_t)d->c->m->arch.hidden;
-    copy_f32_rows(d, d->start + (size_t)start * H, d->cache_rows + (size_t)item * CUDA_KV_BLOCK * H, n);
-}
-
-void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
-    const int *parts[2] = {rows, starts}, *r = upload_ints(d, parts, 2, (size_t)n, NULL);
-    if (r) cuda_copy_rows(d->x, d->start, r, r + n, n, d->c->m->arch.hidden, d->c->stream);
-}
-
-polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsigned char *want, int *ids,
-                             polar_error *err) {
+/* Queue one recorded call on the stream. */
+static void issue(cuda_batch *d, const step_op *o) {
     cuda_state *c = d->c;
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, V = a->vocab;
-    const int *r = n <= d->head_rows ? upload_ints(d, &rows, 1, (size_t)n, NULL) : NULL;
-    if (!r) d->failed = 1;
-    if (r) {
-        cuda_copy_rows(c->x, d->x, NULL, r, n, H, c->stream);
-        cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, c->stream);
+    int H = a->hidden, V = a->vocab, n = o->n;
+    size_t Hs = (size_t)H;
+    cudaStream_t s = c->stream;
+    switch ((op_kind)o->kind) {
+    case OP_EMBED:
+        cuda_embed(d->x, c->embed, upload(d, o->at, (size_t)n), n, H, s);
+        break;
+    case OP_PASS: {
+        const int *r = upload(d, o->at, 3 * (size_t)n);
+        cuda_kv_map map = {NULL, r + n, r + 2 * n, d->tables};
+        cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
+        cuda_layer_forward(c, &c->layers[o->a], 0, n, &map, d->k_pool, d->v_pool);
+        cuda_copy_rows(d->x, c->x, r, NULL, n, H, s);
+        break;
+    }
+    case OP_COPY_ROWS:
+        copy_f32_rows(d, d->x + o->a * Hs, d->x + o->b * Hs, n);
+        break;
+    case OP_COPY_KV: {
+        size_t w = d->kv_dim, bytes = (size_t)n * w * sizeof(bf16);
+        if (cudaMemcpyAsync(d->k_pool + o->b * w, d->k_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) !=
+                cudaSuccess ||
+            cudaMemcpyAsync(d->v_pool + o->b * w, d->v_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+            d->failed = 1;
+        break;
+    }
+    case OP_CACHE_KEEP:
+        copy_f32_rows(d, d->cache_rows + o->a * CUDA_KV_BLOCK * Hs, d->x + o->b * Hs, n);
+        break;
+    case OP_CACHE_TAKE:
+        copy_f32_rows(d, d->start + o->b * Hs, d->cache_rows + o->a * CUDA_KV_BLOCK * Hs, n);
+        break;
+    case OP_FROM_START: {
+        const int *r = upload(d, o->at, 2 * (size_t)n);
+        cuda_copy_rows(d->x, d->start, r, r + n, n, H, s);
+        break;
+    }
+    case OP_HEAD: {
+        const int *r = upload(d, o->at, (size_t)n);
+        cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
+        cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, s);
         /* in slices of LOGIT_ROWS rows, as a session's head (a CPU batch
          * rounding like the GPU mirrors the slices) */
         for (int r0 = 0; r0 < n; r0 += LOGIT_ROWS) {
             int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
             cuda_mm(c, d->logits + (size_t)r0 * V, c->xn + (size_t)r0 * H, c->lm_head, NULL, k, V, H, 0);
         }
-        cuda_argmax_rows(d->ids, d->logits, n, V, c->stream);
-        if (cudaMemcpyAsync(d->host_ids, d->ids, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream) !=
-            cudaSuccess)
+        cuda_argmax_rows(d->ids, d->logits, n, V, s);
+        if (cudaMemcpyAsync(d->host_ids, d->ids, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s) != cudaSuccess)
             d->failed = 1;
         for (int i = 0; i < n; i++)
-            if (want[i] && cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V,
-                                           (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, c->stream) != cudaSuccess)
+            if (d->want[i] && cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V,
+                                              (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess)
                 d->failed = 1;
+        break;
+    }
+    }
+}
+
+/* A call of the step: recorded, or issued now when the step goes call by
+ * call (when it outgrows the record, what was recorded goes out first). */
+static void record(cuda_batch *d, step_op o) {
+    if (!d->direct && d->n_ops == d->cap_ops) {
+        for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);
+        d->n_ops = 0, d->direct = 1;
+    }
+    if (d->direct) issue(d, &o);
+    else d->ops[d->n_ops++] = o;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* The calls of the step (and the head rows it copies out), hashed. */
+static uint64_t shape_hash(const cuda_batch *d) {
+    uint64_t h = (uint64_t)d->n_ops;
+    for (int i = 0; i < d->n_ops; i++) {
+        const step_op *o = &d->ops[i];
+        h = mix(mix(mix(mix(mix(h, (uint64_t)o->kind), (uint64_t)o->n), (uint64_t)o->a), (uint64_t)o->b), o->at);
+        if (o->kind == OP_HEAD)
+            for (int r = 0; r < o->n; r++) h = mix(h, d->want[r]);
+    }
+    return h;
+}
+
+static int same_calls(const cuda_batch *d, const step_graph *g) {
+    if (g->n_ops != d->n_ops || memcmp(g->ops, d->ops, (size_t)d->n_ops * sizeof *d->ops)) return 0;
+    const step_op *last = &d->ops[d->n_ops - 1];
+    return last->kind != OP_HEAD || !memcmp(g->want, d->want, (size_t)last->n);
+}
+
+/* Capture the recorded calls into g and instantiate it. */
+static cudaError_t capture(cuda_batch *d, step_graph *g) {
+    cudaStream_t s = d->c->stream;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return e;
+    for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);
+    e = cudaStreamEndCapture(s, &graph);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        g->exec = NULL;
+        return e;
+    }
+    memcpy(g->ops, d->ops, (size_t)d->n_ops * sizeof *d->ops);
+    g->n_ops = d->n_ops;
+    memcpy(g->want, d->want, (size_t)d->head_rows);
+    return cudaSuccess;
+}
+
+/* The recorded calls go out: a graph of this shape replayed, or captured
+ * when the previous step had the same calls, or else one by one. */
+static void run_recorded(cuda_batch *d) {
+    d->step_graph = 0;
+    if (d->direct || !d->n_ops) return;
+    uint64_t shape = shape_hash(d);
+    step_graph *g = NULL, *lru = &d->graph[0];
+    for (int i = 0; i < STEP_GRAPHS && !g; i++) {
+        step_graph *t = &d->graph[i];
+        if (t->exec && same_calls(d, t)) g = t;
+        if (!t->exec ? lru->exec != NULL : lru->exec && t->last_used < lru->last_used) lru = t;
+    }
+    if (!g && shape == d->last_shape) {
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);
+        lru->exec = NULL;
+        if (capture(d, lru) == cudaSuccess) {
+            g = lru, d->step_graph = 1;
+        } else { /* not again: the calls go out one by one from now on */
+            (void)cudaGetLastError();
+            d->graphs = 0;
+        }
+    }
+    d->last_shape = shape;
+    if (g && cudaGraphLaunch(g->exec, d->c->stream) == cudaSuccess) {
+        g->last_used = ++d->clock;
+        d->step_graph++;
+        return;
+    }
+    d->step_graph = 0;
+    for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);
+}
+
+void cuda_batch_begin(cuda_batch *d) {
+    (void)cudaGetLastError();
+    d->n_ops = 0, d->direct = !d->graphs;
+}
+
+void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {
+    size_t at = stage_ints(d, &tokens, 1, (size_t)R);
+    if (at != SIZE_MAX) record(d, (step_op){OP_EMBED, R, 0, 0, at});
+}
+
+/* Straight to the mirror (not part of a recorded step: tables grow at block
+ * boundaries, which would change a step's calls every few steps). */
+void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) {
+    if (d->tables_used + (size_t)n > d->n_tables) {
+        d->failed = 1;
+        return;
+    }
+    int *stage = d->table_staging + d->tables_used;
+    memcpy(stage, tables, (size_t)n * sizeof(int));
+    d->tables_used += (size_t)n;
+    if (cudaMemcpyAsync(d->tables + offset, stage, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
+        cudaSuccess)
+        d->failed = 1;
+}
+
+void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
+    const int *parts[3] = {rows, pos, table};
+    size_t at = stage_ints(d, parts, 3, (size_t)T);
+    if (at != SIZE_MAX) record(d, (step_op){OP_PASS, T, layer, 0, at});
+}
+
+void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) { record(d, (step_op){OP_COPY_ROWS, n, dst, src, 0}); }
+
+void cuda_batch_copy_kv(cuda_batch *d, size_t from, size_t to, int n) {
+    record(d, (step_op){OP_COPY_KV, n, (long long)from, (long long)to, 0});
+}
+
+void cuda_batch_cache_keep(cuda_batch *d, int item, int row, int n) {
+    record(d, (step_op){OP_CACHE_KEEP, n, item, row, 0});
+}
+
+void cuda_batch_cache_take(cuda_batch *d, int item, int start, int n) {
+    record(d, (step_op){OP_CACHE_TAKE, n, item, start, 0});
+}
+
+void cuda_batch_rows_from_start(cuda_batch *d, const int *rows, const int *starts, int n) {
+    const int *parts[2] = {rows, starts};
+    size_t at = stage_ints(d, parts, 2, (size_t)n);
+    if (at != SIZE_MAX) record(d, (step_op){OP_FROM_START, n, 0, 0, at});
+}
+
+polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsigned char *want, int *ids,
+                             polar_error *err) {
+    size_t at = n <= d->head_rows ? stage_ints(d, &rows, 1, (size_t)n) : SIZE_MAX;
+    if (at == SIZE_MAX) {
+        d->failed = 1;
+    } else {
+        memcpy(d->want, want, (size_t)n);
+        record(d, (step_op){OP_HEAD, n, 0, 0, at});
     }
     polar_status st = cuda_batch_finish(d, err);
     if (st == POLAR_OK) memcpy(ids, d->host_ids, (size_t)n * sizeof(int));
@@ -246,19 +443,22 @@ polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsign
 
 float *cuda_batch_host_logits(cuda_batch *d) { return d->host_logits; }
 
+int cuda_batch_step_graph(const cuda_batch *d) { return d->step_graph; }
+
 polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
     size_t V = (size_t)d->c->m->arch.vocab;
-    if (cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
-                        cudaMemcpyDeviceToHost, d->c->stream) != cudaSuccess)
-        d->failed = 1;
-    return cuda_batch_finish(d, err);
+    cudaError_t e = cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, d->c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(d->c->stream);
+    return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying a batch row's logits");
 }
 
 polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
+    if (!d->failed) run_recorded(d);
     cudaError_t e = cudaStreamSynchronize(d->c->stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     int failed = d->failed;
-    d->used = 0, d->failed = 0;
+    d->used = 0, d->tables_used = 0, d->failed = 0, d->n_ops = 0;
     if (e != cudaSuccess) return cuda_error(err, e, "batch step");
     if (failed)
         return polar_fail(err, POLAR_ERR_IO, "cuda: batch step: a copy to the device failed or the step's %zu ints ran out",

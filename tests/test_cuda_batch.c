@@ -50,6 +50,7 @@ typedef struct {
     int refused;  /* adds answered POLAR_ERR_FULL */
     int followed; /* prompt tokens that followed a leader */
     long cached;  /* (token, entry) pairs found in the prefix cache */
+    int captured, replayed; /* GPU steps captured as a graph, and replaying one */
 } figures;
 
 /* The scenario on the GPU and on the rounding CPU in lockstep. */
@@ -111,6 +112,8 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
                   st[0].prompt_tokens == st[1].prompt_tokens && st[0].cached_entries == st[1].cached_entries,
               "step %d plans differ", steps);
         fig->followed += st[0].shared_prompt_tokens, fig->cached += st[0].cached_entries;
+        fig->captured += st[0].graph == 2, fig->replayed += st[0].graph == 1;
+        CHECK(st[1].graph == 0, "a CPU step says it ran a graph");
         steps++;
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] <= 0) continue;
@@ -145,8 +148,9 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     }
     CHECK(done == sc->n_req, "%s: %d of %d requests done in %d steps", arch, done, sc->n_req, steps);
     printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed, %ld "
-           "pairs cached: worst relative L2 %.1e, max diff %.2e\n", arch, sc->n_req, steps, compared, fig->refused,
-           fig->followed, fig->cached, worst_rel, worst_max);
+           "pairs cached, %d graphs captured, %d steps replayed one: worst relative L2 %.1e, max diff %.2e\n", arch,
+           sc->n_req, steps, compared, fig->refused, fig->followed, fig->cached, fig->captured, fig->replayed, worst_rel,
+           worst_max);
     for (int r = 0; r < sc->n_req; r++) polar_program_free(&req[r].p);
     for (int i = 0; i < 2; i++) polar_batch_free(b[i]);
     polar_model_free(m);
@@ -166,6 +170,8 @@ static void mixed(const char *arch) {
     against_cpu(arch, &sc, &fig);
     CHECK(fig.refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
     CHECK(fig.followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
+    CHECK(fig.captured > 0 && fig.replayed > 0, "%s: %d step graphs captured, %d steps replayed one", arch,
+          fig.captured, fig.replayed);
 }
 
 static void batch_dense(void) { mixed("llama"); }
@@ -180,16 +186,17 @@ static void batch_moe(void) {
 /* 36 sequences: passes of up to 36 rows (the GEMMs) and a head of more
  * than 32 rows (two slices, the second through the GEMV when it has at
  * most 8); one cancelled mid-prompt and one mid-decode, their slots taken
- * by later requests. */
+ * by later requests; the last decode steps of the same 36 as a graph. */
 static void batch_wide(void) {
     static const char *programs[] = {"base", "0,3", "0-1x2,2-3", "0,2,1,3"};
     request reqs[MAX_REQ];
     int n = 38;
     for (int r = 0; r < n; r++)
         reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0, r % 5 == 2};
-    scenario sc = {reqs, n, 36, 96, 4, 0, 0, 0};
+    scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0};
     figures fig;
     against_cpu("llama", &sc, &fig);
+    CHECK(fig.replayed > 0, "no step of 36 rows replayed a graph (GEMM passes and a head in two slices)");
 }
 
 /* The prefix cache on the device: requests whose prompts share 36 tokens
