@@ -36,7 +36,7 @@ else ifeq ($(CUDA_EMU),1)
 # The CUDA backend built with the host C++ compiler against the emulation in
 # tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
 BUILD   ?= build-emu
-CFLAGS  += -DPOLAR_CUDA -I$(EMU_DIR)/include
+CFLAGS  += -DPOLAR_CUDA -DPOLAR_CUDA_EMU -I$(EMU_DIR)/include
 LDLIBS  += -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)

@@ -424,7 +424,8 @@ polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info,
  * step without one of it). Valid until the next step. On a CUDA batch
  * greedy tokens are chosen on the GPU and only sampled rows come to the
  * host with the step: the first call for another sequence copies its row
- * then (NULL if that copy fails). */
+ * then (NULL if that copy fails), so this call too uses the batch (one
+ * thread at a time). */
 const float *polar_batch_logits(const polar_batch *b, int id);
 
 /* End a sequence now (its blocks go back to the pool); its tokens stay

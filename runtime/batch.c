@@ -753,7 +753,11 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     if (b->dev) cuda_batch_begin(b->dev);
     for (int i = 0; i < b->max_seqs; i++) b->seqs[i].head_row = -1; /* last step's logits: gone */
     int n_seqs, rows = plan_rows(b, &n_seqs, stats);
-    if (!rows) return POLAR_OK;
+    if (!rows) { /* the plan may still have queued device copies (prefix-cache look-ups) */
+        polar_status st = b->dev ? cuda_batch_finish(b->dev, err) : POLAR_OK;
+        b->broken = st != POLAR_OK;
+        return st;
+    }
     stats->sequences = n_seqs;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];

@@ -263,7 +263,8 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
          (c->k = cuda_dev_alloc(c, C * kv * 4)) && (c->v = cuda_dev_alloc(c, C * kv * 4)) && (c->att = cuda_dev_alloc(c, C * q * 4)) &&
          (c->gate = cuda_dev_alloc(c, C * F * 4)) && (c->up = cuda_dev_alloc(c, C * F * 4)) &&
          (c->scores = cuda_dev_alloc(c, cuda_attention_scratch_upto(split_rows, a->n_heads, a->n_kv_heads, a->head_dim, c->sms) * 4)) &&
-         (c->logits = cuda_dev_alloc(c, LOGIT_ROWS * V * 4)) && (c->tokens = cuda_dev_alloc(c, C * sizeof(int))) &&
+         /* a batch's head writes its own logits (cuda_batch.c) */
+         (c->logits = cuda_dev_alloc(c, cap_program ? LOGIT_ROWS * V * 4 : 0)) && (c->tokens = cuda_dev_alloc(c, C * sizeof(int))) &&
          (c->pos = cuda_dev_alloc(c, sizeof(int))) && (c->step = cuda_dev_alloc(c, sizeof(int))) &&
          cudaMallocHost((void **)&c->staging, 2 * sizeof(int)) == cudaSuccess &&
          cudaHostAlloc((void **)&c->ring, 2 * sizeof(int), cudaHostAllocMapped) == cudaSuccess &&

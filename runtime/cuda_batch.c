@@ -174,9 +174,9 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
     if (!ok) {
         cuda_batch_free(d);
         return polar_fail(err, POLAR_ERR_NOMEM,
-                          "device cuda: out of GPU memory for the batch (a KV pool of %d blocks, %d rows per step, a "
-                          "prefix cache of %d items)",
-                          sh->n_blocks, sh->rows, sh->cache_items);
+                          "device cuda: out of GPU or pinned host memory for the batch (a KV pool of %d blocks, %d rows "
+                          "per step, a prefix cache of %d items, %d rows of logits on both sides)",
+                          sh->n_blocks, sh->rows, sh->cache_items, sh->head_rows);
     }
     d->direct = !d->graphs;
     *out = d;
@@ -359,18 +359,22 @@ static void run_recorded(cuda_batch *d) {
     if (!g && shape == d->last_shape) {
         if (lru->exec) cudaGraphExecDestroy(lru->exec);
         lru->exec = NULL;
+        int failed = d->failed; /* calls refused by a dead capture are no failure of the step */
         if (capture(d, lru) == cudaSuccess) {
             g = lru, d->step_graph = 1;
         } else { /* not again: the calls go out one by one from now on */
             (void)cudaGetLastError();
-            d->graphs = 0;
+            d->failed = failed, d->graphs = 0;
         }
     }
     d->last_shape = shape;
-    if (g && cudaGraphLaunch(g->exec, d->c->stream) == cudaSuccess) {
-        g->last_used = ++d->clock;
-        d->step_graph++;
-        return;
+    if (g) {
+        if (cudaGraphLaunch(g->exec, d->c->stream) == cudaSuccess) {
+            g->last_used = ++d->clock;
+            d->step_graph++;
+            return;
+        }
+        (void)cudaGetLastError(); /* the calls go out one by one instead */
     }
     d->step_graph = 0;
     for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);
@@ -378,7 +382,7 @@ static void run_recorded(cuda_batch *d) {
 
 void cuda_batch_begin(cuda_batch *d) {
     (void)cudaGetLastError();
-    d->n_ops = 0, d->direct = !d->graphs;
+    d->n_ops = 0, d->direct = !d->graphs, d->step_graph = 0;
 }
 
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {

@@ -115,8 +115,14 @@ int cuda_gemm_run(cuda_gemm *g, float *acc, const bf16_bits *xb, const bf16_bits
     if (p->failed) return g->warned ? 0 : declined(g, p);
     const float alpha = 1.0f, beta = 0.0f;
     if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, acc, p->c, acc, p->c, &p->algo,
-                       g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS)
+                       g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS) {
+        /* inside a capture that already failed every call fails: not the shape's fault */
+        enum cudaStreamCaptureStatus capture;
+        if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) == cudaSuccess &&
+            capture == cudaStreamCaptureStatusInvalidated)
+            return 0;
         return declined(g, p);
+    }
     return 1;
 }
 

@@ -187,17 +187,34 @@ static void batch_moe(void) {
  * than 32 rows (two slices, the second through the GEMV when it has at
  * most 8); one cancelled mid-prompt and one mid-decode, their slots taken
  * by later requests; the last decode steps of the same 36 as a graph. */
-static void batch_wide(void) {
+static void wide(figures *fig) {
     static const char *programs[] = {"base", "0,3", "0-1x2,2-3", "0,2,1,3"};
     request reqs[MAX_REQ];
     int n = 38;
     for (int r = 0; r < n; r++)
         reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0, r % 5 == 2};
     scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0};
+    against_cpu("llama", &sc, fig);
+}
+
+static void batch_wide(void) {
     figures fig;
-    against_cpu("llama", &sc, &fig);
+    wide(&fig);
     CHECK(fig.replayed > 0, "no step of 36 rows replayed a graph (GEMM passes and a head in two slices)");
 }
+
+#ifdef POLAR_CUDA_EMU
+/* Every capture failing (the emulation's POLAR_CUDA_EMU_BREAK_CAPTURE): the
+ * steps go out call by call with the same results and none fails. */
+static void batch_capture_fails(void) {
+    setenv("POLAR_CUDA_EMU_BREAK_CAPTURE", "1", 1);
+    figures fig;
+    wide(&fig);
+    unsetenv("POLAR_CUDA_EMU_BREAK_CAPTURE");
+    CHECK(fig.captured == 0 && fig.replayed == 0, "%d graphs captured, %d steps replayed one, every capture failing",
+          fig.captured, fig.replayed);
+}
+#endif
 
 /* The prefix cache on the device: requests whose prompts share 36 tokens
  * (two full blocks) and whose programs share first entries, arriving over
@@ -232,6 +249,9 @@ int main(int argc, char **argv) {
     RUN(batch_qwen3);
     RUN(batch_moe);
     RUN(batch_wide);
+#ifdef POLAR_CUDA_EMU
+    RUN(batch_capture_fails);
+#endif
     RUN(batch_prefix_cache);
     TEST_EXIT();
 }

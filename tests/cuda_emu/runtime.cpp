@@ -527,7 +527,10 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
     if (!streams.count(stream)) return record(cudaErrorInvalidResourceHandle);
     if (stream->capturing) return record(cudaErrorIllegalState);
     stream->capturing = true;
-    stream->invalidated = false;
+    // POLAR_CUDA_EMU_BREAK_CAPTURE=1: every capture fails as if a forbidden
+    // call had been made in it (tests of the fallbacks)
+    const char *brk = getenv("POLAR_CUDA_EMU_BREAK_CAPTURE");
+    stream->invalidated = brk && !strcmp(brk, "1");
     stream->mode = mode;
     stream->owner = std::this_thread::get_id();
     stream->ops.clear();
