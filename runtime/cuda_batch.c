@@ -123,10 +123,10 @@ struct cuda_batch {
     unsigned char *want;   /* [head_rows] this step's head rows wanted on the host */
     int direct;            /* calls go out as they come: graphs off, or the step outgrew cap_ops */
     int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture failed once */
-    uint64_t last_shape;   /* the previous step's calls, hashed */
+    step_graph last;       /* the previous step's calls (never a graph) */
     step_graph graph[STEP_GRAPHS];
     unsigned long clock;
-    int step_graph;        /* the last step: 0 issued call by call, 1 replayed, 2 captured and run */
+    int ran_as;            /* the last step: 0 issued call by call, 1 replayed, 2 captured and run */
     int failed;            /* a copy failed or the step wanted more than cap_ints: finish reports it */
 };
 
@@ -166,8 +166,10 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
              cudaMallocHost((void **)&d->host_logits, HR * V * sizeof(float)) == cudaSuccess &&
              cudaMallocHost((void **)&d->host_ids, HR * sizeof(int)) == cudaSuccess &&
              (d->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->want = calloc(HR, 1));
-    for (int i = 0; ok && d->graphs && i < STEP_GRAPHS; i++)
-        ok = (d->graph[i].ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->graph[i].want = calloc(HR, 1));
+    for (int i = 0; ok && d->graphs && i <= STEP_GRAPHS; i++) {
+        step_graph *g = i < STEP_GRAPHS ? &d->graph[i] : &d->last;
+        ok = (g->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (g->want = calloc(HR, 1));
+    }
     if (ok && sh->cache_items)
         ok = (d->cache_rows = cuda_dev_alloc(d->c, (size_t)sh->cache_items * CUDA_KV_BLOCK * H * sizeof(float))) &&
              (d->start = cuda_dev_alloc(d->c, (size_t)sh->start_rows * H * sizeof(float)));
@@ -189,10 +191,11 @@ void cuda_batch_free(cuda_batch *d) {
     if (d->table_staging) cudaFreeHost(d->table_staging);
     if (d->host_logits) cudaFreeHost(d->host_logits);
     if (d->host_ids) cudaFreeHost(d->host_ids);
-    for (int i = 0; i < STEP_GRAPHS; i++) {
-        if (d->graph[i].exec) cudaGraphExecDestroy(d->graph[i].exec);
-        free(d->graph[i].ops);
-        free(d->graph[i].want);
+    for (int i = 0; i <= STEP_GRAPHS; i++) {
+        step_graph *g = i < STEP_GRAPHS ? &d->graph[i] : &d->last;
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        free(g->ops);
+        free(g->want);
     }
     free(d->ops);
     free(d->want);
@@ -225,6 +228,13 @@ static const int *upload(cuda_batch *d, size_t at, size_t n) {
 static void copy_f32_rows(cuda_batch *d, float *dst, const float *src, int n) {
     size_t bytes = (size_t)n * d->c->m->arch.hidden * sizeof(float);
     if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->c->stream) != cudaSuccess) d->failed = 1;
+}
+
+/* Head row i's logits to the pinned host rows. */
+static cudaError_t row_to_host(cuda_batch *d, int i) {
+    size_t V = (size_t)d->c->m->arch.vocab;
+    return cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
+                           cudaMemcpyDeviceToHost, d->c->stream);
 }
 
 /* Queue one recorded call on the stream. */
@@ -282,9 +292,7 @@ static void issue(cuda_batch *d, const step_op *o) {
         if (cudaMemcpyAsync(d->host_ids, d->ids, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s) != cudaSuccess)
             d->failed = 1;
         for (int i = 0; i < n; i++)
-            if (d->want[i] && cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V,
-                                              (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess)
-                d->failed = 1;
+            if (d->want[i] && row_to_host(d, i) != cudaSuccess) d->failed = 1;
         break;
     }
     }
@@ -301,27 +309,18 @@ static void record(cuda_batch *d, step_op o) {
     else d->ops[d->n_ops++] = o;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdull;
-}
-
-/* The calls of the step (and the head rows it copies out), hashed. */
-static uint64_t shape_hash(const cuda_batch *d) {
-    uint64_t h = (uint64_t)d->n_ops;
-    for (int i = 0; i < d->n_ops; i++) {
-        const step_op *o = &d->ops[i];
-        h = mix(mix(mix(mix(mix(h, (uint64_t)o->kind), (uint64_t)o->n), (uint64_t)o->a), (uint64_t)o->b), o->at);
-        if (o->kind == OP_HEAD)
-            for (int r = 0; r < o->n; r++) h = mix(h, d->want[r]);
-    }
-    return h;
-}
-
+/* Whether the step's recorded calls (and head rows wanted on the host) are g's. */
 static int same_calls(const cuda_batch *d, const step_graph *g) {
     if (g->n_ops != d->n_ops || memcmp(g->ops, d->ops, (size_t)d->n_ops * sizeof *d->ops)) return 0;
     const step_op *last = &d->ops[d->n_ops - 1];
     return last->kind != OP_HEAD || !memcmp(g->want, d->want, (size_t)last->n);
+}
+
+/* The step's recorded calls into g. */
+static void keep_calls(const cuda_batch *d, step_graph *g) {
+    memcpy(g->ops, d->ops, (size_t)d->n_ops * sizeof *d->ops);
+    g->n_ops = d->n_ops;
+    memcpy(g->want, d->want, (size_t)d->head_rows);
 }
 
 /* Capture the recorded calls into g and instantiate it. */
@@ -338,51 +337,48 @@ static cudaError_t capture(cuda_batch *d, step_graph *g) {
         g->exec = NULL;
         return e;
     }
-    memcpy(g->ops, d->ops, (size_t)d->n_ops * sizeof *d->ops);
-    g->n_ops = d->n_ops;
-    memcpy(g->want, d->want, (size_t)d->head_rows);
+    keep_calls(d, g);
     return cudaSuccess;
 }
 
 /* The recorded calls go out: a graph of this shape replayed, or captured
  * when the previous step had the same calls, or else one by one. */
 static void run_recorded(cuda_batch *d) {
-    d->step_graph = 0;
+    d->ran_as = 0;
     if (d->direct || !d->n_ops) return;
-    uint64_t shape = shape_hash(d);
     step_graph *g = NULL, *lru = &d->graph[0];
     for (int i = 0; i < STEP_GRAPHS && !g; i++) {
         step_graph *t = &d->graph[i];
         if (t->exec && same_calls(d, t)) g = t;
         if (!t->exec ? lru->exec != NULL : lru->exec && t->last_used < lru->last_used) lru = t;
     }
-    if (!g && shape == d->last_shape) {
+    if (!g && same_calls(d, &d->last)) {
         if (lru->exec) cudaGraphExecDestroy(lru->exec);
         lru->exec = NULL;
         int failed = d->failed; /* calls refused by a dead capture are no failure of the step */
         if (capture(d, lru) == cudaSuccess) {
-            g = lru, d->step_graph = 1;
+            g = lru, d->ran_as = 1;
         } else { /* not again: the calls go out one by one from now on */
             (void)cudaGetLastError();
             d->failed = failed, d->graphs = 0;
         }
     }
-    d->last_shape = shape;
+    keep_calls(d, &d->last);
     if (g) {
         if (cudaGraphLaunch(g->exec, d->c->stream) == cudaSuccess) {
             g->last_used = ++d->clock;
-            d->step_graph++;
+            d->ran_as++;
             return;
         }
         (void)cudaGetLastError(); /* the calls go out one by one instead */
     }
-    d->step_graph = 0;
+    d->ran_as = 0;
     for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);
 }
 
 void cuda_batch_begin(cuda_batch *d) {
     (void)cudaGetLastError();
-    d->n_ops = 0, d->direct = !d->graphs, d->step_graph = 0;
+    d->n_ops = 0, d->direct = !d->graphs, d->ran_as = 0;
 }
 
 void cuda_batch_embed(cuda_batch *d, const int *tokens, int R) {
@@ -447,12 +443,10 @@ polar_status cuda_batch_head(cuda_batch *d, const int *rows, int n, const unsign
 
 float *cuda_batch_host_logits(cuda_batch *d) { return d->host_logits; }
 
-int cuda_batch_step_graph(const cuda_batch *d) { return d->step_graph; }
+int cuda_batch_step_graph(const cuda_batch *d) { return d->ran_as; }
 
 polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
-    size_t V = (size_t)d->c->m->arch.vocab;
-    cudaError_t e = cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, d->c->stream);
+    cudaError_t e = row_to_host(d, i);
     if (e == cudaSuccess) e = cudaStreamSynchronize(d->c->stream);
     return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying a batch row's logits");
 }

@@ -849,10 +849,7 @@ static void model_gguf_blocks(void) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/polar-cuda-gguf-%d.gguf", (int)getpid());
         CHECK(m && gguf_write_model(m, path, GGUF_Q8_0_FILE), "write %s", path);
-        CHECK_OK(polar_model_load(path, &q, &err));
-        setenv("POLAR_GGUF_BF16", "1", 1);
-        CHECK_OK(polar_model_load(path, &b, &err));
-        unsetenv("POLAR_GGUF_BF16");
+        CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
         unlink(path);
         if (q && b) {
             CHECK(q->quantized && !b->quantized, "%s: kept in blocks for the GPU, bf16 for the CPU", archs[i]);

@@ -94,10 +94,7 @@ static void q8_0_gguf_model(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/q8.gguf", dir);
     CHECK(m && gguf_write_model(m, path, GGUF_Q8_0_FILE), "write %s", path);
-    CHECK_OK(polar_model_load(path, &q, &err));
-    setenv("POLAR_GGUF_BF16", "1", 1);
-    CHECK_OK(polar_model_load(path, &b, &err));
-    unsetenv("POLAR_GGUF_BF16");
+    CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
     if (q && b) {
         cpu_wtype kept = kept_as(CPU_W_Q8_0);
         CHECK(q->quantized && q->layers[0].t_wq == kept && q->layers[0].t_down == kept, "kept as %s",
@@ -143,10 +140,7 @@ static void k_quant_gguf_model(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/k.gguf", dir);
     CHECK(m && gguf_write_model(m, path, GGUF_K_FILE), "write %s", path);
-    CHECK_OK(polar_model_load(path, &q, &err));
-    setenv("POLAR_GGUF_BF16", "1", 1);
-    CHECK_OK(polar_model_load(path, &b, &err));
-    unsetenv("POLAR_GGUF_BF16");
+    CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
     if (q && b) {
         const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
         cpu_wtype q4_k = kept_as(CPU_W_Q4_K), q6_k = kept_as(CPU_W_Q6_K);
@@ -243,10 +237,7 @@ static void moe_gguf_model(void) {
         char path[128];
         snprintf(path, sizeof path, "%s/moe%d.gguf", dir, f);
         CHECK(m && gguf_write_model(m, path, files[f].kind), "write %s", path);
-        CHECK_OK(polar_model_load(path, &q, &err));
-        setenv("POLAR_GGUF_BF16", "1", 1);
-        CHECK_OK(polar_model_load(path, &b, &err));
-        unsetenv("POLAR_GGUF_BF16");
+        CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
         if (!q || !b) {
             polar_model_free(m), polar_model_free(q), polar_model_free(b);
             continue;
@@ -354,10 +345,7 @@ static void default_model_quantized(void) {
     polar_error err;
     polar_model *q = NULL, *b = NULL;
     st_file exp = {0};
-    CHECK_OK(polar_model_load(path, &q, &err));
-    setenv("POLAR_GGUF_BF16", "1", 1);
-    CHECK_OK(polar_model_load(path, &b, &err));
-    unsetenv("POLAR_GGUF_BF16");
+    CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
     CHECK_OK(st_open(GOLDEN_DIR "/default_model.safetensors", &exp, &err));
     if (q && b && exp.tensors) {
         cpu_wtype q4_1 = kept_as(CPU_W_Q4_1), q8_0 = kept_as(CPU_W_Q8_0);

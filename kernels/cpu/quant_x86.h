@@ -101,4 +101,23 @@ INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
     return o;
 }
 
+/* A level's row functions of the x16 types over its rows_x16 (the same
+ * signature on every x86 level), and their entries of the level's rows
+ * table (quant_tiles.h's LEVEL_EXTRA_ROWS): written once, after rows_x16. */
+#define X16_FUNCTION(name, type)                                                                                     \
+    static void rows_##name(float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,   \
+                            int T, int rows, int nb, int accumulate, int r0, int r1) {                              \
+        rows_x16(type, y, xq, w, row_bytes, bias, T, rows, nb, accumulate, r0, r1);                                 \
+    }
+#define X16_ROWS_FUNCTIONS                                                                                           \
+    X16_FUNCTION(q8_0_x16, CPU_W_Q8_0_X16)                                                                           \
+    X16_FUNCTION(q4_0_x16, CPU_W_Q4_0_X16)                                                                           \
+    X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)                                                                           \
+    X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)                                                                           \
+    X16_FUNCTION(q5_k_x16, CPU_W_Q5_K_X16)                                                                           \
+    X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
+#define LEVEL_EXTRA_ROWS                                                                                             \
+    [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
+
 #endif
