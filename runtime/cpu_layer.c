@@ -177,12 +177,21 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
             cpu_round_bf16(pool->v + row, (size_t)kvd);
         }
     }
+    /* Work items of several query heads of one token: a thread reads the
+     * token's K/V rows from memory once, and the other heads of the item
+     * find them in its cache (all heads: whole rows; a GQA group: its KV
+     * head's part). With few tokens, one head per item keeps every thread
+     * busy. Each head's sums are the same whichever way. */
+    int group = a->n_heads / a->n_kv_heads;
+    int per_item = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1;
+    int items = T * a->n_heads / per_item;
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
-    for (int th = 0; th < T * a->n_heads; th++) {
-        int t = th / a->n_heads, h = th % a->n_heads;
+    for (int it = 0; it < items; it++) {
+        int t = it * per_item / a->n_heads, h0 = it * per_item % a->n_heads;
         float *scores = w->scores + (size_t)omp_get_thread_num() * w->max_ctx;
-        cpu_attention_head(w->att + (size_t)t * qd, w->q + (size_t)t * qd, pool->k, pool->v, at[t].blocks, at[t].pos, h,
-                           a->n_heads, a->n_kv_heads, hd, scores);
+        for (int h = h0; h < h0 + per_item; h++)
+            cpu_attention_head(w->att + (size_t)t * qd, w->q + (size_t)t * qd, pool->k, pool->v, at[t].blocks,
+                               at[t].pos, h, a->n_heads, a->n_kv_heads, hd, scores);
     }
     if (round_in) cpu_round_bf16(w->att, (size_t)T * qd);
     cpu_matmul_q(w->x, w->att, lw->wo, lw->t_wo, NULL, T, a->hidden, qd, 1, nt, w->xq);

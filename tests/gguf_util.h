@@ -294,7 +294,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
 /* A GGUF loaded twice: its blocks kept (*kept) and dequantized to bf16 at
  * load (*as_bf16, POLAR_GGUF_BF16=1): what the quantized paths are
  * compared with. */
-static polar_status load_kept_and_bf16(const char *path, polar_model **kept, polar_model **as_bf16, polar_error *err) {
+static inline polar_status load_kept_and_bf16(const char *path, polar_model **kept, polar_model **as_bf16, polar_error *err) {
     polar_status st = polar_model_load(path, kept, err);
     if (st != POLAR_OK) return st;
     setenv("POLAR_GGUF_BF16", "1", 1);
