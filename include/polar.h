@@ -221,7 +221,9 @@ polar_status polar_decode_step(polar_session *s, int token, polar_error *err);
 /* Logits (vocab floats) of the last token appended; NULL before any. */
 const float *polar_logits(const polar_session *s);
 
-/* Index of the largest logit, the lowest index on ties. */
+/* Index of the largest logit, the lowest index on ties; NaNs are passed
+ * over, and 0 is returned when no logit is above -infinity (as the GPU's
+ * argmax does). */
 int polar_argmax(const float *logits, int n);
 
 /* A seeded random stream (splitmix64): one per sequence, never shared

@@ -128,11 +128,13 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
     CHECK(out == 700, "argmax ties to the lowest index: %d", out);
     /* one block per row (a batch's head): each row as polar_argmax, with an
      * even width (vector loads) and an odd one (scalar loads, rows not
-     * 16-byte aligned); row 1 ties, row 2 is all -inf (index 0) */
+     * 16-byte aligned); row 1 ties, row 2 is all -inf (index 0), row 3
+     * starts with a NaN and has more (passed over) */
     for (int width = n; width >= n - 1; width--) {
         for (int i = 0; i < T * width; i++) x[i] = 4 * frand();
         x[width + 3000] = x[width + 10] = 9;
         for (int i = 0; i < width; i++) x[2 * width + i] = -INFINITY;
+        x[3 * width] = x[3 * width + 77] = x[3 * width + 2000] = NAN;
         float *drows = to_dev(x, (size_t)T * width * 4);
         int *dids, ids[5];
         cudaMalloc((void **)&dids, T * sizeof(int));

@@ -89,7 +89,44 @@ static void generate_sampled(void) {
     polar_model_free(m);
 }
 
+/* The first index of the largest value by its definition: NaNs passed
+ * over, 0 when nothing is above -inf. */
+static int argmax_by_definition(const float *x, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (x[i] > -INFINITY && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+/* polar_argmax skips whole chunks: lengths around its chunk size, ties,
+ * NaNs (also at index 0), infinities, all -inf. */
+static void argmax_cases(void) {
+    float *x = malloc(3000 * sizeof *x);
+    uint64_t r = 12345;
+    static const int lengths[] = {0, 1, 2, 15, 16, 17, 255, 256, 257, 258, 511, 512, 513, 1000, 2999};
+    int wrong = 0, cases = 0;
+    for (size_t c = 0; c < sizeof lengths / sizeof *lengths; c++) {
+        int n = lengths[c];
+        for (int kind = 0; kind < 5; kind++, cases++) {
+            for (int i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                int u = (int)(r >> 33) % 100;
+                x[i] = kind == 4 ? -INFINITY
+                       : u < 4   ? NAN
+                       : u < 6   ? (kind == 1 ? INFINITY : -INFINITY)
+                                 : (float)((r >> 40) % (kind == 2 ? 3 : 1000)); /* kind 2: many ties */
+            }
+            if (kind == 3 && n) x[0] = NAN;
+            int got = polar_argmax(x, n), want = argmax_by_definition(x, n);
+            if (got != want && wrong++ < 5) CHECK(0, "argmax n %d kind %d: %d, by definition %d", n, kind, got, want);
+        }
+    }
+    CHECK(wrong == 0, "argmax: %d of %d cases differ", wrong, cases);
+    free(x);
+}
+
 int main(void) {
+    RUN(argmax_cases);
     RUN(rng_streams);
     RUN(distributions);
     RUN(generate_sampled);
