@@ -102,19 +102,25 @@ if [ -n "$MOE" ]; then
 fi
 # Batches (issue 15): decode tok/s against batch size, every sequence on one
 # program and on distinct ones, on the Llama-3.2-1B preset; one JSON line
-# per configuration in batch.jsonl. BATCH= skips.
+# per configuration in batch.jsonl. Then the same with POLAR_CUDA_GRAPHS=0
+# (every step call by call) in batch-nographs.jsonl: what the step graphs
+# save. BATCH= skips.
 if [ -n "$BATCH" ]; then
     args="--preset $BATCH --batch $BATCH_SIZES --prompt-len 128 --gen $GEN --reps $REPS"
-    # shellcheck disable=SC2086 # args is a list
-    if res=$("$BIN" bench --device "$DEVICE" --json $args 2>"$OUT/err.txt"); then
-        printf '%s\n' "$res" | while IFS= read -r line; do
-            printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s}\n' \
-                "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$args" "$line" >>"$OUT/batch.jsonl"
-        done
-        printf '%s\n' "$res" | grep -o '"batch":[0-9]*,"programs":"[a-z]*".*"vs_batch1":[0-9.]*' | sed 's/^/  batch: /'
-    else
-        echo "batch $args: FAILED: $(cat "$OUT/err.txt")"
-    fi
+    for graphs in 1 0; do
+        file=batch env_note=
+        [ "$graphs" = 0 ] && file=batch-nographs env_note="POLAR_CUDA_GRAPHS=0 "
+        # shellcheck disable=SC2086 # args is a list
+        if res=$(POLAR_CUDA_GRAPHS=$graphs "$BIN" bench --device "$DEVICE" --json $args 2>"$OUT/err.txt"); then
+            printf '%s\n' "$res" | while IFS= read -r line; do
+                printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"%spolar bench --device %s --json %s","result":%s}\n' \
+                    "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$env_note" "$DEVICE" "$args" "$line" >>"$OUT/$file.jsonl"
+            done
+            printf '%s\n' "$res" | grep -o '"batch":[0-9]*,"programs":"[a-z]*".*"vs_batch1":[0-9.]*' | sed "s/^/  $file: /"
+        else
+            echo "$env_note$file $args: FAILED: $(cat "$OUT/err.txt")"
+        fi
+    done
 fi
 # The predictor (issue 6): a D = 36 predictor with hash weights over token
 # states from the Qwen3-Embedding-0.6B shape, at 128 and 256 question tokens.

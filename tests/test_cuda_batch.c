@@ -160,14 +160,15 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
  * the same 20-token prompt (the second follows the first: its full block
  * is the leader's, the last one copied), joins at steps 2 and 4, and a pool
  * too small for the first four at once. */
+static const request mixed_reqs[] = {
+    {"base", 20, 1, 0, 0, 0},      {"0,3", 20, 2, 0, 0, 1},  {"0-1,3", 20, 1, 0, 0, 0}, /* the first's prompt */
+    {"0,1-2x2,3", 12, 3, 0, 0, 0}, {"0,2,1,3", 3, 4, 2, 0, 0},  {"0,2-3x2", 31, 5, 2, 0, 0},
+    {"0-1,3", 9, 6, 4, 0, 0}};
+static const scenario mixed_sc = {mixed_reqs, 7, 5, 16, MAX_NEW, 2, 0, 0};
+
 static void mixed(const char *arch) {
-    static const request reqs[] = {
-        {"base", 20, 1, 0, 0, 0},      {"0,3", 20, 2, 0, 0, 1},  {"0-1,3", 20, 1, 0, 0, 0}, /* the first's prompt */
-        {"0,1-2x2,3", 12, 3, 0, 0, 0}, {"0,2,1,3", 3, 4, 2, 0, 0},  {"0,2-3x2", 31, 5, 2, 0, 0},
-        {"0-1,3", 9, 6, 4, 0, 0}};
-    scenario sc = {reqs, 7, 5, 16, MAX_NEW, 2, 0, 0};
     figures fig;
-    against_cpu(arch, &sc, &fig);
+    against_cpu(arch, &mixed_sc, &fig);
     CHECK(fig.refused > 0, "%s: the pool never refused a request (the full-pool path is not covered)", arch);
     CHECK(fig.followed > 0, "%s: no sequence followed another's prompt (the device copies are not covered)", arch);
     CHECK(fig.captured > 0 && fig.replayed > 0, "%s: %d step graphs captured, %d steps replayed one", arch,
@@ -201,6 +202,17 @@ static void batch_wide(void) {
     figures fig;
     wide(&fig);
     CHECK(fig.replayed > 0, "no step of 36 rows replayed a graph (GEMM passes and a head in two slices)");
+}
+
+/* POLAR_CUDA_GRAPHS=0 (the A/B of the graphs' speed): the mixed steps go
+ * out call by call, none captured, with the same results. */
+static void batch_graphs_off(void) {
+    setenv("POLAR_CUDA_GRAPHS", "0", 1);
+    figures fig;
+    against_cpu("llama", &mixed_sc, &fig);
+    unsetenv("POLAR_CUDA_GRAPHS");
+    CHECK(fig.captured == 0 && fig.replayed == 0, "graphs off: %d graphs captured, %d steps replayed one",
+          fig.captured, fig.replayed);
 }
 
 #ifdef POLAR_CUDA_EMU
@@ -249,6 +261,7 @@ int main(int argc, char **argv) {
     RUN(batch_qwen3);
     RUN(batch_moe);
     RUN(batch_wide);
+    RUN(batch_graphs_off);
 #ifdef POLAR_CUDA_EMU
     RUN(batch_capture_fails);
 #endif
