@@ -117,16 +117,24 @@ void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_
         return;
     }
     int nb = cols / CPU_QK;
-    for (int i = 0; i < T; i++) k->quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
     long blocks = 0;
     for (int i = 0; i < n_outs; i++) blocks += (outs[i].rows + 15) / 16;
     if (n_threads > blocks) n_threads = (int)blocks;
+    /* Several tokens' activations are quantized by the team (a barrier
+     * after); one token's alone is quicker than the barrier. */
+    int team_quantizes = n_threads > 1 && T > 1;
+    if (!team_quantizes)
+        for (int i = 0; i < T; i++) k->quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
     if (n_threads <= 1) {
         run_blocks(k, outs, n_outs, xq, T, cols, accumulate, 0, blocks);
         return;
     }
 #pragma omp parallel num_threads(n_threads)
     {
+        if (team_quantizes) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < T; i++) k->quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
+        }
         int n = omp_get_num_threads(), id = omp_get_thread_num();
         run_blocks(k, outs, n_outs, xq, T, cols, accumulate, blocks * id / n, blocks * (id + 1) / n);
     }
