@@ -31,14 +31,15 @@ int cpu_work_init(cpu_work *w, const polar_model *m, int rows, int max_ctx, int 
     w->mlp_out = malloc(R * a->hidden * sizeof(float));
     w->expert_in = malloc(R * a->hidden * sizeof(float));
     w->expert_out = malloc(R * a->hidden * sizeof(float));
-    w->scores = malloc((size_t)n_threads * max_ctx * sizeof(float));
+    w->scores = malloc((size_t)n_threads * ATTENTION_ROWS_SCRATCH * max_ctx * sizeof(float));
+    w->items = malloc(R * a->n_heads * sizeof *w->items);
     w->route_idx = malloc(R * top_k * sizeof(int));
     w->route_w = malloc(R * top_k * sizeof(float));
     w->members = malloc(R * sizeof(int));
     w->member_w = malloc(R * sizeof(float));
     if (m->quantized) w->xq = malloc(R * (max_cols / CPU_QK + 1) * sizeof *w->xq);
     return w->x && w->xn && w->q && w->k && w->v && w->att && w->gate && w->up && w->router && w->mlp_out &&
-           w->expert_in && w->expert_out && w->scores && w->route_idx && w->route_w && w->members && w->member_w &&
+           w->expert_in && w->expert_out && w->scores && w->items && w->route_idx && w->route_w && w->members && w->member_w &&
            (!m->quantized || w->xq);
 }
 
@@ -56,6 +57,7 @@ void cpu_work_free(cpu_work *w) {
     free(w->expert_in);
     free(w->expert_out);
     free(w->scores);
+    free(w->items);
     free(w->route_idx);
     free(w->route_w);
     free(w->members);
@@ -149,6 +151,28 @@ static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *l
     for (size_t i = 0; i < (size_t)T * H; i++) w->x[i] += w->mlp_out[i];
 }
 
+/* The attention's work items for T tokens. Consecutive tokens of one
+ * sequence (a prompt chunk) go in tiles of ATTENTION_TILE with one KV head's
+ * query heads: that head's K/V rows, read from memory once, serve the
+ * tile's queries from the thread's cache. A token alone (decode) takes its
+ * heads in one item (its K/V rows read once for all of them) when there
+ * are enough tokens to share, else a GQA group or one head, so every thread
+ * has work. Each head's sums are the same whichever way. */
+static int attention_items(const polar_arch *a, const cpu_token_at *at, int T, int nt, attention_item *items) {
+    int group = a->n_heads / a->n_kv_heads;
+    int alone = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1; /* heads per item */
+    int n = 0;
+    for (int t0 = 0, len; t0 < T; t0 += len) {
+        for (len = 1; len < ATTENTION_TILE && t0 + len < T && at[t0 + len].blocks == at[t0].blocks &&
+                      at[t0 + len].pos == at[t0].pos + len;
+             len++) {
+        }
+        int per_item = len > 1 ? group : alone;
+        for (int h0 = 0; h0 < a->n_heads; h0 += per_item) items[n++] = (attention_item){t0, len, h0, per_item};
+    }
+    return n;
+}
+
 void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,
                        const cpu_token_at *at, int T, int round_in, int round_cache) {
     const polar_arch *a = &m->arch;
@@ -177,21 +201,16 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
             cpu_round_bf16(pool->v + row, (size_t)kvd);
         }
     }
-    /* Work items of several query heads of one token: a thread reads the
-     * token's K/V rows from memory once, and the other heads of the item
-     * find them in its cache (all heads: whole rows; a GQA group: its KV
-     * head's part). With few tokens, one head per item keeps every thread
-     * busy. Each head's sums are the same whichever way. */
-    int group = a->n_heads / a->n_kv_heads;
-    int per_item = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1;
-    int items = T * a->n_heads / per_item;
+    int items = attention_items(a, at, T, nt, w->items);
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int it = 0; it < items; it++) {
-        int t = it * per_item / a->n_heads, h0 = it * per_item % a->n_heads;
-        float *scores = w->scores + (size_t)omp_get_thread_num() * w->max_ctx;
-        for (int h = h0; h < h0 + per_item; h++)
-            cpu_attention_head(w->att + (size_t)t * qd, w->q + (size_t)t * qd, pool->k, pool->v, at[t].blocks,
-                               at[t].pos, h, a->n_heads, a->n_kv_heads, hd, scores);
+        const attention_item *item = &w->items[it];
+        float *scores = w->scores + (size_t)omp_get_thread_num() * ATTENTION_ROWS_SCRATCH * w->max_ctx;
+        int t = item->t0;
+        for (int h = item->h0; h < item->h0 + item->n_heads; h++)
+            cpu_attention_rows(w->att + (size_t)t * qd, w->q + (size_t)t * qd, (size_t)qd, item->n_tokens, pool->k,
+                               pool->v, at[t].blocks, at[t].pos, h, a->n_heads, a->n_kv_heads, hd, scores,
+                               (size_t)w->max_ctx);
     }
     if (round_in) cpu_round_bf16(w->att, (size_t)T * qd);
     cpu_matmul_q(w->x, w->att, lw->wo, lw->t_wo, NULL, T, a->hidden, qd, 1, nt, w->xq);

@@ -9,6 +9,14 @@
 #include "kv_pool.h"
 #include "model.h"
 
+/* Tokens of one sequence whose attention a work item computes together. */
+#define ATTENTION_TILE 8
+
+/* Heads h0.. of tokens t0.. of a layer pass: one attention work item. */
+typedef struct {
+    int t0, n_tokens, h0, n_heads;
+} attention_item;
+
 /* Workspaces for a forward over up to `rows` tokens at once. */
 typedef struct {
     int rows, n_threads, max_ctx;
@@ -22,7 +30,8 @@ typedef struct {
     float *mlp_out;     /* [rows, hidden] MoE layer output before the residual */
     float *expert_in;   /* [rows, hidden] the normed inputs of one expert's tokens */
     float *expert_out;  /* [rows, hidden] their outputs (or the shared expert's) */
-    float *scores;      /* [n_threads, max_ctx] softmax scratch */
+    float *scores;      /* [n_threads, ATTENTION_ROWS_SCRATCH, max_ctx] softmax scratch */
+    attention_item *items; /* [rows * n_heads] the attention's work items */
     int *route_idx;     /* [rows, top_k] experts chosen per token */
     float *route_w;     /* [rows, top_k] their weights */
     int *members;       /* [rows] the tokens routed to one expert, ascending */

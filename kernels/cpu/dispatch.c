@@ -118,4 +118,18 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
     cpu_kernels_active()->attention_head(out, q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores);
 }
 
+void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                        float *scores, size_t scores_stride) {
+    const cpu_kernels *k = cpu_kernels_active();
+    if (k->attention_rows) {
+        k->attention_rows(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores,
+                          scores_stride);
+        return;
+    }
+    for (int t = 0; t < n_q; t++)
+        k->attention_head(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd,
+                          scores);
+}
+
 void cpu_swiglu(float *g, const float *u, int n) { cpu_kernels_active()->swiglu(g, u, n); }

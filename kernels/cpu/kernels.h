@@ -31,6 +31,11 @@ typedef struct cpu_kernels {
     void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
     void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                            int n_heads, int n_kv, int hd, float *scores);
+    /* Optional (NULL: attention_head query by query): n_q queries of one
+     * sequence at positions pos.., each giving attention_head's bits. */
+    void (*attention_rows)(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                           const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                           float *scores, size_t scores_stride);
     void (*swiglu)(float *g, const float *u, int n);
     /* Block dot products by cpu_wtype (quant.h); a level without its own
      * points at the plain C ones or at another level it implies. */

@@ -46,6 +46,15 @@ static inline size_t cpu_kv_row(const int *blocks, int j) {
 void cpu_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks,
                         int pos, int h, int n_heads, int n_kv, int hd, float *scores);
 
+/* The same for n_q tokens of one sequence at positions pos..pos+n_q-1
+ * (their rows q_stride floats apart in q and out), scores[ATTENTION_ROWS_SCRATCH
+ * rows scores_stride apart]: each token gets cpu_attention_head's bits; the
+ * tile reads the K/V rows once for several queries. */
+#define ATTENTION_ROWS_SCRATCH 4
+void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                        float *scores, size_t scores_stride);
+
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);
 

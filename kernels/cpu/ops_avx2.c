@@ -150,37 +150,35 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
-                                int n_heads, int n_kv, int hd, float *scores) {
-    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
-    const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    int j = 0;
-    for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int i = 0;
-        for (; i + 8 <= hd; i += 8) {
-            __m256 qv = _mm256_loadu_ps(qh + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + kv_dim + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * (size_t)kv_dim + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * (size_t)kv_dim + i), a3);
-        }
-        float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-        for (int u = 0; u < 4; u++) {
-            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
-            scores[j + u] = s[u] * scale;
-        }
+/* Scores of one query against the 4 keys from row k0 (rows kv_dim
+ * apart): four independent FMA chains. */
+INLINE void four_scores(float *scores, const float *qh, const float *k0, int hd, int kv_dim, float scale) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 8 <= hd; i += 8) {
+        __m256 qv = _mm256_loadu_ps(qh + i);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + kv_dim + i), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * (size_t)kv_dim + i), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * (size_t)kv_dim + i), a3);
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-    /* the max and the divisions 8 lanes at a time: both exact in any
-     * order, so the same bits as one at a time */
+    float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+    for (int u = 0; u < 4; u++) {
+        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+        scores[u] = s[u] * scale;
+    }
+}
+
+/* scores[0..n) of one query -> their softmax. The max and the divisions
+ * 8 lanes at a time: both exact in any order, so the same bits as one at
+ * a time. */
+INLINE void softmax_scores(float *scores, int n) {
+    int j;
     __m256 m8 = _mm256_set1_ps(-INFINITY);
     for (j = 0; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(scores + j), m8); /* a NaN score is passed over, as below */
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     for (; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m256 mv = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
@@ -197,35 +195,106 @@ static void avx2_attention_head(float *out, const float *q, const float *k_cache
     __m256 sum8 = _mm256_set1_ps(sum);
     for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, _mm256_div_ps(_mm256_loadu_ps(scores + j), sum8));
     for (; j < n; j++) scores[j] /= sum;
+}
 
-    /* out = sum_j p_j v_j, 32 outputs at a time held in registers over j */
+/* out_q[i..i+8W) = sum_j p_qj v_j for Q queries, query q over keys
+ * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
+ * the tile, the sums in registers, j ascending for every output lane as
+ * for one query alone (so the lanes' grouping into passes does not matter). */
+INLINE void values_tile(int Q, int W, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim,
+                        int i, const float *scores, size_t ss) {
+    __m256 o[4][4];
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < W; c++) o[q][c] = _mm256_setzero_ps();
+    for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
+        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
+        __m256 v[4];
+        for (int c = 0; c < W; c++) v[c] = _mm256_loadu_ps(vj + 8 * c);
+        if (j < n0)
+            for (int q = 0; q < Q; q++) {
+                __m256 p = _mm256_set1_ps(scores[q * ss + j]);
+                for (int c = 0; c < W; c++) o[q][c] = _mm256_fmadd_ps(p, v[c], o[q][c]);
+            }
+        else
+            for (int q = j - n0 + 1; q < Q; q++) {
+                __m256 p = _mm256_set1_ps(scores[q * ss + j]);
+                for (int c = 0; c < W; c++) o[q][c] = _mm256_fmadd_ps(p, v[c], o[q][c]);
+            }
+    }
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < W; c++) _mm256_storeu_ps(out + q * os + i + 8 * c, o[q][c]);
+}
+
+/* Up to 4 queries of one sequence at positions pos..pos+Q-1 (rows
+ * q_stride apart in q and out), head h, each the same bits as alone: the
+ * keys scored four at a time for every query while they are in L1, the
+ * values read once for the tile (one query: 32 outputs a pass, a tile:
+ * 16, within 16 registers). */
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
+                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                        float *scores, size_t ss) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
+    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int shared = n0 / 4 * 4; /* keys every query of the tile scores four at a time */
+    for (int j = 0; j < shared; j += 4) {
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
+        for (int t = 0; t < Q; t++) four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale);
+    }
+    for (int t = 0; t < Q; t++) {
+        float *st = scores + t * ss;
+        const float *qh = q + t * q_stride + (size_t)h * hd;
+        int j = shared, n = n0 + t;
+        for (; j + 4 <= n; j += 4) four_scores(st + j, qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim, scale);
+        for (; j < n; j++) st[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
+        softmax_scores(st, n);
+    }
     float *oh = out + (size_t)h * hd;
-    int i = 0;
-    for (; i + 32 <= hd; i += 32) {
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-        for (j = 0; j < n; j++) {
-            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
-            __m256 p = _mm256_set1_ps(scores[j]);
-            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
-            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
-            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 16), o2);
-            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 24), o3);
+    int i = 0, lanes = hd / 8 * 8; /* outputs past `lanes` are summed as scalars, as one query's are */
+    if (Q == 1)
+        for (; i + 32 <= lanes; i += 32) values_tile(1, 4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss);
+    for (; i + 16 <= lanes; i += 16) switch (Q) { /* constant tile heights, unrolled */
+        case 4: values_tile(4, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 3: values_tile(3, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 2: values_tile(2, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        default: values_tile(1, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
         }
-        _mm256_storeu_ps(oh + i, o0);
-        _mm256_storeu_ps(oh + i + 8, o1);
-        _mm256_storeu_ps(oh + i + 16, o2);
-        _mm256_storeu_ps(oh + i + 24, o3);
+    for (int t = 0; t < Q; t++) { /* the last 8 lanes and the scalar outputs, one query at a time */
+        const float *p = scores + t * ss;
+        float *ot = oh + t * q_stride;
+        int n = n0 + t;
+        for (int r = i; r + 8 <= lanes; r += 8) {
+            __m256 o = _mm256_setzero_ps();
+            for (int j = 0; j < n; j++)
+                o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + r), o);
+            _mm256_storeu_ps(ot + r, o);
+        }
+        for (int r = lanes; r < hd; r++) {
+            float o = 0.0f;
+            for (int j = 0; j < n; j++) o += p[j] * vb[cpu_kv_row(blocks, j) * kv_dim + r];
+            ot[r] = o;
+        }
     }
-    for (; i + 8 <= hd; i += 8) {
-        __m256 o = _mm256_setzero_ps();
-        for (j = 0; j < n; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + i), o);
-        _mm256_storeu_ps(oh + i, o);
+}
+
+static void avx2_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                                const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                                float *scores, size_t scores_stride) {
+    for (int t = 0; t < n_q; t += 4) {
+        float *o = out + t * q_stride;
+        const float *qt = q + t * q_stride;
+        switch (n_q - t < 4 ? n_q - t : 4) { /* constant tile heights: each its own unrolled copy */
+        case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        default: attention_tile(1, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        }
     }
-    for (; i < hd; i++) {
-        float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
-        oh[i] = o;
-    }
+}
+
+static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
+                                int n_heads, int n_kv, int hd, float *scores) {
+    attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
 }
 
 static void avx2_swiglu(float *g, const float *u, int n) {
@@ -246,6 +315,7 @@ const cpu_kernels cpu_kernels_avx2 = {
     .rmsnorm = avx2_rmsnorm,
     .rope = avx2_rope,
     .attention_head = avx2_attention_head,
+    .attention_rows = avx2_attention_rows,
     .swiglu = avx2_swiglu,
     .dot_q = cpu_dot_q_avx2,
     .rows_q = cpu_rows_q_avx2,

@@ -166,24 +166,30 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void avx512_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos,
-                                  int h, int n_heads, int n_kv, int hd, float *scores) {
-    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
-    const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    int j = 0;
+/* Scores of one query against the 16 keys of the KV block at k0 (one
+ * row per key, kv_dim apart): the 16 sums reduced together. */
+INLINE __m512 block16_scores(const float *qh, const float *k0, int hd, int kv_dim, __m512 scale) {
+    __m512 acc[16];
+    for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i += 16) {
+        __m512 qv = _mm512_loadu_ps(qh + i);
+        for (int u = 0; u < 16; u++) acc[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + (size_t)u * kv_dim + i), acc[u]);
+    }
+    return _mm512_mul_ps(hsum16x16(acc), scale);
+}
+
+/* scores[j] for keys j0..n-1 (j0 a multiple of 16, 0 unless hd is):
+ * whole KV blocks, then four keys at once, then one. A key's score is the
+ * same bits whichever query tile asked for it: the path it takes depends
+ * on j and n only. */
+INLINE void scores_from(float *scores, const float *qh, const float *kb, const int *blocks, int j0, int n, int hd,
+                        int kv_dim, float scale) {
+    int j = j0;
     _Static_assert(CPU_KV_BLOCK % 16 == 0, "16 keys from j (a multiple of 16) lie in one KV block");
-    if (hd % 16 == 0) /* a KV block (16 keys) at once, the 16 sums reduced together */
-        for (; j + 16 <= n; j += 16) {
-            const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
-            __m512 acc[16];
-            for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
-            for (int i = 0; i < hd; i += 16) {
-                __m512 qv = _mm512_loadu_ps(qh + i);
-                for (int u = 0; u < 16; u++) acc[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + (size_t)u * kv_dim + i), acc[u]);
-            }
-            _mm512_storeu_ps(scores + j, _mm512_mul_ps(hsum16x16(acc), _mm512_set1_ps(scale)));
-        }
+    if (hd % 16 == 0)
+        for (; j + 16 <= n; j += 16)
+            _mm512_storeu_ps(scores + j, block16_scores(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim,
+                                                        _mm512_set1_ps(scale)));
     for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
         const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -202,11 +208,15 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
         }
     }
     for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-    /* the max and the divisions 16 lanes at a time: both exact in any
-     * order, so the same bits as one at a time */
+}
+
+/* scores[0..n) -> their softmax. The max and the divisions 16 lanes at a
+ * time: both exact in any order, so the same bits as one at a time. */
+INLINE void softmax_scores(float *scores, int n) {
+    int j;
     __m512 m16 = _mm512_set1_ps(-INFINITY);
     for (j = 0; j + 16 <= n; j += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(scores + j), m16); /* a NaN score is passed over, as below */
-    mx = _mm512_reduce_max_ps(m16);
+    float mx = _mm512_reduce_max_ps(m16);
     for (; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
 
     __m512 mv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
@@ -223,36 +233,100 @@ static void avx512_attention_head(float *out, const float *q, const float *k_cac
     __m512 sum16 = _mm512_set1_ps(sum);
     for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(scores + j, _mm512_div_ps(_mm512_loadu_ps(scores + j), sum16));
     for (; j < n; j++) scores[j] /= sum;
+}
 
-    /* out = sum_j p_j v_j, 64 outputs at a time held in registers over j */
+/* out_q[i..i+64) = sum_j p_qj v_j for Q queries, query q over keys
+ * 0..n0+q-1 (probabilities p at scores + q * ss): each V row loaded once
+ * for the whole tile, every query's sums in registers, j ascending as for
+ * one query alone. */
+INLINE void values64(int Q, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim, int i,
+                     const float *scores, size_t ss) {
+    __m512 o[4][4];
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < 4; c++) o[q][c] = _mm512_setzero_ps();
+    for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
+        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
+        __m512 v[4] = {_mm512_loadu_ps(vj), _mm512_loadu_ps(vj + 16), _mm512_loadu_ps(vj + 32), _mm512_loadu_ps(vj + 48)};
+        if (j < n0)
+            for (int q = 0; q < Q; q++) {
+                __m512 p = _mm512_set1_ps(scores[q * ss + j]);
+                for (int c = 0; c < 4; c++) o[q][c] = _mm512_fmadd_ps(p, v[c], o[q][c]);
+            }
+        else
+            for (int q = j - n0 + 1; q < Q; q++) {
+                __m512 p = _mm512_set1_ps(scores[q * ss + j]);
+                for (int c = 0; c < 4; c++) o[q][c] = _mm512_fmadd_ps(p, v[c], o[q][c]);
+            }
+    }
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + q * os + i + 16 * c, o[q][c]);
+}
+
+/* Up to 4 queries of one sequence at positions pos..pos+Q-1 (rows
+ * q_stride apart in q and out), head h: each the same bits as alone. The
+ * tile's keys are scored block by block for every query while the block
+ * is in L1; the values are read once for the tile. */
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
+                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                        float *scores, size_t ss) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
+    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int shared = hd % 16 == 0 ? n0 / 16 * 16 : 0; /* whole blocks every query of the tile scores */
+    for (int j = 0; j < shared; j += 16) {
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
+        for (int t = 0; t < Q; t++)
+            _mm512_storeu_ps(scores + t * ss + j, block16_scores(q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim,
+                                                                 _mm512_set1_ps(scale)));
+    }
+    for (int t = 0; t < Q; t++) {
+        scores_from(scores + t * ss, q + t * q_stride + (size_t)h * hd, kb, blocks, shared, n0 + t, hd, kv_dim, scale);
+        softmax_scores(scores + t * ss, n0 + t);
+    }
     float *oh = out + (size_t)h * hd;
     int i = 0;
-    for (; i + 64 <= hd; i += 64) {
-        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-        for (j = 0; j < n; j++) {
-            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
-            __m512 p = _mm512_set1_ps(scores[j]);
-            o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj), o0);
-            o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16), o1);
-            o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 32), o2);
-            o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 48), o3);
+    for (; i + 64 <= hd; i += 64) switch (Q) { /* constant tile heights, unrolled */
+        case 4: values64(4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 3: values64(3, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 2: values64(2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        default: values64(1, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
         }
-        _mm512_storeu_ps(oh + i, o0);
-        _mm512_storeu_ps(oh + i + 16, o1);
-        _mm512_storeu_ps(oh + i + 32, o2);
-        _mm512_storeu_ps(oh + i + 48, o3);
+    for (int t = 0; t < Q; t++) { /* the outputs past the last 64, one query at a time */
+        const float *p = scores + t * ss;
+        float *ot = oh + t * q_stride;
+        int n = n0 + t;
+        for (int r = i; r + 16 <= hd; r += 16) {
+            __m512 o = _mm512_setzero_ps();
+            for (int j = 0; j < n; j++)
+                o = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + r), o);
+            _mm512_storeu_ps(ot + r, o);
+        }
+        for (int r = i + (hd - i) / 16 * 16; r < hd; r++) {
+            float o = 0.0f;
+            for (int j = 0; j < n; j++) o += p[j] * vb[cpu_kv_row(blocks, j) * kv_dim + r];
+            ot[r] = o;
+        }
     }
-    for (; i + 16 <= hd; i += 16) {
-        __m512 o = _mm512_setzero_ps();
-        for (j = 0; j < n; j++)
-            o = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + i), o);
-        _mm512_storeu_ps(oh + i, o);
+}
+
+static void avx512_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                                  const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                                  float *scores, size_t scores_stride) {
+    for (int t = 0; t < n_q; t += 4) {
+        float *o = out + t * q_stride;
+        const float *qt = q + t * q_stride;
+        switch (n_q - t < 4 ? n_q - t : 4) { /* constant tile heights: each its own unrolled copy */
+        case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        default: attention_tile(1, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
+        }
     }
-    for (; i < hd; i++) {
-        float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
-        oh[i] = o;
-    }
+}
+
+static void avx512_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos,
+                                  int h, int n_heads, int n_kv, int hd, float *scores) {
+    attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
 }
 
 static void avx512_swiglu(float *g, const float *u, int n) {
@@ -269,7 +343,7 @@ static void avx512_swiglu(float *g, const float *u, int n) {
 /* The f32 kernels of both AVX-512 levels. */
 #define AVX512_OPS                                                                                                    \
     .matmul_bf16 = avx512_matmul_bf16, .row_block = 8, .rmsnorm = avx512_rmsnorm, .rope = avx512_rope,             \
-    .attention_head = avx512_attention_head, .swiglu = avx512_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
+    .attention_head = avx512_attention_head, .attention_rows = avx512_attention_rows, .swiglu = avx512_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
 
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
