@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "attention_rows.h"
 #include "kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -269,28 +270,11 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
                 o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + r), o);
             _mm256_storeu_ps(ot + r, o);
         }
-        for (int r = lanes; r < hd; r++) {
-            float o = 0.0f;
-            for (int j = 0; j < n; j++) o += p[j] * vb[cpu_kv_row(blocks, j) * kv_dim + r];
-            ot[r] = o;
-        }
+        values_scalar(ot, p, n, vb, blocks, kv_dim, lanes, hd);
     }
 }
 
-static void avx2_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
-                                const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                                float *scores, size_t scores_stride) {
-    for (int t = 0; t < n_q; t += 4) {
-        float *o = out + t * q_stride;
-        const float *qt = q + t * q_stride;
-        switch (n_q - t < 4 ? n_q - t : 4) { /* constant tile heights: each its own unrolled copy */
-        case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
-        case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
-        case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
-        default: attention_tile(1, o, qt, q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd, scores, scores_stride); break;
-        }
-    }
-}
+ATTENTION_ROWS_FUNCTION(avx2_attention_rows)
 
 static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                                 int n_heads, int n_kv, int hd, float *scores) {
