@@ -31,7 +31,7 @@ int cpu_work_init(cpu_work *w, const polar_model *m, int rows, int max_ctx, int 
     w->mlp_out = malloc(R * a->hidden * sizeof(float));
     w->expert_in = malloc(R * a->hidden * sizeof(float));
     w->expert_out = malloc(R * a->hidden * sizeof(float));
-    w->scores = malloc((size_t)n_threads * ATTENTION_ROWS_SCRATCH * max_ctx * sizeof(float));
+    w->scores = malloc((size_t)n_threads * ATTENTION_QUERIES * max_ctx * sizeof(float));
     w->items = malloc(R * a->n_heads * sizeof *w->items);
     w->route_idx = malloc(R * top_k * sizeof(int));
     w->route_w = malloc(R * top_k * sizeof(float));
@@ -151,23 +151,32 @@ static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *l
     for (size_t i = 0; i < (size_t)T * H; i++) w->x[i] += w->mlp_out[i];
 }
 
+/* Tokens from t0 on that are consecutive positions of one sequence, up to
+ * ATTENTION_ITEM_TOKENS. */
+static int run_length(const cpu_token_at *at, int T, int t0) {
+    int len = 1;
+    while (len < ATTENTION_ITEM_TOKENS && t0 + len < T && at[t0 + len].blocks == at[t0].blocks &&
+           at[t0 + len].pos == at[t0].pos + len)
+        len++;
+    return len;
+}
+
 /* The attention's work items for T tokens. Consecutive tokens of one
- * sequence (a prompt chunk) go in tiles of ATTENTION_TILE with one KV head's
- * query heads: that head's K/V rows, read from memory once, serve the
- * tile's queries from the thread's cache. A token alone (decode) takes its
- * heads in one item (its K/V rows read once for all of them) when there
- * are enough tokens to share, else a GQA group or one head, so every thread
- * has work. Each head's sums are the same whichever way. */
+ * sequence (a prompt chunk) go together, with one KV head's query heads:
+ * that head's K/V rows, read from memory once, serve the item's queries
+ * from the thread's cache (with few such items, one head each, so that
+ * every thread has work). A token alone (decode) takes its heads in one
+ * item (its K/V rows read once for all of them) when there are enough
+ * tokens to share, else a GQA group or one head. Each head's sums are the
+ * same whichever way. */
 static int attention_items(const polar_arch *a, const cpu_token_at *at, int T, int nt, attention_item *items) {
-    int group = a->n_heads / a->n_kv_heads;
-    int alone = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1; /* heads per item */
-    int n = 0;
+    int group = a->n_heads / a->n_kv_heads, runs = 0, n = 0;
+    for (int t0 = 0, len; t0 < T; t0 += len) runs += (len = run_length(at, T, t0)) > 1;
+    int in_run = runs * a->n_kv_heads >= 2 * nt ? group : 1; /* heads per item */
+    int alone = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1;
     for (int t0 = 0, len; t0 < T; t0 += len) {
-        for (len = 1; len < ATTENTION_TILE && t0 + len < T && at[t0 + len].blocks == at[t0].blocks &&
-                      at[t0 + len].pos == at[t0].pos + len;
-             len++) {
-        }
-        int per_item = len > 1 ? group : alone;
+        len = run_length(at, T, t0);
+        int per_item = len > 1 ? in_run : alone;
         for (int h0 = 0; h0 < a->n_heads; h0 += per_item) items[n++] = (attention_item){t0, len, h0, per_item};
     }
     return n;
@@ -205,7 +214,7 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int it = 0; it < items; it++) {
         const attention_item *item = &w->items[it];
-        float *scores = w->scores + (size_t)omp_get_thread_num() * ATTENTION_ROWS_SCRATCH * w->max_ctx;
+        float *scores = w->scores + (size_t)omp_get_thread_num() * ATTENTION_QUERIES * w->max_ctx;
         int t = item->t0;
         for (int h = item->h0; h < item->h0 + item->n_heads; h++)
             cpu_attention_rows(w->att + (size_t)t * qd, w->q + (size_t)t * qd, (size_t)qd, item->n_tokens, pool->k,

@@ -9,8 +9,9 @@
 #include "kv_pool.h"
 #include "model.h"
 
-/* Tokens of one sequence whose attention a work item computes together. */
-#define ATTENTION_TILE 8
+/* Tokens of one sequence (a prompt chunk's) whose attention one work item
+ * computes, ATTENTION_QUERIES at a time. */
+#define ATTENTION_ITEM_TOKENS 8
 
 /* Heads h0.. of tokens t0.. of a layer pass: one attention work item. */
 typedef struct {
@@ -30,7 +31,7 @@ typedef struct {
     float *mlp_out;     /* [rows, hidden] MoE layer output before the residual */
     float *expert_in;   /* [rows, hidden] the normed inputs of one expert's tokens */
     float *expert_out;  /* [rows, hidden] their outputs (or the shared expert's) */
-    float *scores;      /* [n_threads, ATTENTION_ROWS_SCRATCH, max_ctx] softmax scratch */
+    float *scores;      /* [n_threads, ATTENTION_QUERIES, max_ctx] softmax scratch */
     attention_item *items; /* [rows * n_heads] the attention's work items */
     int *route_idx;     /* [rows, top_k] experts chosen per token */
     float *route_w;     /* [rows, top_k] their weights */

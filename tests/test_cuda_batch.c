@@ -55,6 +55,7 @@ typedef struct {
 
 /* The scenario on the GPU and on the rounding CPU in lockstep. */
 static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
+    memset(fig, 0, sizeof *fig);
     char dir[128];
     snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", arch);
     polar_error err;

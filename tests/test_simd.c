@@ -198,40 +198,50 @@ static void simd_attention(void) {
 
 /* A level's attention over several queries of one sequence (a prompt
  * tile) against its own one-query kernel, bit for bit: head dims with and
- * without whole 16- and 64-float chunks, tiles of 1..7 queries starting
- * inside and at the edges of KV blocks (pool blocks out of order). */
+ * without whole 8-, 16- and 64-float chunks (24 and 40 end on 8 lanes),
+ * MHA, GQA and MQA, 1..9 queries (more than one tile) starting inside and
+ * at the edges of KV blocks (pool blocks out of order), the scratch
+ * poisoned with NaN before every call. */
 static void simd_attention_rows(void) {
     if (!k->attention_rows) {
         printf("  %s: no attention_rows (cpu_attention_rows runs attention_head per query)\n", k->name);
         return;
     }
-    static const int hds[] = {6, 20, 64, 80, 96, 128};
-    static const int starts[] = {0, 1, 5, 12, 15, 16, 29, 31, 40};
-    int heads = 6, kv = 2, ctx = 3 * CPU_KV_BLOCK, qd = heads * 128;
+    static const int hds[] = {6, 12, 20, 24, 40, 64, 80, 96, 128};
+    static const int shapes[][2] = {{6, 2}, {4, 4}, {6, 1}}; /* query heads, KV heads */
+    static const int starts[] = {0, 1, 5, 12, 15, 16, 29, 31, 39};
+    enum { MAX_Q = 9, MAX_HEADS = 6, MAX_HD = 128 };
+    int ctx = 3 * CPU_KV_BLOCK, qd = MAX_HEADS * MAX_HD;
     const int blocks[3] = {2, 0, 1};
-    float *q = malloc((size_t)8 * qd * 4), *kc = malloc((size_t)ctx * kv * 128 * 4), *vc = malloc((size_t)ctx * kv * 128 * 4),
-          *a = malloc((size_t)8 * qd * 4), *b = malloc((size_t)8 * qd * 4), *scores = malloc(ATTENTION_ROWS_SCRATCH * 48 * 4);
+    float *q = malloc((size_t)MAX_Q * qd * 4), *kc = malloc((size_t)ctx * qd * 4), *vc = malloc((size_t)ctx * qd * 4),
+          *a = malloc((size_t)MAX_Q * qd * 4), *b = malloc((size_t)MAX_Q * qd * 4),
+          *scores = malloc((size_t)ATTENTION_QUERIES * ctx * 4);
     int bad = 0, cases = 0;
-    for (size_t c = 0; c < sizeof hds / sizeof *hds; c++) {
-        int hd = hds[c];
-        fill(q, (size_t)8 * qd, 2);
-        fill(kc, (size_t)ctx * kv * hd, 2);
-        fill(vc, (size_t)ctx * kv * hd, 1);
-        for (size_t p = 0; p < sizeof starts / sizeof *starts; p++)
-            for (int n_q = 1; n_q <= 7 && starts[p] + n_q <= ctx; n_q++)
-                for (int h = 0; h < heads; h++, cases++) {
-                    for (int t = 0; t < n_q; t++)
-                        k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, starts[p] + t, h, heads,
-                                          kv, hd, scores);
-                    k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd, scores, 48);
-                    int same = 1;
-                    for (int t = 0; t < n_q; t++)
-                        same &= !memcmp(a + (size_t)t * qd + h * hd, b + (size_t)t * qd + h * hd, (size_t)hd * 4);
-                    if (!same && bad++ < 5)
-                        CHECK(0, "%s attention_rows hd=%d from %d, %d queries, head %d: not attention_head's bits", k->name,
-                              hd, starts[p], n_q, h);
-                }
-    }
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+        for (size_t c = 0; c < sizeof hds / sizeof *hds; c++) {
+            int heads = shapes[sh][0], kv = shapes[sh][1], hd = hds[c];
+            fill(q, (size_t)MAX_Q * qd, 2);
+            fill(kc, (size_t)ctx * kv * hd, 2);
+            fill(vc, (size_t)ctx * kv * hd, 1);
+            for (size_t p = 0; p < sizeof starts / sizeof *starts; p++)
+                for (int n_q = 1; n_q <= MAX_Q && starts[p] + n_q <= ctx; n_q++)
+                    for (int h = 0; h < heads; h++, cases++) {
+                        for (int t = 0; t < n_q; t++) {
+                            for (int i = 0; i < ctx; i++) scores[i] = NAN;
+                            k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, starts[p] + t, h,
+                                              heads, kv, hd, scores);
+                        }
+                        for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
+                        k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd, scores,
+                                          (size_t)ctx);
+                        int same = 1;
+                        for (int t = 0; t < n_q; t++)
+                            same &= !memcmp(a + (size_t)t * qd + h * hd, b + (size_t)t * qd + h * hd, (size_t)hd * 4);
+                        if (!same && bad++ < 5)
+                            CHECK(0, "%s attention_rows %d/%d heads hd=%d from %d, %d queries, head %d: not "
+                                  "attention_head's bits", k->name, heads, kv, hd, starts[p], n_q, h);
+                    }
+        }
     CHECK(bad == 0, "%s attention_rows: %d of %d cases differ", k->name, bad, cases);
     free(q), free(kc), free(vc), free(a), free(b), free(scores);
 }

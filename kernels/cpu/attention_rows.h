@@ -1,11 +1,15 @@
 /* The part of a SIMD level's multi-query attention that is the same on
- * every level: included by ops_avx2.c and ops_avx512.c after their
- * INLINE attention_tile(Q, ...) (up to 4 queries of one sequence, each
- * giving attention_head's bits), compiled with that level's flags. */
+ * every level, included by ops_avx2.c and ops_avx512.c and compiled with
+ * that level's flags: ATTENTION_ROWS_FUNCTION expands, where the level
+ * writes it, to a function over the level's INLINE attention_tile(Q, ...)
+ * (up to ATTENTION_QUERIES queries of one sequence, each giving
+ * attention_head's bits; Q a constant in each call). */
 #ifndef POLAR_CPU_ATTENTION_ROWS_H
 #define POLAR_CPU_ATTENTION_ROWS_H
 
 #include "kernels.h"
+
+_Static_assert(ATTENTION_QUERIES == 4, "ATTENTION_ROWS_FUNCTION and the levels' register tiles take 4 queries");
 
 /* out[r] for r0 <= r < hd, one query over keys 0..n-1 with probabilities
  * p: the outputs past a level's vector lanes, as plain multiplies and adds. */
@@ -18,17 +22,17 @@ static inline void values_scalar(float *out, const float *p, int n, const float 
     }
 }
 
-/* cpu_kernels.attention_rows: n_q queries in tiles of 4, each tile height
- * its own unrolled copy of attention_tile. */
+/* cpu_kernels.attention_rows: n_q queries in tiles of ATTENTION_QUERIES,
+ * each tile height its own unrolled copy of attention_tile. */
 #define ATTENTION_ROWS_FUNCTION(name)                                                                                 \
     static void name(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache, const float *v_cache, \
                      const int *blocks, int pos, int h, int n_heads, int n_kv, int hd, float *scores,               \
                      size_t scores_stride) {                                                                         \
-        for (int t = 0; t < n_q; t += 4) {                                                                           \
+        for (int t = 0; t < n_q; t += ATTENTION_QUERIES) {                                                           \
             float *o = out + t * q_stride;                                                                           \
             const float *qt = q + t * q_stride;                                                                      \
             int p = pos + t;                                                                                         \
-            switch (n_q - t < 4 ? n_q - t : 4) {                                                                     \
+            switch (n_q - t < ATTENTION_QUERIES ? n_q - t : ATTENTION_QUERIES) {                                     \
             case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
             case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
             case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \

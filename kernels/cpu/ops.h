@@ -47,10 +47,11 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
                         int pos, int h, int n_heads, int n_kv, int hd, float *scores);
 
 /* The same for n_q tokens of one sequence at positions pos..pos+n_q-1
- * (their rows q_stride floats apart in q and out), scores[ATTENTION_ROWS_SCRATCH
+ * (their rows q_stride floats apart in q and out), scores[ATTENTION_QUERIES
  * rows scores_stride apart]: each token gets cpu_attention_head's bits; the
- * tile reads the K/V rows once for several queries. */
-#define ATTENTION_ROWS_SCRATCH 4
+ * SIMD levels take ATTENTION_QUERIES queries at a time, reading the K/V
+ * rows once for them. */
+#define ATTENTION_QUERIES 4
 void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
                         const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
                         float *scores, size_t scores_stride);

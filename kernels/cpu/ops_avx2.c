@@ -204,7 +204,7 @@ INLINE void softmax_scores(float *scores, int n) {
  * for one query alone (so the lanes' grouping into passes does not matter). */
 INLINE void values_tile(int Q, int W, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim,
                         int i, const float *scores, size_t ss) {
-    __m256 o[4][4];
+    __m256 o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < W; c++) o[q][c] = _mm256_setzero_ps();
     for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */

@@ -242,7 +242,7 @@ INLINE void softmax_scores(float *scores, int n) {
  * one query alone. */
 INLINE void values64(int Q, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim, int i,
                      const float *scores, size_t ss) {
-    __m512 o[4][4];
+    __m512 o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < 4; c++) o[q][c] = _mm512_setzero_ps();
     for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
