@@ -122,7 +122,7 @@ struct cuda_batch {
     int n_ops, cap_ops;
     unsigned char *want;   /* [head_rows] this step's head rows wanted on the host */
     int direct;            /* calls go out as they come: graphs off, or the step outgrew cap_ops */
-    int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture failed once */
+    int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture or graph launch failed once */
     step_graph last;       /* the previous step's calls (never a graph) */
     step_graph graph[STEP_GRAPHS];
     unsigned long clock;
@@ -370,7 +370,8 @@ static void run_recorded(cuda_batch *d) {
             d->ran_as++;
             return;
         }
-        (void)cudaGetLastError(); /* the calls go out one by one instead */
+        (void)cudaGetLastError(); /* the calls go out one by one instead, from now on */
+        d->graphs = 0;
     }
     d->ran_as = 0;
     for (int i = 0; i < d->n_ops; i++) issue(d, &d->ops[i]);

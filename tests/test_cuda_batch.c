@@ -227,6 +227,17 @@ static void batch_capture_fails(void) {
     CHECK(fig.captured == 0 && fig.replayed == 0, "%d graphs captured, %d steps replayed one, every capture failing",
           fig.captured, fig.replayed);
 }
+
+/* Every graph launch refused (POLAR_CUDA_EMU_BREAK_LAUNCH): the first
+ * graph is captured, its launch fails, and that step and every later one go
+ * out call by call (graphs off for the batch), with the same results. */
+static void batch_launch_fails(void) {
+    setenv("POLAR_CUDA_EMU_BREAK_LAUNCH", "1", 1);
+    figures fig;
+    against_cpu("llama", &mixed_sc, &fig);
+    unsetenv("POLAR_CUDA_EMU_BREAK_LAUNCH");
+    CHECK(fig.captured == 0 && fig.replayed == 0, "%d steps ran a graph, every launch refused", fig.captured + fig.replayed);
+}
 #endif
 
 /* The prefix cache on the device: requests whose prompts share 36 tokens
@@ -265,6 +276,7 @@ int main(int argc, char **argv) {
     RUN(batch_graphs_off);
 #ifdef POLAR_CUDA_EMU
     RUN(batch_capture_fails);
+    RUN(batch_launch_fails);
 #endif
     RUN(batch_prefix_cache);
     TEST_EXIT();

@@ -560,6 +560,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsig
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     if (!exec) return record(cudaErrorInvalidValue);
+    // POLAR_CUDA_EMU_BREAK_LAUNCH=1: every graph launch is refused, as a
+    // recoverable error (tests of the fallback that issues the calls)
+    const char *brk = getenv("POLAR_CUDA_EMU_BREAK_LAUNCH");
+    if (brk && !strcmp(brk, "1")) return record(cudaErrorInvalidResourceHandle);
     if (stream && known_stream(stream) && stream->capturing) return record(cudaErrorStreamCaptureUnsupported);
     return record(enqueue(stream, "cudaGraphLaunch", [exec]() {
         for (const stream_op &op : exec->ops) op();
