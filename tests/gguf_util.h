@@ -3,7 +3,8 @@
  * adjacent-pair RoPE, llama3 scaling as rope_freqs.weight), with optional
  * corruptions for the bad-input tests. GGUF_Q8_0_FILE writes the matrices
  * that may stay quantized as Q8_0 blocks (d = max|x|/127 as f16);
- * GGUF_K_FILE as llama.cpp's Q4_K_M mix: Q6_K for attn_v, ffn_down and the
+ * GGUF_K_FILE as llama.cpp's Q4_K_M mix (GGUF_K5_FILE: Q5_K_M, Q5_K in
+ * place of Q4_K): Q6_K for attn_v, ffn_down and the
  * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks;
  * Q8_0 for those whose rows are whole 32-blocks only). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
@@ -22,7 +23,8 @@ typedef enum {
     GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR,
     GGUF_Q8_0_FILE,   /* a valid file with Q8_0 matrices */
     GGUF_Q8_0_BAD_ROW, /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
-    GGUF_K_FILE        /* a valid file with Q4_K and Q6_K matrices */
+    GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices */
+    GGUF_K5_FILE       /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix) */
 } gguf_fault;
 
 /* f32 -> IEEE half, nearest (ties away); subnormal halves kept (a Q6_K
@@ -65,15 +67,19 @@ static int gw_clamp(float v, int lo, int hi) {
     return q < lo ? lo : q > hi ? hi : q;
 }
 
-/* n f32 (n % 256 == 0) -> Q4_K blocks (144 bytes): per 32 weights an
- * unsigned 4-bit q with a 6-bit scale and min, x ~= d*sc*q - dmin*m. */
-static void gw_q4_k(const float *x, size_t n, unsigned char *out) {
-    for (size_t b = 0; b < n / 256; b++, x += 256, out += 144) {
+/* n f32 (n % 256 == 0) -> Q4_K blocks (144 bytes; bits 4: per 32
+ * weights an unsigned 4-bit q with a 6-bit scale and min, x ~= d*sc*q -
+ * dmin*m) or Q5_K blocks (176 bytes; bits 5: the fifth bit of element i of
+ * sub-block j is bit j of qh[i], 32 bytes before the nibbles). */
+static void gw_k_quant(const float *x, size_t n, unsigned char *out, int bits) {
+    size_t block_bytes = bits == 5 ? 176 : 144;
+    int top = (1 << bits) - 1;
+    for (size_t b = 0; b < n / 256; b++, x += 256, out += block_bytes) {
         float scale[8], mn[8], smax = 0, mmax = 0;
         for (int j = 0; j < 8; j++) {
             float lo = 0, hi = 0;
             for (int i = 0; i < 32; i++) lo = fminf(lo, x[32 * j + i]), hi = fmaxf(hi, x[32 * j + i]);
-            mn[j] = -lo, scale[j] = (hi - lo) / 15;
+            mn[j] = -lo, scale[j] = (hi - lo) / (float)top;
             smax = fmaxf(smax, scale[j]), mmax = fmaxf(mmax, mn[j]);
         }
         uint16_t dh = gw_f16(smax / 63), mh = gw_f16(mmax / 63);
@@ -81,18 +87,19 @@ static void gw_q4_k(const float *x, size_t n, unsigned char *out) {
         int sc[8], m[8];
         for (int j = 0; j < 8; j++) sc[j] = d > 0 ? gw_clamp(scale[j] / d, 0, 63) : 0, m[j] = dmin > 0 ? gw_clamp(mn[j] / dmin, 0, 63) : 0;
         out[0] = (unsigned char)dh, out[1] = (unsigned char)(dh >> 8), out[2] = (unsigned char)mh, out[3] = (unsigned char)(mh >> 8);
-        unsigned char *s = out + 4, *qs = out + 16;
+        unsigned char *s = out + 4, *qh = out + 16, *qs = out + (bits == 5 ? 48 : 16);
         for (int j = 0; j < 4; j++) {
             s[j] = (unsigned char)(sc[j] | (sc[j + 4] >> 4) << 6);
             s[j + 4] = (unsigned char)(m[j] | (m[j + 4] >> 4) << 6);
             s[j + 8] = (unsigned char)((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
         }
-        memset(qs, 0, 128);
+        memset(out + 16, 0, block_bytes - 16);
         for (int j = 0; j < 8; j++) {
             float step = d * (float)sc[j], off = dmin * (float)m[j];
             for (int i = 0; i < 32; i++) {
-                int q = step > 0 ? gw_clamp((x[32 * j + i] + off) / step, 0, 15) : 0;
-                qs[32 * (j / 2) + i] |= (unsigned char)(j % 2 ? q << 4 : q);
+                int q = step > 0 ? gw_clamp((x[32 * j + i] + off) / step, 0, top) : 0;
+                qs[32 * (j / 2) + i] |= (unsigned char)(j % 2 ? (q & 0xF) << 4 : q & 0xF);
+                if (bits == 5) qh[i] |= (unsigned char)((q >> 4) << j);
             }
         }
     }
@@ -131,11 +138,13 @@ static void gw_q6_k(const float *x, size_t n, unsigned char *out) {
 static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
     if (!r->wtype) return GGML_F32;
     if ((fault == GGUF_Q8_0_FILE || fault == GGUF_Q8_0_BAD_ROW) && r->cols % 32 == 0) return GGML_Q8_0;
-    if (fault == GGUF_K_FILE && r->cols % 256 == 0)
+    int k_mix = fault == GGUF_K_FILE || fault == GGUF_K5_FILE;
+    if (k_mix && r->cols % 256 == 0)
         return strstr(r->gguf_name, "attn_v") || strstr(r->gguf_name, "ffn_down") || strstr(r->gguf_name, "token_embd")
                    ? GGML_Q6_K
-                   : GGML_Q4_K;
-    if (fault == GGUF_K_FILE && r->cols % 32 == 0) return GGML_Q8_0; /* llama.cpp falls back too where 256 does not divide */
+               : fault == GGUF_K5_FILE ? GGML_Q5_K
+                                       : GGML_Q4_K;
+    if (k_mix && r->cols % 32 == 0) return GGML_Q8_0; /* llama.cpp falls back too where 256 does not divide */
     return GGML_F32;
 }
 
@@ -276,7 +285,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             bytes = cnt / ggml_block_elems(type) * ggml_block_bytes(type);
             unsigned char *q = malloc(bytes);
             if (type == GGML_Q8_0) gw_q8_0(v, cnt, q);
-            else if (type == GGML_Q4_K) gw_q4_k(v, cnt, q);
+            else if (type == GGML_Q4_K || type == GGML_Q5_K) gw_k_quant(v, cnt, q, type == GGML_Q5_K ? 5 : 4);
             else gw_q6_k(v, cnt, q);
             fwrite(q, 1, bytes, f);
             free(q);

@@ -128,54 +128,62 @@ static void q8_0_gguf_model(void) {
 }
 
 /* A random Llama (rows of whole 256-blocks) written as llama.cpp's Q4_K_M
- * mix (Q6_K attn_v / ffn_down / embedding, Q4_K the rest): kept as blocks,
- * each matrix dequantizing to its bf16 load, and the logits close to it. */
+ * mix (Q6_K attn_v / ffn_down / embedding, Q4_K the rest) and as its Q5_K_M
+ * mix (Q5_K in place of Q4_K): kept as blocks, each matrix dequantizing to
+ * its bf16 load, and the logits close to it. */
 static void k_quant_gguf_model(void) {
-    polar_error err;
-    polar_arch a;
-    polar_model *m = NULL, *q = NULL, *b = NULL;
-    CHECK_OK(polar_arch_default("llama", &a, &err));
-    a.hidden = 256, a.ffn = 512, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
-    CHECK_OK(polar_model_random(&a, 11, &m, &err));
-    char path[128];
-    snprintf(path, sizeof path, "%s/k.gguf", dir);
-    CHECK(m && gguf_write_model(m, path, GGUF_K_FILE), "write %s", path);
-    CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
-    if (q && b) {
-        const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
-        cpu_wtype q4_k = kept_as(CPU_W_Q4_K), q6_k = kept_as(CPU_W_Q6_K);
-        CHECK(lq->t_wq == q4_k && lq->t_wv == q6_k && lq->t_down == q6_k && lq->t_gate == q4_k && q->t_embed == q6_k,
-              "kept as the Q4_K_M mix");
-        struct {
-            const void *w;
-            cpu_wtype t;
-            const bf16 *ref;
-            int rows, cols;
-        } mats[] = {{lq->wq, lq->t_wq, lb->wq, a.n_heads * a.head_dim, a.hidden},
-                    {lq->wv, lq->t_wv, lb->wv, a.n_kv_heads * a.head_dim, a.hidden},
-                    {lq->w_down, lq->t_down, lb->w_down, a.hidden, a.ffn}};
-        float *row = malloc((size_t)a.ffn * 4);
-        for (int i = 0; i < 3; i++) {
-            int bad = 0;
-            for (int r = 0; r < mats[i].rows; r++) {
-                cpu_dequantize_matrix_row(mats[i].t, mats[i].w, (size_t)mats[i].cols, r, row);
-                for (int j = 0; j < mats[i].cols; j++) bad += f32_to_bf16(row[j]) != mats[i].ref[(size_t)r * mats[i].cols + j];
+    static const struct {
+        gguf_fault kind;
+        cpu_wtype main;
+        const char *name;
+    } mixes[] = {{GGUF_K_FILE, CPU_W_Q4_K, "Q4_K_M"}, {GGUF_K5_FILE, CPU_W_Q5_K, "Q5_K_M"}};
+    for (int f = 0; f < 2; f++) {
+        polar_error err;
+        polar_arch a;
+        polar_model *m = NULL, *q = NULL, *b = NULL;
+        CHECK_OK(polar_arch_default("llama", &a, &err));
+        a.hidden = 256, a.ffn = 512, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
+        CHECK_OK(polar_model_random(&a, 11, &m, &err));
+        char path[128];
+        snprintf(path, sizeof path, "%s/k%d.gguf", dir, f);
+        CHECK(m && gguf_write_model(m, path, mixes[f].kind), "write %s", path);
+        CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
+        if (q && b) {
+            const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
+            cpu_wtype main = kept_as(mixes[f].main), q6_k = kept_as(CPU_W_Q6_K);
+            CHECK(lq->t_wq == main && lq->t_wv == q6_k && lq->t_down == q6_k && lq->t_gate == main && q->t_embed == q6_k,
+                  "kept as the %s mix (wq %s)", mixes[f].name, cpu_wtype_name(lq->t_wq));
+            struct {
+                const void *w;
+                cpu_wtype t;
+                const bf16 *ref;
+                int rows, cols;
+            } mats[] = {{lq->wq, lq->t_wq, lb->wq, a.n_heads * a.head_dim, a.hidden},
+                        {lq->wv, lq->t_wv, lb->wv, a.n_kv_heads * a.head_dim, a.hidden},
+                        {lq->w_down, lq->t_down, lb->w_down, a.hidden, a.ffn}};
+            float *row = malloc((size_t)a.ffn * 4);
+            for (int i = 0; i < 3; i++) {
+                int bad = 0;
+                for (int r = 0; r < mats[i].rows; r++) {
+                    cpu_dequantize_matrix_row(mats[i].t, mats[i].w, (size_t)mats[i].cols, r, row);
+                    for (int j = 0; j < mats[i].cols; j++) bad += f32_to_bf16(row[j]) != mats[i].ref[(size_t)r * mats[i].cols + j];
+                }
+                CHECK(!bad, "%s matrix %d: %d weights differ from the bf16 load", mixes[f].name, i, bad);
             }
-            CHECK(!bad, "matrix %d: %d weights differ from the bf16 load", i, bad);
+            free(row);
+            float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4), d = 0, mx = 0;
+            prompt_logits(q, "0-3,1", lgq);
+            prompt_logits(b, "0-3,1", lgb);
+            for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
+            CHECK(d <= 0.05f * mx, "%s: quantized logits differ by %g (max |logit| %g)", mixes[f].name, d, mx);
+            printf("  random llama, %s: max |logit diff| %.3g of max |logit| %.3g\n", mixes[f].name, d, mx);
+            free(lgq);
+            free(lgb);
         }
-        free(row);
-        float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4), d = 0, mx = 0;
-        prompt_logits(q, "0-3,1", lgq);
-        prompt_logits(b, "0-3,1", lgb);
-        for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
-        CHECK(d <= 0.05f * mx, "quantized logits differ by %g (max |logit| %g)", d, mx);
-        printf("  random llama, Q4_K/Q6_K: max |logit diff| %.3g of max |logit| %.3g\n", d, mx);
-        free(lgq);
-        free(lgb);
+        polar_model_free(m);
+        polar_model_free(q);
+        polar_model_free(b);
     }
-    polar_model_free(m);
-    polar_model_free(q);
-    polar_model_free(b);
 }
 
 static void malformed_blocks(void) {
