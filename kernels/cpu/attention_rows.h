@@ -1,5 +1,5 @@
 /* The part of a SIMD level's multi-query attention that is the same on
- * every level, included by ops_avx2.c and ops_avx512.c and compiled with
+ * every level, included by ops_avx2.c, ops_avx512.c and ops_neon.c and compiled with
  * that level's flags: ATTENTION_ROWS_FUNCTION expands, where the level
  * writes it, to a function over the level's INLINE attention_tile(Q, ...)
  * (up to ATTENTION_QUERIES queries of one sequence, each giving

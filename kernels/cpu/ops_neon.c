@@ -3,6 +3,7 @@
 #include <arm_neon.h>
 #include <math.h>
 
+#include "attention_rows.h"
 #include "kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -134,32 +135,30 @@ INLINE float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void neon_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
-                                int n_heads, int n_kv, int hd, float *scores) {
-    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n = pos + 1;
-    const float *qh = q + (size_t)h * hd, *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    int j = 0;
-    for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
-        int i = 0;
-        for (; i + 4 <= hd; i += 4) {
-            float32x4_t qv = vld1q_f32(qh + i);
-            a0 = vfmaq_f32(a0, qv, vld1q_f32(k0 + i));
-            a1 = vfmaq_f32(a1, qv, vld1q_f32(k0 + kv_dim + i));
-            a2 = vfmaq_f32(a2, qv, vld1q_f32(k0 + 2 * (size_t)kv_dim + i));
-            a3 = vfmaq_f32(a3, qv, vld1q_f32(k0 + 3 * (size_t)kv_dim + i));
-        }
-        float s[4] = {hsum4(a0), hsum4(a1), hsum4(a2), hsum4(a3)};
-        for (int u = 0; u < 4; u++) {
-            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
-            scores[j + u] = s[u] * scale;
-        }
+/* Scores of one query against the 4 keys from row k0 (rows kv_dim
+ * apart): four independent FMA chains. */
+INLINE void four_scores(float *scores, const float *qh, const float *k0, int hd, int kv_dim, float scale) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 4 <= hd; i += 4) {
+        float32x4_t qv = vld1q_f32(qh + i);
+        a0 = vfmaq_f32(a0, qv, vld1q_f32(k0 + i));
+        a1 = vfmaq_f32(a1, qv, vld1q_f32(k0 + kv_dim + i));
+        a2 = vfmaq_f32(a2, qv, vld1q_f32(k0 + 2 * (size_t)kv_dim + i));
+        a3 = vfmaq_f32(a3, qv, vld1q_f32(k0 + 3 * (size_t)kv_dim + i));
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+    float s[4] = {hsum4(a0), hsum4(a1), hsum4(a2), hsum4(a3)};
+    for (int u = 0; u < 4; u++) {
+        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+        scores[u] = s[u] * scale;
+    }
+}
 
+/* scores[0..n) of one query -> their softmax. */
+INLINE void softmax_scores(float *scores, int n) {
+    float mx = -INFINITY;
+    int j;
+    for (j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
     float32x4_t mv = vdupq_n_f32(mx), sv = vdupq_n_f32(0.0f);
     for (j = 0; j + 4 <= n; j += 4) {
         float32x4_t e = exp4(vsubq_f32(vld1q_f32(scores + j), mv));
@@ -172,35 +171,73 @@ static void neon_attention_head(float *out, const float *q, const float *k_cache
         sum += scores[j];
     }
     for (j = 0; j < n; j++) scores[j] /= sum;
+}
 
-    /* out = sum_j p_j v_j, 16 outputs at a time held in registers over j */
+/* out_q[i..i+16) = sum_j p_qj v_j for Q queries, query q over keys
+ * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
+ * the tile, the sums in registers, j ascending for every output lane as
+ * for one query alone. */
+INLINE void values16(int Q, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim, int i,
+                     const float *scores, size_t ss) {
+    float32x4_t o[ATTENTION_QUERIES][4];
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < 4; c++) o[q][c] = vdupq_n_f32(0.0f);
+    for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
+        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
+        float32x4_t v[4] = {vld1q_f32(vj), vld1q_f32(vj + 4), vld1q_f32(vj + 8), vld1q_f32(vj + 12)};
+        for (int q = j < n0 ? 0 : j - n0 + 1; q < Q; q++) {
+            float32x4_t p = vdupq_n_f32(scores[q * ss + j]);
+            for (int c = 0; c < 4; c++) o[q][c] = vfmaq_f32(o[q][c], p, v[c]);
+        }
+    }
+    for (int q = 0; q < Q; q++)
+        for (int c = 0; c < 4; c++) vst1q_f32(out + q * os + i + 4 * c, o[q][c]);
+}
+
+/* Up to 4 queries of one sequence at positions pos..pos+Q-1 (rows
+ * q_stride apart in q and out), head h, each the same bits as alone: the
+ * keys scored four at a time for every query while they are in L1, the
+ * values read once for the tile. */
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
+                           const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                           float *scores, size_t ss) {
+    int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
+    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int shared = n0 / 4 * 4; /* keys every query of the tile scores four at a time */
+    for (int j = 0; j < shared; j += 4) {
+        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
+        for (int t = 0; t < Q; t++) four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale);
+    }
+    for (int t = 0; t < Q; t++) {
+        float *st = scores + t * ss;
+        const float *qh = q + t * q_stride + (size_t)h * hd;
+        int j = shared, n = n0 + t;
+        for (; j + 4 <= n; j += 4) four_scores(st + j, qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim, scale);
+        for (; j < n; j++) st[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
+        softmax_scores(st, n);
+    }
     float *oh = out + (size_t)h * hd;
     int i = 0;
-    for (; i + 16 <= hd; i += 16) {
-        float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
-        for (j = 0; j < n; j++) {
-            const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
-            float32x4_t p = vdupq_n_f32(scores[j]);
-            o0 = vfmaq_f32(o0, p, vld1q_f32(vj));
-            o1 = vfmaq_f32(o1, p, vld1q_f32(vj + 4));
-            o2 = vfmaq_f32(o2, p, vld1q_f32(vj + 8));
-            o3 = vfmaq_f32(o3, p, vld1q_f32(vj + 12));
+    for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss);
+    for (int t = 0; t < Q; t++) { /* the last 4-lane groups and the scalar outputs, one query at a time */
+        const float *p = scores + t * ss;
+        float *ot = oh + t * q_stride;
+        int n = n0 + t, r = i;
+        for (; r + 4 <= hd; r += 4) {
+            float32x4_t o = vdupq_n_f32(0.0f);
+            for (int j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(p[j]), vld1q_f32(vb + cpu_kv_row(blocks, j) * kv_dim + r));
+            vst1q_f32(ot + r, o);
         }
-        vst1q_f32(oh + i, o0);
-        vst1q_f32(oh + i + 4, o1);
-        vst1q_f32(oh + i + 8, o2);
-        vst1q_f32(oh + i + 12, o3);
+        values_scalar(ot, p, n, vb, blocks, kv_dim, r, hd);
     }
-    for (; i + 4 <= hd; i += 4) {
-        float32x4_t o = vdupq_n_f32(0.0f);
-        for (j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(scores[j]), vld1q_f32(vb + cpu_kv_row(blocks, j) * kv_dim + i));
-        vst1q_f32(oh + i, o);
-    }
-    for (; i < hd; i++) {
-        float o = 0.0f;
-        for (j = 0; j < n; j++) o += scores[j] * vb[cpu_kv_row(blocks, j) * kv_dim + i];
-        oh[i] = o;
-    }
+}
+
+ATTENTION_ROWS_FUNCTION(neon_attention_rows)
+
+static void neon_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
+                                int n_heads, int n_kv, int hd, float *scores) {
+    attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
 }
 
 static void neon_swiglu(float *g, const float *u, int n) {
@@ -221,6 +258,7 @@ const cpu_kernels cpu_kernels_neon = {
     .rmsnorm = neon_rmsnorm,
     .rope = neon_rope,
     .attention_head = neon_attention_head,
+    .attention_rows = neon_attention_rows,
     .swiglu = neon_swiglu,
     .dot_q = cpu_dot_q_neon,
     .rows_q = cpu_rows_q_neon,
