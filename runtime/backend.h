@@ -56,8 +56,9 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
                          polar_error *err);
 
 /* ------------------------------------------------------------ batches
- * The device side of a polar_batch (runtime/batch.c plans the step on the
- * host; runtime/cuda_batch.c runs it): the step's residual rows, a paged
+ * The GPU side of a polar_batch (runtime/batch.c plans the step on the
+ * host and calls these through batch_device.h's cuda_batch_ops;
+ * runtime/cuda_batch.c runs it): the step's residual rows, a paged
  * bf16 KV pool whose block ids are those of the host's kv_pool, a mirror of
  * the sequences' block tables, and the prefix cache's residual rows (the
  * host keeps its keys). Calls queue work on the batch's stream;

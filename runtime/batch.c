@@ -1,24 +1,25 @@
-/* Many sequences, each with its own program, advanced one token per step on
- * the CPU (polar.h says what a batch promises).
+/* Many sequences, each with its own program, advanced one token per step
+ * (polar.h says what a batch promises). This file plans the steps; they
+ * run on the batch's device, the CPU or a GPU, through the calls of
+ * batch_device.h (cpu_batch.c, cuda_batch.c), so the plan is written once.
  *
  * A step lays its tokens out as rows: one per decoding sequence, then
  * chunks of prompts within the step's token budget. Each sequence walks its
  * own program with a cursor; while some cursor is not at its end, the
  * lowest layer among the sequences' next entries runs once over the rows of
- * every sequence whose next entry it is (gathered into the workspace and
- * scattered back), each row attending over its own sequence's KV table of
- * that execution position. Then the final norm and the head run once over
- * the last row of every sequence that needs logits. A matmul output is
- * summed in the same order whatever the rows beside it (kernels.h), so each
- * sequence gets the logits of a session running it alone. */
+ * every sequence whose next entry it is, each row attending over its own
+ * sequence's KV table of that execution position. Then the final norm and
+ * the head run once over the last row of every sequence that needs logits.
+ * On the CPU a matmul output is summed in the same order whatever the rows
+ * beside it (kernels.h), so each sequence gets the logits of a session
+ * running it alone. */
 #include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/cpu/ops.h"
-#include "backend.h"
-#include "cpu_layer.h"
+#include "batch_device.h"
 #include "error.h"
 #include "model.h"
 #include "prefix_cache.h"
@@ -38,7 +39,7 @@ typedef struct {
     int stop[POLAR_BATCH_MAX_STOP];
     polar_rng rng;
     kv_seq kv;
-    int dev_mapped;        /* CUDA: blocks per entry of its tables mirrored on the device */
+    int dev_mapped;        /* blocks per entry of its tables mirrored on the device */
     /* prompt sharing: added while an older sequence with the same prompt
      * had not started it, this one follows that leader through its first
      * `shared` program entries (the same in both) for the prompt: it
@@ -52,8 +53,8 @@ typedef struct {
      * those K/V blocks and starts at entry s from the cached residual */
     uint64_t *block_hash;  /* [max_blocks] the prompt's tokens up to each block's end */
     uint64_t *entry_hash;  /* [cap_program] the program's entries 0..k */
-    int *block_start;      /* [max_blocks] the first entry each prompt block computes */
-    float *x_start;        /* [max_ctx, hidden] the residual rows the blocks with start > 0 start from */
+    int *block_start;      /* [max_blocks] the first entry each prompt block computes (its rows start from
+                            * the device's start rows) */
     int looked_up;
     long skipped;          /* (prompt token, entry) pairs it did not compute: followed or cached */
     /* this step */
@@ -70,24 +71,18 @@ struct polar_batch {
     int next_id;
     batch_seq *seqs;       /* [max_seqs] */
     kv_pool pool;          /* the blocks; their rows on the CPU, or on the device */
-    cuda_batch *dev;       /* the step on the GPU (backend.h), or NULL: on the CPU */
+    batch_device dev;      /* where the steps run: the CPU or the GPU (batch_device.h) */
     int broken;            /* a device step failed half-way: every later call refuses */
-    int round_like_cuda;   /* CPU: round to bf16 where the CUDA step does (polar_batch_opts) */
     prefix_cache cache;    /* cap 0: none */
-    cpu_work work;         /* [step_tokens] rows (CPU) */
-    float *x;              /* [step_tokens, hidden] the step's residual streams */
-    float *cos, *sin;      /* [step_tokens, head_dim/2] rope tables of the rows' positions */
-    cpu_token_at *at;      /* [step_tokens] one layer pass's rows */
-    int *pass_rows;        /* [step_tokens] their rows in x (then the head's rows) */
-    int *pass_pos, *pass_table; /* [step_tokens] CUDA: their positions and table offsets (table_offset) */
-    int *row_tokens;       /* [step_tokens] CUDA: the rows' tokens, embedded on the device */
+    int *pass_rows;        /* [step_tokens] one layer pass's rows (then the head's rows) */
+    int *pass_pos, *pass_table; /* [step_tokens] their positions and table offsets (table_offset) */
+    int *row_tokens, *row_pos; /* [step_tokens] the rows' tokens and positions */
     int *found;            /* [max_program_len] a prompt block's pool blocks found in the prefix cache */
     int *row_start;        /* [step_tokens] the program entry each row starts at */
     batch_seq **order;     /* [max_seqs] the step's sequences, oldest first */
-    float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows (CUDA: the
-                            * device batch's pinned rows) */
-    unsigned char *want;   /* [max_seqs] CUDA: head rows whose logits the host needs now (sampled) */
-    int *ids;              /* [max_seqs] CUDA: the head rows' argmax, chosen on the device */
+    float *head_out;       /* [max_seqs, vocab] the step's logits, in the order of its head rows (the device's) */
+    unsigned char *want;   /* [max_seqs] head rows whose logits the host needs now (sampled) */
+    int *ids;              /* [max_seqs] the other head rows' argmax, chosen by the device */
     int *layer_uses;       /* [n_layers] one program's uses of each layer */
     int *layer_most;       /* [n_layers] the most uses of each layer by one program this step */
     void *sample_work;     /* polar_sample_work_bytes(vocab) */
@@ -137,34 +132,26 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->m = m;
     b->max_seqs = o.max_seqs, b->max_ctx = o.max_ctx, b->cap_program = o.max_program_len;
     b->step_tokens = o.step_tokens, b->n_threads = o.n_threads;
-    b->round_like_cuda = !cuda && o.round_like_cuda;
     b->next_id = 1;
-    size_t R = (size_t)o.step_tokens, half = (size_t)a->head_dim / 2;
+    size_t R = (size_t)o.step_tokens;
     /* the cache's blocks come on top of the sequences' */
-    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd, !cuda) &&
-             prefix_cache_init(&b->cache, (int)cached, a->hidden, !cuda) &&
-             (cuda || cpu_work_init(&b->work, m, o.step_tokens, o.max_ctx, o.n_threads));
+    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd, !cuda) && prefix_cache_init(&b->cache, (int)cached);
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
-    b->x = malloc(R * a->hidden * sizeof(float));
-    b->cos = malloc(R * half * sizeof(float));
-    b->sin = malloc(R * half * sizeof(float));
-    b->at = malloc(R * sizeof *b->at);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);
     b->pass_pos = malloc(R * sizeof *b->pass_pos);
     b->pass_table = malloc(R * sizeof *b->pass_table);
     b->row_tokens = malloc(R * sizeof *b->row_tokens);
+    b->row_pos = malloc(R * sizeof *b->row_pos);
     b->row_start = calloc(R, sizeof *b->row_start);
     b->found = malloc((size_t)o.max_program_len * sizeof *b->found);
     b->order = malloc((size_t)o.max_seqs * sizeof *b->order);
-    b->head_out = cuda ? NULL : malloc((size_t)o.max_seqs * a->vocab * sizeof(float));
     b->want = malloc((size_t)o.max_seqs);
     b->ids = malloc((size_t)o.max_seqs * sizeof *b->ids);
     b->layer_uses = malloc((size_t)a->n_layers * sizeof(int));
     b->layer_most = malloc((size_t)a->n_layers * sizeof(int));
     b->sample_work = malloc(polar_sample_work_bytes(a->vocab));
-    ok = ok && b->seqs && b->x && b->cos && b->sin && b->at && b->pass_rows && b->pass_pos && b->pass_table &&
-         b->row_tokens && b->row_start && b->found && b->order && (cuda || b->head_out) && b->want && b->ids && b->layer_uses &&
-         b->layer_most && b->sample_work;
+    ok = ok && b->seqs && b->pass_rows && b->pass_pos && b->pass_table && b->row_tokens && b->row_pos &&
+         b->row_start && b->found && b->order && b->want && b->ids && b->layer_uses && b->layer_most && b->sample_work;
     for (int i = 0; ok && i < o.max_seqs; i++) {
         batch_seq *q = &b->seqs[i];
         q->program = malloc((size_t)o.max_program_len * sizeof *q->program);
@@ -178,8 +165,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
         if (ok && cached) {
             q->block_hash = malloc(mb * sizeof *q->block_hash);
             q->entry_hash = malloc((size_t)o.max_program_len * sizeof *q->entry_hash);
-            if (!cuda) q->x_start = malloc((size_t)o.max_ctx * a->hidden * sizeof *q->x_start);
-            ok = q->block_hash && q->entry_hash && (cuda || q->x_start);
+            ok = q->block_hash && q->entry_hash;
         }
     }
     if (!ok) {
@@ -189,22 +175,33 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
                           "MiB, %d tokens per step)",
                           o.max_seqs, n_blocks * block_bytes >> 20, o.prefix_cache_bytes >> 20, o.step_tokens);
     }
-    if (cuda) {
-        size_t tables = (size_t)o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
-        size_t start_rows = cached ? (size_t)o.max_seqs * o.max_ctx : 0;
+    size_t tables = (size_t)o.max_seqs * o.max_program_len * b->seqs[0].kv.max_blocks;
+    size_t start_rows = cached ? (size_t)o.max_seqs * o.max_ctx : 0;
+    polar_status st = tables > INT_MAX || start_rows > INT_MAX
+                          ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints, %zu start rows", tables,
+                                       start_rows)
+                          : POLAR_OK;
+    if (st == POLAR_OK && cuda) {
         cuda_batch_shape sh = {.rows = o.step_tokens, .n_blocks = (int)(n_blocks + cached), .tables = (int)tables,
                                .cap_program = o.max_program_len, .cache_items = (int)cached, .start_rows = (int)start_rows,
                                .head_rows = o.max_seqs};
-        polar_status st = tables > INT_MAX || start_rows > INT_MAX
-                              ? polar_fail(err, POLAR_ERR_ARG, "batch: block tables of %zu ints, %zu start rows", tables,
-                                           start_rows)
-                              : cuda_batch_create(m, &sh, &b->dev, err);
-        if (st != POLAR_OK) {
-            polar_batch_free(b);
-            return st;
-        }
-        b->head_out = cuda_batch_host_logits(b->dev);
+        cuda_batch *d = NULL;
+        if ((st = cuda_batch_create(m, &sh, &d, err)) == POLAR_OK) b->dev = (batch_device){&cuda_batch_ops, d};
+    } else if (st == POLAR_OK) {
+        cpu_batch_shape sh = {.rows = o.step_tokens, .tables = (int)tables, .cache_items = (int)cached,
+                              .start_rows = (int)start_rows, .head_rows = o.max_seqs, .n_threads = o.n_threads,
+                              .max_ctx = o.max_ctx, .round_like_cuda = o.round_like_cuda};
+        void *d = cpu_batch_create(m, &sh, &b->pool);
+        st = d ? POLAR_OK
+               : polar_fail(err, POLAR_ERR_NOMEM, "out of memory creating the batch's CPU workspaces (%d tokens per step)",
+                            o.step_tokens);
+        if (d) b->dev = (batch_device){&cpu_batch_ops, d};
     }
+    if (st != POLAR_OK) {
+        polar_batch_free(b);
+        return st;
+    }
+    b->head_out = b->dev.ops->host_logits(b->dev.state);
     *out = b;
     return POLAR_OK;
 }
@@ -218,26 +215,20 @@ void polar_batch_free(polar_batch *b) {
         free(b->seqs[i].block_hash);
         free(b->seqs[i].entry_hash);
         free(b->seqs[i].block_start);
-        free(b->seqs[i].x_start);
         kv_seq_free(&b->seqs[i].kv);
     }
     free(b->seqs);
-    cuda_batch_free(b->dev);
+    if (b->dev.ops) b->dev.ops->free(b->dev.state);
     prefix_cache_free(&b->cache, &b->pool);
     kv_pool_free(&b->pool);
-    cpu_work_free(&b->work);
-    free(b->x);
-    free(b->cos);
-    free(b->sin);
-    free(b->at);
     free(b->pass_rows);
     free(b->pass_pos);
     free(b->pass_table);
     free(b->row_tokens);
+    free(b->row_pos);
     free(b->row_start);
     free(b->found);
     free(b->order);
-    if (!b->dev) free(b->head_out); /* else the device batch's */
     free(b->want);
     free(b->ids);
     free(b->layer_uses);
@@ -375,9 +366,9 @@ polar_status polar_batch_seq(const polar_batch *b, int id, polar_seq_info *info,
 const float *polar_batch_logits(const polar_batch *b, int id) {
     batch_seq *q = b ? find(b, id) : NULL;
     if (!q || q->head_row < 0) return NULL;
-    if (!q->logits_here) { /* CUDA: the row is still on the device */
+    if (!q->logits_here) { /* the row is still on the device */
         polar_error err;
-        if (cuda_batch_copy_logits(b->dev, q->head_row, &err) != POLAR_OK) return NULL;
+        if (b->dev.ops->copy_logits(b->dev.state, q->head_row, &err) != POLAR_OK) return NULL;
         q->logits_here = 1;
     }
     return b->head_out + (size_t)q->head_row * b->m->arch.vocab;
@@ -391,22 +382,17 @@ int polar_batch_running(const polar_batch *b) {
 
 int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
-/* Where q's start row of position pos is on the device. */
+/* Where q's start row of position pos is on the device (batch_device.h). */
 static int start_row(const polar_batch *b, const batch_seq *q, int pos) { return (int)(q - b->seqs) * b->max_ctx + pos; }
 
 /* Block j of q's prompt: the entries 0..s-1 at which the cache holds it
  * (their pool blocks into found[]), and the residual rows after entry s-1
- * into x_start. */
+ * into the device's start rows. */
 static int find_block(polar_batch *b, batch_seq *q, int j, int *found) {
-    size_t H = (size_t)b->m->arch.hidden;
     int s = 0, item = -1;
     for (int it; s < q->n_program && (it = prefix_cache_find(&b->cache, q->block_hash[j], q->entry_hash[s])) >= 0; s++)
         found[s] = b->cache.items[it].block, item = it;
-    if (item >= 0 && b->dev)
-        cuda_batch_cache_take(b->dev, item, start_row(b, q, j * CPU_KV_BLOCK), block_rows(q, j));
-    else if (item >= 0)
-        memcpy(q->x_start + (size_t)j * CPU_KV_BLOCK * H, prefix_cache_residual(&b->cache, item),
-               (size_t)block_rows(q, j) * H * sizeof(float));
+    if (item >= 0) b->dev.ops->cache_take(b->dev.state, item, start_row(b, q, j * CPU_KV_BLOCK), block_rows(q, j));
     return s;
 }
 
@@ -417,7 +403,7 @@ static int find_block(polar_batch *b, batch_seq *q, int j, int *found) {
  * are; a last partial block is copied (this sequence's generated tokens go
  * on filling it). */
 static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) {
-    size_t mb = (size_t)q->kv.max_blocks, kvd = (size_t)b->pool.kv_dim;
+    size_t mb = (size_t)q->kv.max_blocks;
     int full = q->n_prompt / CPU_KV_BLOCK, last = (q->n_prompt - 1) / CPU_KV_BLOCK, lead = 0, *found = b->found;
     q->looked_up = 1;
     for (int j = 0; j < prompt_blocks(q); j++) {
@@ -431,15 +417,9 @@ static void look_up_prefix(polar_batch *b, batch_seq *q, polar_batch_stats *st) 
             continue;
         }
         kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* the partial block (the last): fresh, its rows copied */
-        for (int k = 0; k < s; k++) {
-            size_t from = (size_t)found[k] * CPU_KV_BLOCK, to = (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK;
-            if (b->dev) {
-                cuda_batch_copy_kv(b->dev, from, to, block_rows(q, j));
-                continue;
-            }
-            memcpy(b->pool.k + to * kvd, b->pool.k + from * kvd, (size_t)block_rows(q, j) * kvd * sizeof(float));
-            memcpy(b->pool.v + to * kvd, b->pool.v + from * kvd, (size_t)block_rows(q, j) * kvd * sizeof(float));
-        }
+        for (int k = 0; k < s; k++)
+            b->dev.ops->copy_kv(b->dev.state, (size_t)found[k] * CPU_KV_BLOCK,
+                                (size_t)kv_seq_table(&q->kv, k)[j] * CPU_KV_BLOCK, block_rows(q, j));
     }
     kv_seq_grow(&b->pool, &q->kv, q->n_prompt, q->share); /* no partial block: map them all now */
     q->n_run = lead * CPU_KV_BLOCK;
@@ -548,35 +528,26 @@ static int table_offset(const polar_batch *b, const batch_seq *q, int k) {
     return ((int)(q - b->seqs) * b->cap_program + k) * q->kv.max_blocks;
 }
 
-/* Embed the rows' tokens (or take the cached residual they start from) and
- * their rope tables; map their cache rows (and mirror the tables that
- * grew on the device). */
+/* Map the rows' cache rows (and mirror the tables that grew on the
+ * device), embed their tokens, then replace the rows the prefix cache
+ * gives by the residual they start from. */
 static void embed_rows(polar_batch *b, int n_seqs, int rows) {
-    const polar_model *m = b->m;
-    const polar_arch *a = &m->arch;
-    int half = a->head_dim / 2, from_cache = 0;
+    int from_cache = 0;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
         grow_rows(b, q, q->n_run + q->n_rows);
-        if (b->dev && q->kv.n_mapped > q->dev_mapped) {
-            cuda_batch_put_tables(b->dev, q->kv.blocks, table_offset(b, q, 0), q->n_program * q->kv.max_blocks);
+        if (q->kv.n_mapped > q->dev_mapped) {
+            b->dev.ops->put_tables(b->dev.state, q->kv.blocks, table_offset(b, q, 0), q->n_program * q->kv.max_blocks);
             q->dev_mapped = q->kv.n_mapped;
         }
         for (int r = 0; r < q->n_rows; r++) {
             int row = q->row0 + r, pos = q->n_run + r;
-            if (b->dev) { /* embedded on the device, then the rows the cache gave replaced */
-                b->row_tokens[row] = q->tokens[pos];
-                if (b->row_start[row]) b->pass_rows[from_cache] = row, b->pass_pos[from_cache++] = start_row(b, q, pos);
-            } else if (b->row_start[row])
-                memcpy(b->x + (size_t)row * a->hidden, q->x_start + (size_t)pos * a->hidden, a->hidden * sizeof(float));
-            else
-                cpu_embed_q(b->x + (size_t)row * a->hidden, m->embed, m->t_embed, q->tokens[pos], a->hidden);
-            if (!b->dev)
-                cpu_rope_angles(b->cos + (size_t)row * half, b->sin + (size_t)row * half, m->rope_inv_freq, half, pos);
+            b->row_tokens[row] = q->tokens[pos], b->row_pos[row] = pos;
+            if (b->row_start[row]) b->pass_rows[from_cache] = row, b->pass_pos[from_cache++] = start_row(b, q, pos);
         }
     }
-    if (b->dev) cuda_batch_embed(b->dev, b->row_tokens, rows);
-    if (from_cache) cuda_batch_rows_from_start(b->dev, b->pass_rows, b->pass_pos, from_cache);
+    b->dev.ops->embed(b->dev.state, b->row_tokens, b->row_pos, rows);
+    if (from_cache) b->dev.ops->rows_from_start(b->dev.state, b->pass_rows, b->pass_pos, from_cache);
 }
 
 /* The lower bound of polar_batch_stats for the step's programs. */
@@ -597,7 +568,6 @@ static int min_passes(polar_batch *b, int n_seqs) {
 /* Into the prefix cache: the prompt blocks a pass just ran whole, their
  * K/V at the entry it ran and their residual rows after it. */
 static void cache_pass(polar_batch *b, int n_seqs) {
-    size_t H = (size_t)b->m->arch.hidden;
     for (int i = 0; i < n_seqs; i++) {
         const batch_seq *q = b->order[i];
         if (!q->in_pass || q->state != POLAR_SEQ_PREFILL || q->following == 1) continue;
@@ -606,9 +576,8 @@ static void cache_pass(polar_batch *b, int n_seqs) {
             if (q->block_start[j] <= k) {
                 int row = q->row0 + j * CPU_KV_BLOCK - q->n_run; /* the block's first row this step */
                 int item = prefix_cache_insert(&b->cache, &b->pool, q->block_hash[j], q->entry_hash[k],
-                                               kv_seq_table(&q->kv, k)[j], b->dev ? NULL : b->x + (size_t)row * H,
-                                               block_rows(q, j));
-                if (item >= 0 && b->dev) cuda_batch_cache_keep(b->dev, item, row, block_rows(q, j));
+                                               kv_seq_table(&q->kv, k)[j]);
+                if (item >= 0) b->dev.ops->cache_keep(b->dev.state, item, row, block_rows(q, j));
             }
     }
 }
@@ -616,10 +585,7 @@ static void cache_pass(polar_batch *b, int n_seqs) {
 /* Run every sequence's program over its rows, one pass per (layer, point
  * of the walk); returns the passes made. */
 static int walk_programs(polar_batch *b, int n_seqs) {
-    const polar_model *m = b->m;
-    size_t H = (size_t)m->arch.hidden;
-    int half = m->arch.head_dim / 2, passes = 0;
-    cpu_work *w = &b->work;
+    int passes = 0;
     for (;;) {
         int layer = -1;
         for (int i = 0; i < n_seqs; i++) {
@@ -635,33 +601,18 @@ static int walk_programs(polar_batch *b, int n_seqs) {
             for (int r = 0; r < q->n_rows && q->following != 1; r++) {
                 int row = q->row0 + r;
                 if (b->row_start[row] > q->cursor) continue; /* its block is cached here */
-                b->pass_rows[T] = row;
-                if (b->dev) {
-                    b->pass_pos[T] = q->n_run + r, b->pass_table[T++] = table_offset(b, q, q->cursor);
-                    continue;
-                }
-                b->at[T] = (cpu_token_at){.pos = q->n_run + r, .blocks = kv_seq_table(&q->kv, q->cursor),
-                                          .cos = b->cos + (size_t)row * half, .sin = b->sin + (size_t)row * half};
-                memcpy(w->x + (size_t)T++ * H, b->x + (size_t)row * H, H * sizeof(float));
+                b->pass_rows[T] = row, b->pass_pos[T] = q->n_run + r, b->pass_table[T++] = table_offset(b, q, q->cursor);
             }
             q->cursor++;
         }
-        if (b->dev) {
-            if (T) cuda_batch_pass(b->dev, layer, b->pass_rows, b->pass_pos, b->pass_table, T);
-        } else {
-            int round_in = b->round_like_cuda && T > CUDA_DECODE_TOKENS; /* as the GPU's GEMMs */
-            cpu_layer_forward(m, w, &m->layers[layer], &b->pool, b->at, T, round_in, b->round_like_cuda);
-            for (int t = 0; t < T; t++)
-                memcpy(b->x + (size_t)b->pass_rows[t] * H, w->x + (size_t)t * H, H * sizeof(float));
-        }
+        if (T) b->dev.ops->pass(b->dev.state, layer, b->pass_rows, b->pass_pos, b->pass_table, T);
         passes++;
         if (b->cache.cap) cache_pass(b, n_seqs);
         for (int i = 0; i < n_seqs; i++) { /* followers parting from their leader take its rows as they are now */
             batch_seq *q = b->order[i];
             if (q->following != 1 || q->cursor < q->shared) continue;
             const batch_seq *l = find(b, q->leader);
-            if (b->dev) cuda_batch_copy_rows(b->dev, q->row0, l->row0, q->n_rows);
-            else memcpy(b->x + (size_t)q->row0 * H, b->x + (size_t)l->row0 * H, (size_t)q->n_rows * H * sizeof(float));
+            b->dev.ops->copy_rows(b->dev.state, q->row0, l->row0, q->n_rows);
             q->following = 2;
         }
     }
@@ -671,7 +622,6 @@ static int walk_programs(polar_batch *b, int n_seqs) {
  * its block is not the leader's (the block the prompt ends in, which their
  * generated tokens will fill differently): copied from the leader. */
 static void copy_followed_kv(polar_batch *b, int n_seqs) {
-    size_t kvd = (size_t)b->pool.kv_dim;
     for (int i = 0; i < n_seqs; i++) {
         const batch_seq *q = b->order[i];
         if (!q->following) continue;
@@ -679,13 +629,7 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
         for (int k = 0; k < q->shared; k++)
             for (int j = q->n_run; j < q->n_run + q->n_rows; j++) {
                 size_t from = cpu_kv_row(kv_seq_table(&l->kv, k), j), to = cpu_kv_row(kv_seq_table(&q->kv, k), j);
-                if (from == to) continue;
-                if (b->dev) {
-                    cuda_batch_copy_kv(b->dev, from, to, 1);
-                    continue;
-                }
-                memcpy(b->pool.k + to * kvd, b->pool.k + from * kvd, kvd * sizeof(float));
-                memcpy(b->pool.v + to * kvd, b->pool.v + from * kvd, kvd * sizeof(float));
+                if (from != to) b->dev.ops->copy_kv(b->dev.state, from, to, 1);
             }
     }
 }
@@ -694,44 +638,26 @@ static void copy_followed_kv(polar_batch *b, int n_seqs) {
 /* Final norm and head over the last row of every sequence that completes a
  * token this step, then each one's next token. */
 static polar_status next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *st, polar_error *err) {
-    const polar_model *m = b->m;
-    const polar_arch *a = &m->arch;
-    cpu_work *w = &b->work;
-    size_t H = (size_t)a->hidden;
+    const polar_arch *a = &b->m->arch;
     int n = 0;
     for (int i = 0; i < n_seqs; i++) {
         batch_seq *q = b->order[i];
         q->n_run += q->n_rows;
         if (q->n_run < q->n_prompt) continue; /* mid-prompt: no logits yet */
-        int row = q->row0 + q->n_rows - 1;
-        if (b->dev) {
-            b->pass_rows[n] = row;
-        } else {
-            memcpy(w->x + (size_t)n * H, b->x + (size_t)row * H, H * sizeof(float));
-            cpu_final_norm(m, w, n);
-        }
+        b->pass_rows[n] = q->row0 + q->n_rows - 1;
+        b->want[n] = q->gen.temperature > 0;
         b->order[n++] = q; /* the step's walk is done: order now lists the sequences with logits */
     }
-    if (b->dev) { /* the GPU's head, and the end of its step */
-        for (int i = 0; i < n; i++) b->want[i] = b->order[i]->gen.temperature > 0;
-        polar_status s = n ? cuda_batch_head(b->dev, b->pass_rows, n, b->want, b->ids, err)
-                           : cuda_batch_finish(b->dev, err);
-        if (s != POLAR_OK) return s;
-    } else if (n) {
-        /* the GPU's head runs in slices of CUDA_LOGIT_ROWS, through a GEMM beyond CUDA_DECODE_TOKENS rows */
-        for (int r0 = 0; b->round_like_cuda && r0 < n; r0 += CUDA_LOGIT_ROWS)
-            if (n - r0 > CUDA_DECODE_TOKENS)
-                cpu_round_bf16(w->xn + (size_t)r0 * H, (size_t)(n - r0 < CUDA_LOGIT_ROWS ? n - r0 : CUDA_LOGIT_ROWS) * H);
-        cpu_matmul_q(b->head_out, w->xn, m->lm_head, m->t_lm_head, NULL, n, a->vocab, a->hidden, 0, b->n_threads, w->xq);
-    }
+    /* the head, and the end of the step */
+    polar_status s = n ? b->dev.ops->head(b->dev.state, b->pass_rows, n, b->want, b->ids, err)
+                       : b->dev.ops->finish(b->dev.state, err);
+    if (s != POLAR_OK) return s;
     for (int i = 0; i < n; i++) {
         batch_seq *q = b->order[i];
         const float *lg = b->head_out + (size_t)i * a->vocab;
-        q->head_row = i, q->logits_here = !b->dev || b->want[i];
-        int token = q->gen.temperature > 0 ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng,
-                                                          b->sample_work)
-                    : b->dev               ? b->ids[i]
-                                           : polar_argmax(lg, a->vocab);
+        q->head_row = i, q->logits_here = b->want[i];
+        int token = b->want[i] ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng, b->sample_work)
+                               : b->ids[i];
         q->tokens[q->n_prompt + q->n_generated++] = token;
         q->state = POLAR_SEQ_DECODE;
         int eos = !q->gen.ignore_eos && gen_stops_at(a, &q->gen, token);
@@ -750,11 +676,11 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     memset(stats, 0, sizeof *stats);
     if (!b) return polar_fail(err, POLAR_ERR_ARG, "batch step: no batch");
     if (b->broken) return refuse_broken(err);
-    if (b->dev) cuda_batch_begin(b->dev);
+    b->dev.ops->begin(b->dev.state);
     for (int i = 0; i < b->max_seqs; i++) b->seqs[i].head_row = -1; /* last step's logits: gone */
     int n_seqs, rows = plan_rows(b, &n_seqs, stats);
     if (!rows) { /* the plan may still have queued device copies (prefix-cache look-ups) */
-        polar_status st = b->dev ? cuda_batch_finish(b->dev, err) : POLAR_OK;
+        polar_status st = b->dev.ops->finish(b->dev.state, err);
         b->broken = st != POLAR_OK;
         return st;
     }
@@ -773,7 +699,7 @@ polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_er
     stats->layer_passes = walk_programs(b, n_seqs);
     copy_followed_kv(b, n_seqs);
     polar_status st = next_tokens(b, n_seqs, stats, err);
-    if (b->dev) stats->graph = cuda_batch_step_graph(b->dev);
+    stats->graph = b->dev.ops->step_graph(b->dev.state);
     b->broken = st != POLAR_OK; /* only the device fails here, with the step half done */
     return st;
 }

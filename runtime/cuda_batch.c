@@ -15,7 +15,7 @@
  * shape replay it: one launch for the whole step instead of a dozen per
  * pass. POLAR_CUDA_GRAPHS=0 turns this off. Built with POLAR_CUDA; without
  * it there is no device batch to create. */
-#include "backend.h"
+#include "batch_device.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -466,3 +466,36 @@ polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
 }
 
 #endif
+
+/* The calls of batch_device.h on the GPU (or, without CUDA, the stubs above). */
+static void op_begin(void *d) { cuda_batch_begin(d); }
+static void op_put_tables(void *d, const int *tables, int offset, int n) { cuda_batch_put_tables(d, tables, offset, n); }
+static void op_embed(void *d, const int *tokens, const int *pos, int R) {
+    (void)pos; /* the GPU's passes take the positions */
+    cuda_batch_embed(d, tokens, R);
+}
+static void op_pass(void *d, int layer, const int *rows, const int *pos, const int *table, int T) {
+    cuda_batch_pass(d, layer, rows, pos, table, T);
+}
+static void op_copy_rows(void *d, int dst, int src, int n) { cuda_batch_copy_rows(d, dst, src, n); }
+static void op_copy_kv(void *d, size_t from, size_t to, int n) { cuda_batch_copy_kv(d, from, to, n); }
+static void op_cache_keep(void *d, int item, int row, int n) { cuda_batch_cache_keep(d, item, row, n); }
+static void op_cache_take(void *d, int item, int start, int n) { cuda_batch_cache_take(d, item, start, n); }
+static void op_rows_from_start(void *d, const int *rows, const int *starts, int n) {
+    cuda_batch_rows_from_start(d, rows, starts, n);
+}
+static polar_status op_head(void *d, const int *rows, int n, const unsigned char *want, int *ids, polar_error *err) {
+    return cuda_batch_head(d, rows, n, want, ids, err);
+}
+static float *op_host_logits(void *d) { return cuda_batch_host_logits(d); }
+static polar_status op_copy_logits(void *d, int i, polar_error *err) { return cuda_batch_copy_logits(d, i, err); }
+static polar_status op_finish(void *d, polar_error *err) { return cuda_batch_finish(d, err); }
+static int op_step_graph(const void *d) { return cuda_batch_step_graph(d); }
+static void op_free(void *d) { cuda_batch_free(d); }
+
+const batch_device_ops cuda_batch_ops = {
+    .begin = op_begin, .put_tables = op_put_tables, .embed = op_embed, .pass = op_pass, .copy_rows = op_copy_rows,
+    .copy_kv = op_copy_kv, .cache_keep = op_cache_keep, .cache_take = op_cache_take,
+    .rows_from_start = op_rows_from_start, .head = op_head, .host_logits = op_host_logits,
+    .copy_logits = op_copy_logits, .finish = op_finish, .step_graph = op_step_graph, .free = op_free,
+};

@@ -4,15 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-int prefix_cache_init(prefix_cache *c, int cap, int hidden, int rows) {
-    *c = (prefix_cache){.cap = cap, .hidden = hidden, .free_head = -1, .oldest = -1, .newest = -1};
+int prefix_cache_init(prefix_cache *c, int cap) {
+    *c = (prefix_cache){.cap = cap, .free_head = -1, .oldest = -1, .newest = -1};
     if (cap == 0) return 1;
     c->n_buckets = 1;
     while (c->n_buckets < 2 * cap) c->n_buckets *= 2;
     c->items = malloc((size_t)cap * sizeof *c->items);
-    if (rows) c->residual = malloc((size_t)cap * CPU_KV_BLOCK * hidden * sizeof *c->residual);
     c->buckets = malloc((size_t)c->n_buckets * sizeof *c->buckets);
-    if (!c->items || (rows && !c->residual) || !c->buckets) {
+    if (!c->items || !c->buckets) {
         prefix_cache_free(c, NULL);
         return 0;
     }
@@ -25,7 +24,6 @@ void prefix_cache_free(prefix_cache *c, kv_pool *p) {
     while (p && prefix_cache_evict(c, p)) {
     }
     free(c->items);
-    free(c->residual);
     free(c->buckets);
     *c = (prefix_cache){0};
 }
@@ -111,8 +109,7 @@ int prefix_cache_evict_unmapped(prefix_cache *c, kv_pool *p) {
     return 0;
 }
 
-int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block, const float *residual,
-                        int rows) {
+int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, int block) {
     if (!c->cap || prefix_cache_find(c, th, eh) >= 0) return -1;
     if (c->free_head < 0) prefix_cache_evict(c, p);
     int i = c->free_head, bucket = bucket_of(c, th, eh);
@@ -121,8 +118,6 @@ int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t th, uint64_t eh, i
     c->buckets[bucket] = i;
     push_newest(c, i);
     p->refs[block]++;
-    if (residual)
-        memcpy(c->residual + (size_t)i * CPU_KV_BLOCK * c->hidden, residual, (size_t)rows * c->hidden * sizeof *residual);
     c->n_items++;
     return i;
 }

@@ -7,8 +7,9 @@
  * few-shot prefix shared by every question, or a program search's
  * neighbours that differ after their first L entries. The K/V rows stay in
  * the KV pool (the item holds a reference on their block, which sequences
- * then map read-only); the residual rows are the cache's own. Least
- * recently used items go first when it is full. */
+ * then map read-only); the residual rows are kept by the batch's device
+ * (batch_device.h), at the item's index. Least recently used items go
+ * first when it is full. */
 #ifndef POLAR_PREFIX_CACHE_H
 #define POLAR_PREFIX_CACHE_H
 
@@ -25,18 +26,16 @@ typedef struct {
 
 typedef struct {
     prefix_item *items;  /* [cap] */
-    float *residual;     /* [cap, CPU_KV_BLOCK, hidden], or NULL: on the device (item i's rows there) */
     int *buckets;        /* [n_buckets] first item of each, -1: empty */
-    int cap, n_buckets, hidden;
+    int cap, n_buckets;
     int free_head;       /* unused items */
     int oldest, newest;  /* the LRU list's ends */
     int n_items;
 } prefix_cache;
 
-/* Room for cap items of hidden-wide residual rows (rows 0: the caller keeps
- * them, at the item's index); 0 when out of memory. A cap of 0 is a cache
- * that holds nothing. */
-int prefix_cache_init(prefix_cache *c, int cap, int hidden, int rows);
+/* Room for cap items; 0 when out of memory. A cap of 0 is a cache that
+ * holds nothing. */
+int prefix_cache_init(prefix_cache *c, int cap);
 /* Gives every item's block reference back to p first. */
 void prefix_cache_free(prefix_cache *c, kv_pool *p);
 
@@ -47,12 +46,11 @@ size_t prefix_cache_item_bytes(size_t kv_block_bytes, int hidden);
 /* The item of a key (now the most recently used), or -1. */
 int prefix_cache_find(prefix_cache *c, uint64_t tokens_hash, uint64_t entries_hash);
 
-/* Keep block (one reference taken) and its residual rows [rows <=
- * CPU_KV_BLOCK, hidden] (NULL: the caller keeps them) under a key not yet
- * held, evicting the least recently used item when full. Returns the item,
- * or -1: nothing happens with a cap of 0 or a key already held. */
-int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block,
-                        const float *residual, int rows);
+/* Keep block (one reference taken) under a key not yet held, evicting the
+ * least recently used item when full. Returns the item (whose residual
+ * rows the caller keeps), or -1: nothing happens with a cap of 0 or a key
+ * already held. */
+int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint64_t entries_hash, int block);
 
 /* Drop the least recently used item (its block goes back to the pool when
  * no sequence maps it); 0 when empty. */
@@ -63,10 +61,6 @@ int prefix_cache_unmapped(const prefix_cache *c, const kv_pool *p);
 
 /* Drop the least recently used of those; 0 when there is none. */
 int prefix_cache_evict_unmapped(prefix_cache *c, kv_pool *p);
-
-static inline const float *prefix_cache_residual(const prefix_cache *c, int item) {
-    return c->residual + (size_t)item * CPU_KV_BLOCK * c->hidden;
-}
 
 /* The chains the keys are made of: a hash of the tokens up to a block's
  * end extends the previous block's (n, the block's length, is hashed too);
