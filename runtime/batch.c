@@ -34,7 +34,7 @@ typedef struct {
     int n_generated;
     int stopped_at_eos;
     int head_row;          /* its row of the last step's head (-1: it chose no token there): its logits */
-    int logits_here;       /* that row is in head_out (on CUDA only sampled rows come at once, others on request) */
+    int logits_here;       /* that row is in head_out (sampled rows come with the step, others when asked for) */
     polar_gen_opts gen;
     int stop[POLAR_BATCH_MAX_STOP];
     polar_rng rng;

@@ -22,7 +22,7 @@ typedef struct {
     float *logits;       /* [head_rows, vocab] the last head's */
 } cpu_batch;
 
-static void step_free(void *state) {
+static void cpu_batch_free(void *state) {
     cpu_batch *c = state;
     if (!c) return;
     cpu_work_free(&c->work);
@@ -48,13 +48,15 @@ void *cpu_batch_create(const polar_model *m, const cpu_batch_shape *sh, kv_pool 
     c->cos = malloc(R * half * sizeof *c->cos);
     c->sin = malloc(R * half * sizeof *c->sin);
     c->at = malloc(R * sizeof *c->at);
-    c->tables = calloc((size_t)sh->tables, sizeof *c->tables);
+    c->tables = malloc((size_t)sh->tables * sizeof *c->tables);
     if (sh->start_rows) c->start = malloc((size_t)sh->start_rows * H * sizeof *c->start);
     if (sh->cache_items) c->cached = malloc((size_t)sh->cache_items * CPU_KV_BLOCK * H * sizeof *c->cached);
     c->logits = malloc((size_t)sh->head_rows * a->vocab * sizeof *c->logits);
+    if (c->tables) /* -1, as the host's tables start: a table never put is no block */
+        memset(c->tables, 0xff, (size_t)sh->tables * sizeof *c->tables);
     if (!ok || !c->x || !c->cos || !c->sin || !c->at || !c->tables || (sh->start_rows && !c->start) ||
         (sh->cache_items && !c->cached) || !c->logits) {
-        step_free(c);
+        cpu_batch_free(c);
         return NULL;
     }
     return c;
@@ -62,14 +64,14 @@ void *cpu_batch_create(const polar_model *m, const cpu_batch_shape *sh, kv_pool 
 
 static size_t hidden(const cpu_batch *c) { return (size_t)c->m->arch.hidden; }
 
-static void step_begin(void *state) { (void)state; }
+static void cpu_batch_begin(void *state) { (void)state; }
 
-static void step_put_tables(void *state, const int *tables, int offset, int n) {
+static void cpu_batch_put_tables(void *state, const int *tables, int offset, int n) {
     cpu_batch *c = state;
     memcpy(c->tables + offset, tables, (size_t)n * sizeof *tables);
 }
 
-static void step_embed(void *state, const int *tokens, const int *pos, int R) {
+static void cpu_batch_embed(void *state, const int *tokens, const int *pos, int R) {
     cpu_batch *c = state;
     const polar_model *m = c->m;
     int half = m->arch.head_dim / 2;
@@ -79,7 +81,7 @@ static void step_embed(void *state, const int *tokens, const int *pos, int R) {
     }
 }
 
-static void step_pass(void *state, int layer, const int *rows, const int *pos, const int *table, int T) {
+static void cpu_batch_pass(void *state, int layer, const int *rows, const int *pos, const int *table, int T) {
     cpu_batch *c = state;
     const polar_model *m = c->m;
     size_t H = hidden(c);
@@ -94,12 +96,12 @@ static void step_pass(void *state, int layer, const int *rows, const int *pos, c
     for (int t = 0; t < T; t++) memcpy(c->x + (size_t)rows[t] * H, c->work.x + (size_t)t * H, H * sizeof(float));
 }
 
-static void step_copy_rows(void *state, int dst, int src, int n) {
+static void cpu_batch_copy_rows(void *state, int dst, int src, int n) {
     cpu_batch *c = state;
     memcpy(c->x + (size_t)dst * hidden(c), c->x + (size_t)src * hidden(c), (size_t)n * hidden(c) * sizeof(float));
 }
 
-static void step_copy_kv(void *state, size_t from, size_t to, int n) {
+static void cpu_batch_copy_kv(void *state, size_t from, size_t to, int n) {
     cpu_batch *c = state;
     size_t kvd = (size_t)c->pool->kv_dim;
     memcpy(c->pool->k + to * kvd, c->pool->k + from * kvd, (size_t)n * kvd * sizeof(float));
@@ -108,23 +110,23 @@ static void step_copy_kv(void *state, size_t from, size_t to, int n) {
 
 static float *cached_rows(cpu_batch *c, int item) { return c->cached + (size_t)item * CPU_KV_BLOCK * hidden(c); }
 
-static void step_cache_keep(void *state, int item, int row, int n) {
+static void cpu_batch_cache_keep(void *state, int item, int row, int n) {
     cpu_batch *c = state;
     memcpy(cached_rows(c, item), c->x + (size_t)row * hidden(c), (size_t)n * hidden(c) * sizeof(float));
 }
 
-static void step_cache_take(void *state, int item, int start, int n) {
+static void cpu_batch_cache_take(void *state, int item, int start, int n) {
     cpu_batch *c = state;
     memcpy(c->start + (size_t)start * hidden(c), cached_rows(c, item), (size_t)n * hidden(c) * sizeof(float));
 }
 
-static void step_rows_from_start(void *state, const int *rows, const int *starts, int n) {
+static void cpu_batch_rows_from_start(void *state, const int *rows, const int *starts, int n) {
     cpu_batch *c = state;
     for (int i = 0; i < n; i++)
         memcpy(c->x + (size_t)rows[i] * hidden(c), c->start + (size_t)starts[i] * hidden(c), hidden(c) * sizeof(float));
 }
 
-static polar_status step_head(void *state, const int *rows, int n, const unsigned char *want, int *ids,
+static polar_status cpu_batch_head(void *state, const int *rows, int n, const unsigned char *want, int *ids,
                              polar_error *err) {
     (void)err;
     cpu_batch *c = state;
@@ -146,27 +148,28 @@ static polar_status step_head(void *state, const int *rows, int n, const unsigne
     return POLAR_OK;
 }
 
-static float *step_host_logits(void *state) { return ((cpu_batch *)state)->logits; }
+static float *cpu_batch_host_logits(void *state) { return ((cpu_batch *)state)->logits; }
 
 /* Every row of the head is on the host already. */
-static polar_status step_copy_logits(void *state, int i, polar_error *err) {
+static polar_status cpu_batch_copy_logits(void *state, int i, polar_error *err) {
     (void)state, (void)i, (void)err;
     return POLAR_OK;
 }
 
-static polar_status step_finish(void *state, polar_error *err) {
+static polar_status cpu_batch_finish(void *state, polar_error *err) {
     (void)state, (void)err;
     return POLAR_OK;
 }
 
-static int step_step_graph(const void *state) {
+static int cpu_batch_graph(const void *state) {
     (void)state;
     return 0;
 }
 
 const batch_device_ops cpu_batch_ops = {
-    .begin = step_begin, .put_tables = step_put_tables, .embed = step_embed, .pass = step_pass,
-    .copy_rows = step_copy_rows, .copy_kv = step_copy_kv, .cache_keep = step_cache_keep, .cache_take = step_cache_take,
-    .rows_from_start = step_rows_from_start, .head = step_head, .host_logits = step_host_logits,
-    .copy_logits = step_copy_logits, .finish = step_finish, .step_graph = step_step_graph, .free = step_free,
+    .begin = cpu_batch_begin, .put_tables = cpu_batch_put_tables, .embed = cpu_batch_embed, .pass = cpu_batch_pass,
+    .copy_rows = cpu_batch_copy_rows, .copy_kv = cpu_batch_copy_kv, .cache_keep = cpu_batch_cache_keep,
+    .cache_take = cpu_batch_cache_take, .rows_from_start = cpu_batch_rows_from_start, .head = cpu_batch_head,
+    .host_logits = cpu_batch_host_logits, .copy_logits = cpu_batch_copy_logits, .finish = cpu_batch_finish,
+    .step_graph = cpu_batch_graph, .free = cpu_batch_free,
 };
