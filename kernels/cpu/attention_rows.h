@@ -22,6 +22,30 @@ static inline void values_scalar(float *out, const float *p, int n, const float 
     }
 }
 
+/* A level whose keys are scored four at a time (four_scores, dot and
+ * softmax_scores defined before it) gets from this the softmaxed scores of
+ * a tile of Q queries (rows q_stride apart), query t over keys
+ * 0..n0+t-1 at scores + t * ss: the four-key groups every query scores,
+ * for each query while the keys are in L1, then each query's own rest. */
+#define TILE_SCORES_BY_FOURS_FUNCTION                                                                             \
+    INLINE void tile_scores(int Q, const float *q, size_t q_stride, const float *kb, const int *blocks, int n0,      \
+                            int h, int hd, int kv_dim, float scale, float *scores, size_t ss) {                     \
+        int shared = n0 / 4 * 4;                                                                                    \
+        for (int j = 0; j < shared; j += 4) {                                                                       \
+            const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;                                                  \
+            for (int t = 0; t < Q; t++)                                                                             \
+                four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale);         \
+        }                                                                                                           \
+        for (int t = 0; t < Q; t++) {                                                                               \
+            float *st = scores + t * ss;                                                                            \
+            const float *qh = q + t * q_stride + (size_t)h * hd;                                                    \
+            int j = shared, n = n0 + t;                                                                             \
+            for (; j + 4 <= n; j += 4) four_scores(st + j, qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim, scale); \
+            for (; j < n; j++) st[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;                   \
+            softmax_scores(st, n);                                                                                  \
+        }                                                                                                           \
+    }
+
 /* cpu_kernels.attention_rows: n_q queries in tiles of ATTENTION_QUERIES,
  * each tile height its own unrolled copy of attention_tile. */
 #define ATTENTION_ROWS_FUNCTION(name)                                                                                 \

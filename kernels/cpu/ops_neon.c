@@ -173,6 +173,8 @@ INLINE void softmax_scores(float *scores, int n) {
     for (j = 0; j < n; j++) scores[j] /= sum;
 }
 
+TILE_SCORES_BY_FOURS_FUNCTION
+
 /* out_q[i..i+16) = sum_j p_qj v_j for Q queries, query q over keys
  * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
  * the tile, the sums in registers, j ascending for every output lane as
@@ -204,19 +206,7 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
     const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int shared = n0 / 4 * 4; /* keys every query of the tile scores four at a time */
-    for (int j = 0; j < shared; j += 4) {
-        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
-        for (int t = 0; t < Q; t++) four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale);
-    }
-    for (int t = 0; t < Q; t++) {
-        float *st = scores + t * ss;
-        const float *qh = q + t * q_stride + (size_t)h * hd;
-        int j = shared, n = n0 + t;
-        for (; j + 4 <= n; j += 4) four_scores(st + j, qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim, scale);
-        for (; j < n; j++) st[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
-        softmax_scores(st, n);
-    }
+    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss);
     float *oh = out + (size_t)h * hd;
     int i = 0;
     for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss);
