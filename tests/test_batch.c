@@ -437,6 +437,53 @@ static void batch_errors(void) {
     polar_model_free(m);
 }
 
+/* Random scenarios: 10-17 requests on programs that skip, repeat and
+ * reorder layers, prompts of 1-56 tokens (shared prefixes of whole blocks
+ * or none; a third the same as the request before, added with it),
+ * arrivals over steps, sampled and greedy, some cancelled; 2-5
+ * slots (reused as requests end), 5-44 tokens a step, a prefix cache of
+ * 2-31 items or none. Every token and its logits as the request alone. */
+static void batch_random(void) {
+    static const char *programs[] = {"0-3", "0,1,3", "0,1,1,2,3", "0,2,1,3", "0-2,2,3", "1-3", "0,1,2"};
+    static const int lengths[] = {3, 16, 20, 37, 50, 33};
+    polar_model_info info;
+    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    if (!m) return;
+    int V = info.arch.vocab, D = info.arch.n_layers;
+    uint64_t r = 0x243F6A8885A308D3ull;
+    long requests = 0, tokens = 0, cached = 0, shared = 0;
+    int refused = 0;
+#define PICK(n) ((int)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n))
+    for (int seed = 0; seed < 16; seed++) {
+        request rq[20];
+        int n = 10 + PICK(8);
+        for (int i = 0; i < n; i++) {
+            int np = PICK(4) ? lengths[PICK(6)] : 1 + PICK(56), prefix = PICK(3) ? 16 * (1 + PICK(3)) : 0;
+            rq[i] = (request){.program = programs[PICK(7)], .n_prompt = np, .max_new = 1 + PICK(64 - np < 12 ? 64 - np : 12),
+                              .prefix = prefix < np ? prefix : np, .variant = PICK(2), .arrive = 3 * PICK(4),
+                              .temperature = PICK(3) ? 0.0f : 0.8f, .cancel = PICK(5) ? 0 : 1 + PICK(3)};
+            if (i && PICK(3) == 0) { /* the previous request's prompt, added with it: it may follow that one */
+                rq[i].n_prompt = rq[i - 1].n_prompt, rq[i].prefix = rq[i - 1].prefix, rq[i].variant = rq[i - 1].variant;
+                rq[i].arrive = rq[i - 1].arrive, rq[i].max_new = rq[i - 1].max_new;
+            }
+        }
+        for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
+        polar_batch_opts bo = {.max_seqs = 2 + PICK(4), .max_ctx = 64, .max_program_len = 2 * D,
+                               .step_tokens = 5 + PICK(40), .n_threads = 2};
+        if (seed % 2) bo.prefix_cache_bytes = cache_bytes(&info, 2 + PICK(30));
+        polar_batch_stats total;
+        refused += serve(m, rq, n, &bo, V, D, &total);
+        cached += total.cached_entries, shared += total.shared_entries, requests += n;
+        for (int i = 0; i < n; i++) tokens += rq[i].n_want;
+        free_requests(rq, n);
+    }
+#undef PICK
+    printf("  %ld requests, %ld tokens compared, %d adds refused, %ld (token, entry) pairs cached, %ld shared\n",
+           requests, tokens, refused, cached, shared);
+    CHECK(refused > 0 && cached > 0 && shared > 0, "the scenarios miss a full batch, the cache or prompt sharing");
+    polar_model_free(m);
+}
+
 int main(void) {
     RUN(batch_llama);
     RUN(batch_qwen3);
@@ -448,5 +495,6 @@ int main(void) {
     RUN(batch_default_model);
     RUN(batch_passes);
     RUN(batch_errors);
+    RUN(batch_random);
     TEST_EXIT();
 }
