@@ -46,6 +46,13 @@ static inline void values_scalar(float *out, const float *p, int n, const float 
         }                                                                                                           \
     }
 
+/* cpu_kernels.attention_head: one query, a tile of one. */
+#define ATTENTION_HEAD_FUNCTION(name)                                                                                \
+    static void name(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks,      \
+                     int pos, int h, int n_heads, int n_kv, int hd, float *scores) {                                 \
+        attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);               \
+    }
+
 /* cpu_kernels.attention_rows: n_q queries in tiles of ATTENTION_QUERIES,
  * each tile height its own unrolled copy of attention_tile. */
 #define ATTENTION_ROWS_FUNCTION(name)                                                                                 \

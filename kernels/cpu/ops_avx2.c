@@ -266,10 +266,7 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
 
 ATTENTION_ROWS_FUNCTION(avx2_attention_rows)
 
-static void avx2_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
-                                int n_heads, int n_kv, int hd, float *scores) {
-    attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
-}
+ATTENTION_HEAD_FUNCTION(avx2_attention_head)
 
 static void avx2_swiglu(float *g, const float *u, int n) {
     int i = 0;
