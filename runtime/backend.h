@@ -26,11 +26,22 @@ typedef struct cuda_state cuda_state;
  * (whole 16 x 16 tiles) in a prefill chunk. */
 static inline int cuda_expert_gemm_fits(int hidden, int moe_ffn) { return hidden % 16 == 0 && moe_ffn % 16 == 0; }
 
-/* Device state for a session: the model's device weights (uploaded by the
- * first session, shared after), KV slots for cap_program
- * execution positions x max_ctx tokens, workspaces for chunk tokens.
- * cap_program 0: no slots, the state of a batch (cuda_batch below). */
-polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+/* What a cuda_state holds besides the model's device weights (uploaded by
+ * the first state, shared after): workspaces for chunk tokens, a paged bf16
+ * KV pool of n_blocks blocks (ids of the host's kv_pool) and a mirror of
+ * n_tables ints of block tables. A session's tables are fixed at creation
+ * (its kv_seq, every block mapped): execution position k's at k x
+ * max_blocks; a batch's (cap_program 0, tables NULL) arrive by
+ * cuda_batch_put_tables. */
+typedef struct {
+    int chunk;
+    int cap_program;   /* a session: entries of its longest program (its decode graphs); 0: a batch's state */
+    int n_blocks, n_tables;
+    const int *tables; /* [n_tables] host ints, or NULL */
+    int max_blocks;
+} cuda_state_shape;
+
+polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
                                polar_error *err);
 void cuda_state_free(cuda_state *c);
 

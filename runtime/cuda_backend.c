@@ -1,7 +1,8 @@
 /* The CUDA backend of a session: the CPU forward of session.c, op for op, on
  * the GPU (kernels/cuda), dense and mixture-of-experts layers. The weights
  * are uploaded once per model, by its first CUDA session, and shared; each
- * session's KV cache holds one bf16 slot per execution position. Built by `make cuda`
+ * session's KV cache is a paged bf16 pool under the block tables of its
+ * host kv_seq, as a batch's. Built by `make cuda`
  * (POLAR_CUDA); without it every entry point says so. */
 #include "backend.h"
 
@@ -18,9 +19,9 @@ int polar_cuda_available(char *why, size_t why_size) {
     return 0;
 }
 
-polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
                                polar_error *err) {
-    (void)m, (void)cap_program, (void)max_ctx, (void)chunk;
+    (void)m, (void)shape;
     *out = NULL;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend (build it with make cuda)");
 }
@@ -219,9 +220,10 @@ void cuda_state_free(cuda_state *c) {
     free(c);
 }
 
-polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ctx, int chunk, cuda_state **out,
+polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
                                polar_error *err) {
     *out = NULL;
+    int cap_program = shape->cap_program, chunk = shape->chunk;
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
     const polar_arch *a = &m->arch;
@@ -229,8 +231,8 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     c->m = m;
     c->cap_program = cap_program;
-    c->max_ctx = max_ctx;
     c->chunk = chunk;
+    c->max_blocks = shape->max_blocks;
     if (a->head_dim > 256) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
@@ -255,10 +257,11 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
-    size_t C = (size_t)chunk, cache = (size_t)cap_program * (size_t)max_ctx * kv;
+    size_t C = (size_t)chunk, pool = (size_t)shape->n_blocks * CUDA_KV_BLOCK * kv, n_tables = (size_t)shape->n_tables;
     /* a batch's state (no slots) runs every pass through split-K attention */
     int split_rows = cap_program ? DECODE_TOKENS : chunk;
-    int ok = (c->k_cache = cuda_dev_alloc(c, cache * sizeof(bf16))) && (c->v_cache = cuda_dev_alloc(c, cache * sizeof(bf16))) &&
+    int ok = (c->k_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) && (c->v_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) &&
+         (c->tables = cuda_dev_alloc(c, n_tables * sizeof(int))) &&
          (c->x = cuda_dev_alloc(c, C * H * 4)) && (c->xn = cuda_dev_alloc(c, C * H * 4)) && (c->q = cuda_dev_alloc(c, C * q * 4)) &&
          (c->k = cuda_dev_alloc(c, C * kv * 4)) && (c->v = cuda_dev_alloc(c, C * kv * 4)) && (c->att = cuda_dev_alloc(c, C * q * 4)) &&
          (c->gate = cuda_dev_alloc(c, C * F * 4)) && (c->up = cuda_dev_alloc(c, C * F * 4)) &&
@@ -291,6 +294,14 @@ polar_status cuda_state_create(const polar_model *m, int cap_program, int max_ct
     if (!ok) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the KV cache and workspaces");
+    }
+    if (shape->tables) {
+        e = cudaMemcpyAsync(c->tables, shape->tables, n_tables * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            cuda_state_free(c);
+            return cuda_error(err, e, "copying the block tables");
+        }
     }
     *out = c;
     return POLAR_OK;
@@ -379,31 +390,22 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
 }
 
 /* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
- * K/V stored, attention (cuda_layer_forward says where). */
-static void attend(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
-                   bf16 *v_pool) {
+ * K/V stored, attention (cuda_layer_forward says which kernel). */
+static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map) {
     const polar_arch *a = &c->m->arch;
-    int hd = a->head_dim, kvd = a->n_kv_heads * hd, splits = cuda_attention_splits(T, a->n_kv_heads, c->sms);
+    int hd = a->head_dim;
     float eps = (float)a->rms_eps;
     void *s = c->stream;
-    if (map) {
-        cuda_qk_rope_store_paged(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, k_pool, v_pool, *map, T,
-                                 a->n_heads, a->n_kv_heads, hd, eps, s);
-        cuda_attention_paged(c->att, c->q, k_pool, v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads, hd, splits,
-                             s);
-        return;
-    }
-    bf16 *kc = c->k_cache + (size_t)slot * c->max_ctx * kvd, *vc = c->v_cache + (size_t)slot * c->max_ctx * kvd;
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, kc, vc, c->pos, T, a->n_heads,
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
                        a->n_kv_heads, hd, eps, s);
-    if (T <= DECODE_TOKENS)
-        cuda_attention_decode(c->att, c->q, kc, vc, c->scores, c->pos, T, a->n_heads, a->n_kv_heads, hd, splits, s);
+    if (map->pos0 && T > DECODE_TOKENS)
+        cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, *map, T, a->n_heads, a->n_kv_heads, hd, 0, s);
     else
-        cuda_attention_prefill(c->att, c->q, kc, vc, c->pos, T, a->n_heads, a->n_kv_heads, hd, 0, s);
+        cuda_attention_decode(c->att, c->q, c->k_pool, c->v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads, hd,
+                              cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
 }
 
-void cuda_layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
-                        bf16 *v_pool) {
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
     float eps = (float)a->rms_eps;
@@ -416,7 +418,7 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, 
         cuda_mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
         cuda_mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
-    attend(c, w, slot, T, map, k_pool, v_pool);
+    attend(c, w, T, map);
     cuda_mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
@@ -433,7 +435,10 @@ static void forward_layers(cuda_state *c, const int *program, int n_program, int
     const polar_arch *a = &c->m->arch;
     int H = a->hidden;
     cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
-    for (int k = 0; k < n_program; k++) cuda_layer_forward(c, &c->layers[program[k]], k, T, NULL, NULL, NULL);
+    for (int k = 0; k < n_program; k++) {
+        cuda_kv_map map = {.pos0 = c->pos, .tables = c->tables, .run_table = k * c->max_blocks};
+        cuda_layer_forward(c, &c->layers[program[k]], T, &map);
+    }
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
                  c->stream);
 }

@@ -1,7 +1,7 @@
 /* The device side of a batch (backend.h): runtime/batch.c plans each step
  * on the host and calls these to run it on the GPU. A layer pass gathers
- * its rows of the step's residual into the workspace of a slotless
- * cuda_state, runs cuda_layer_forward with each token's position and block
+ * its rows of the step's residual into the workspace of its cuda_state
+ * (which holds the KV pool and the tables' mirror), runs cuda_layer_forward with each token's position and block
  * table, and scatters them back. The ints a step needs on the device
  * (tokens, each pass's rows, positions and tables, the head rows) go
  * through one pinned staging area, each at its own offset, so nothing is
@@ -99,11 +99,9 @@ typedef struct {
 } step_graph;
 
 struct cuda_batch {
-    cuda_state *c;         /* weights, workspaces for `rows` tokens, stream, cuBLASLt; no KV slots */
+    cuda_state *c;         /* weights, workspaces for `rows` tokens, stream, cuBLASLt, the KV pool and tables */
     int rows;
     size_t kv_dim;
-    bf16 *k_pool, *v_pool; /* [n_blocks * CUDA_KV_BLOCK, kv_dim] */
-    int *tables;           /* [tables] the host's block tables, mirrored */
     float *x;              /* [rows, hidden] the step's residual streams */
     float *cache_rows;     /* [cache_items * CUDA_KV_BLOCK, hidden] the prefix cache's residual rows */
     float *start;          /* [start_rows, hidden] rows cached prompt blocks start from, per sequence */
@@ -137,7 +135,8 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
     const cuda_batch_shape *sh = shape;
     cuda_batch *d = calloc(1, sizeof *d);
     if (!d) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
-    polar_status st = cuda_state_create(m, 0, 1, sh->rows, &d->c, err);
+    cuda_state_shape cs = {.chunk = sh->rows, .n_blocks = sh->n_blocks, .n_tables = sh->tables};
+    polar_status st = cuda_state_create(m, &cs, &d->c, err);
     if (st != POLAR_OK) {
         free(d);
         return st;
@@ -153,11 +152,7 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
     d->cap_ops = (int)(2 * R * sh->cap_program + 4 * R + 8);
     const char *env = getenv("POLAR_CUDA_GRAPHS");
     d->graphs = !(env && !strcmp(env, "0"));
-    size_t pool = (size_t)sh->n_blocks * CUDA_KV_BLOCK * d->kv_dim;
-    int ok = (d->k_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
-             (d->v_pool = cuda_dev_alloc(d->c, pool * sizeof(bf16))) &&
-             (d->tables = cuda_dev_alloc(d->c, d->n_tables * sizeof(int))) &&
-             (d->x = cuda_dev_alloc(d->c, R * H * sizeof(float))) &&
+    int ok = (d->x = cuda_dev_alloc(d->c, R * H * sizeof(float))) &&
              (d->ints = cuda_dev_alloc(d->c, d->cap_ints * sizeof(int))) &&
              (d->logits = cuda_dev_alloc(d->c, HR * V * sizeof(float))) &&
              (d->ids = cuda_dev_alloc(d->c, HR * sizeof(int))) &&
@@ -250,9 +245,9 @@ static void issue(cuda_batch *d, const step_op *o) {
         break;
     case OP_PASS: {
         const int *r = upload(d, o->at, 3 * (size_t)n);
-        cuda_kv_map map = {NULL, r + n, r + 2 * n, d->tables};
+        cuda_kv_map map = {.pos = r + n, .table = r + 2 * n, .tables = c->tables};
         cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
-        cuda_layer_forward(c, &c->layers[o->a], 0, n, &map, d->k_pool, d->v_pool);
+        cuda_layer_forward(c, &c->layers[o->a], n, &map);
         cuda_copy_rows(d->x, c->x, r, NULL, n, H, s);
         break;
     }
@@ -261,9 +256,9 @@ static void issue(cuda_batch *d, const step_op *o) {
         break;
     case OP_COPY_KV: {
         size_t w = d->kv_dim, bytes = (size_t)n * w * sizeof(bf16);
-        if (cudaMemcpyAsync(d->k_pool + o->b * w, d->k_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) !=
+        if (cudaMemcpyAsync(c->k_pool + o->b * w, c->k_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) !=
                 cudaSuccess ||
-            cudaMemcpyAsync(d->v_pool + o->b * w, d->v_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+            cudaMemcpyAsync(c->v_pool + o->b * w, c->v_pool + o->a * w, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
             d->failed = 1;
         break;
     }
@@ -397,7 +392,7 @@ void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) 
     int *stage = d->table_staging + d->tables_used;
     memcpy(stage, tables, (size_t)n * sizeof(int));
     d->tables_used += (size_t)n;
-    if (cudaMemcpyAsync(d->tables + offset, stage, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
+    if (cudaMemcpyAsync(d->c->tables + offset, stage, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
         cudaSuccess)
         d->failed = 1;
 }

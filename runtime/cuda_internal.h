@@ -1,6 +1,6 @@
 /* The CUDA backend's state, shared by its two users: a session
- * (cuda_backend.c: one sequence, a bf16 KV slot per execution position) and
- * a batch (cuda_batch.c: many sequences over a paged KV pool). Built only
+ * (cuda_backend.c: one sequence) and a batch (cuda_batch.c: many
+ * sequences), both over a paged bf16 KV pool. Built only
  * with POLAR_CUDA. */
 #ifndef POLAR_CUDA_INTERNAL_H
 #define POLAR_CUDA_INTERNAL_H
@@ -49,9 +49,10 @@ struct cuda_state {
     const bf16 *embed, *final_norm, *lm_head;
     const float *inv_freq;
     dev_allocs allocs;           /* KV cache and workspaces */
-    int cap_program, max_ctx, chunk;
+    int cap_program, chunk, max_blocks; /* cuda_state_shape */
     int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
-    bf16 *k_cache, *v_cache;     /* [cap_program, max_ctx, n_kv*head_dim] (a batch's state: none) */
+    bf16 *k_pool, *v_pool;       /* [n_blocks * CUDA_KV_BLOCK, n_kv*head_dim] */
+    int *tables;                 /* [n_tables] the host's block tables, mirrored */
     float *x, *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
     float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
     float *scores;               /* split-K attention partials: cuda_attention_scratch_upto of DECODE_TOKENS
@@ -92,11 +93,10 @@ void *cuda_dev_alloc(cuda_state *c, size_t bytes);
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate);
 
-/* One decoder layer over the T tokens of c->x, in place. map NULL: a
- * session's tokens at *c->pos.. in KV slot `slot`; else a batch's, each at
- * its own position and block table of the paged pool k_pool / v_pool (every
- * T through split-K attention, on scratch c->scores). */
-void cuda_layer_forward(cuda_state *c, const layer_weights *w, int slot, int T, const cuda_kv_map *map, bf16 *k_pool,
-                        bf16 *v_pool);
+/* One decoder layer over the T tokens of c->x, in place, their K/V rows in
+ * the pool where map says: a session's run (map->pos0) through the tiled
+ * prefill attention beyond DECODE_TOKENS tokens, anything else through
+ * split-K attention on scratch c->scores. */
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map);
 
 #endif

@@ -4,21 +4,23 @@
 #include <stdlib.h>
 
 int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows) {
-    size_t n_rows = (size_t)n_blocks * CPU_KV_BLOCK;
     *p = (kv_pool){.n_blocks = n_blocks, .kv_dim = kv_dim};
-    if (rows) {
-        p->k = malloc(n_rows * (size_t)kv_dim * sizeof(float));
-        p->v = malloc(n_rows * (size_t)kv_dim * sizeof(float));
-    }
     p->free_blocks = malloc((size_t)n_blocks * sizeof *p->free_blocks);
     p->refs = calloc((size_t)n_blocks, sizeof *p->refs);
-    if ((rows && (!p->k || !p->v)) || !p->free_blocks || !p->refs) {
+    if ((rows && !kv_pool_add_rows(p)) || !p->free_blocks || !p->refs) {
         kv_pool_free(p);
         return 0;
     }
     for (int i = 0; i < n_blocks; i++) p->free_blocks[i] = n_blocks - 1 - i;
     p->n_free = n_blocks;
     return 1;
+}
+
+int kv_pool_add_rows(kv_pool *p) {
+    size_t n = (size_t)p->n_blocks * CPU_KV_BLOCK * p->kv_dim;
+    if (!p->k) p->k = malloc(n * sizeof(float));
+    if (!p->v) p->v = malloc(n * sizeof(float));
+    return p->k && p->v;
 }
 
 void kv_pool_free(kv_pool *p) {

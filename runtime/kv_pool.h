@@ -32,6 +32,8 @@ typedef struct {
 /* 0 when out of memory. rows 0: the block bookkeeping only, k and v NULL
  * (the rows live on a device). */
 int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows);
+/* The host rows of a pool made without them; 0 when out of memory. */
+int kv_pool_add_rows(kv_pool *p);
 void kv_pool_free(kv_pool *p);
 
 /* Blocks a sequence needs for n_program positions x n_tokens tokens. */

@@ -1,10 +1,13 @@
-/* A session runs one program over a growing token sequence on the CPU.
+/* A session runs one program over a growing token sequence, on the CPU or
+ * (cuda_backend.c) a GPU.
  *
  * The KV cache is keyed by execution position: entry k of the program owns
  * slot k, whatever layer it runs. A layer repeated in the program therefore
  * gets one slot per occurrence, a skipped layer none: exactly an unrolled
  * model with tied weights, so decoding with the cache equals a full
- * recompute. Everything is allocated in polar_session_create. */
+ * recompute. The cache is kv_pool.h's, as a batch's, its blocks all mapped
+ * at creation (their rows on the GPU when the session runs there).
+ * Everything is allocated in polar_session_create. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -83,22 +86,29 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     char why[256];
     int use_cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(why, sizeof why));
     s->cuda_chunk = s->max_ctx < CUDA_PREFILL_CHUNK ? s->max_ctx : CUDA_PREFILL_CHUNK;
-    s->chunk = use_cuda ? s->cuda_chunk : PREFILL_CHUNK;
-    if (use_cuda && (st = cuda_state_create(m, s->cap_program, s->max_ctx, s->chunk, &s->cuda, err)) != POLAR_OK) {
-        if (o.device == POLAR_DEVICE_CUDA) {
-            free(s);
+    /* The KV cache: every block mapped now, in the pool's rows on the CPU,
+     * on a GPU in its device pool under the same tables. */
+    int n_blocks = kv_blocks_for(s->cap_program, s->max_ctx);
+    int kv_ok = kv_pool_init(&s->pool, n_blocks, (int)kv, 0) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
+                kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx);
+    if (kv_ok) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL);
+    if (kv_ok && use_cuda) {
+        cuda_state_shape shape = {.chunk = s->cuda_chunk,
+                                  .cap_program = s->cap_program,
+                                  .n_blocks = n_blocks,
+                                  .n_tables = s->cap_program * s->kv.max_blocks,
+                                  .tables = s->kv.blocks,
+                                  .max_blocks = s->kv.max_blocks};
+        if ((st = cuda_state_create(m, &shape, &s->cuda, err)) != POLAR_OK && o.device == POLAR_DEVICE_CUDA) {
+            polar_session_free(s);
             return st;
         }
         /* auto: the GPU cannot take this session (head_dim, memory); the CPU
          * can, and polar_session_device says which was chosen */
-        s->chunk = PREFILL_CHUNK;
     }
+    s->chunk = s->cuda ? s->cuda_chunk : PREFILL_CHUNK;
     s->round_like_cuda = !s->cuda && o.round_like_cuda;
-    /* on the CPU every block is mapped now; a device session keeps its cache there */
-    int n_blocks = s->cuda ? 0 : kv_blocks_for(s->cap_program, s->max_ctx);
-    int kv_ok = s->cuda || (kv_pool_init(&s->pool, n_blocks, (int)kv, 1) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
-                            kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx));
-    if (kv_ok && !s->cuda) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL);
+    if (kv_ok && !s->cuda) kv_ok = kv_pool_add_rows(&s->pool);
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
     int work_ok = cpu_work_init(&s->work, m, PREFILL_CHUNK, s->max_ctx, s->n_threads);
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));

@@ -195,7 +195,8 @@ static void kernel_fused_gemv(void) {
 
 /* The ops only whole models reached before: embedding rows, bf16 rounding,
  * the cuBLASLt GEMM (beyond 8 tokens) with its bias/residual epilogue, q/k
- * norm + RoPE + the bf16 cache write at a device-held position, and the
+ * norm + RoPE + the bf16 write into a paged pool at a device-held position,
+ * and the
  * argmax fed back for greedy decoding. */
 static void kernel_prefill_ops(void) {
     int T = 37, hidden = 320, vocab = 50, rows = 200, nh = 4, nkv = 2, hd = 64, half = hd / 2, pos0 = 11;
@@ -243,7 +244,8 @@ static void kernel_prefill_ops(void) {
         free(got);
         cuda_gemm_free(g);
     }
-    /* q/k norm + RoPE + cache write at *pos0 */
+    /* q/k norm + RoPE + pool write at *pos0: the positions' blocks in
+     * reverse order, block 0 mapped by none (it must stay 0) */
     float *q = rand_floats((size_t)T * qd, 1), *k = rand_floats((size_t)T * kvd, 1), *v = rand_floats((size_t)T * kvd, 1);
     float inv_freq[32], cs[32], sn[32];
     for (int i = 0; i < half; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / hd);
@@ -266,29 +268,37 @@ static void kernel_prefill_ops(void) {
     float *dq = to_dev(q, (size_t)T * qd * 4), *dk = to_dev(k, (size_t)T * kvd * 4), *dv = to_dev(v, (size_t)T * kvd * 4);
     float *dfreq = to_dev(inv_freq, sizeof inv_freq);
     bf16 *dqn = to_dev(qn, (size_t)hd * 2), *dkn = to_dev(kn, (size_t)hd * 2);
+    int n_blocks = (pos0 + T + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK + 1, blocks[4];
+    size_t pool_vals = (size_t)n_blocks * CUDA_KV_BLOCK * kvd;
+    for (int i = 0; i < n_blocks - 1; i++) blocks[i] = n_blocks - 1 - i;
     bf16_bits *dkc = NULL, *dvc = NULL;
-    cudaMalloc((void **)&dkc, (size_t)(pos0 + T) * kvd * 2);
-    cudaMalloc((void **)&dvc, (size_t)(pos0 + T) * kvd * 2);
-    cudaMemset(dkc, 0, (size_t)(pos0 + T) * kvd * 2);
-    cudaMemset(dvc, 0, (size_t)(pos0 + T) * kvd * 2);
-    int *dpos = to_dev(&pos0, sizeof pos0);
-    cuda_qk_rope_store(dq, dk, dv, dqn, dkn, dfreq, dkc, dvc, dpos, T, nh, nkv, hd, 1e-6f, NULL);
+    cudaMalloc((void **)&dkc, pool_vals * 2);
+    cudaMalloc((void **)&dvc, pool_vals * 2);
+    cudaMemset(dkc, 0, pool_vals * 2);
+    cudaMemset(dvc, 0, pool_vals * 2);
+    int *dpos = to_dev(&pos0, sizeof pos0), *dblocks = to_dev(blocks, sizeof blocks);
+    cuda_kv_map map = {.pos0 = dpos, .tables = dblocks};
+    cuda_qk_rope_store(dq, dk, dv, dqn, dkn, dfreq, dkc, dvc, map, T, nh, nkv, hd, 1e-6f, NULL);
     got = from_dev(dq, (size_t)T * qd);
     float dqerr = max_rel(got, qwant, (size_t)T * qd);
     CHECK(dqerr < 1e-4f, "q norm + rope: relative error %g", dqerr);
     free(got);
-    bf16 *kc = malloc((size_t)(pos0 + T) * kvd * 2), *vc = malloc((size_t)(pos0 + T) * kvd * 2);
-    cudaMemcpy(kc, dkc, (size_t)(pos0 + T) * kvd * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(vc, dvc, (size_t)(pos0 + T) * kvd * 2, cudaMemcpyDeviceToHost);
-    int k_off = 0, v_same = 1;
-    for (size_t i = 0; i < (size_t)(pos0 + T) * kvd; i++) {
-        /* k went through f32 math in another order: at most one bf16 step apart */
-        float kd = fabsf(bf16_to_f32(kc[i]) - kwant[i]);
-        k_off += kd > 1e-2f * fmaxf(fabsf(kwant[i]), 1e-3f);
-        v_same &= bf16_to_f32(vc[i]) == vwant[i];
-    }
-    CHECK(k_off == 0, "k cache: %d values off by more than a bf16 step (rows before %d must stay 0)", k_off, pos0);
-    CHECK(v_same, "v cache: not the bf16 of v at rows %d..%d", pos0, pos0 + T - 1);
+    bf16 *kc = malloc(pool_vals * 2), *vc = malloc(pool_vals * 2);
+    cudaMemcpy(kc, dkc, pool_vals * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(vc, dvc, pool_vals * 2, cudaMemcpyDeviceToHost);
+    int k_off = 0, v_same = 1, unmapped_zero = 1;
+    for (int j = 0; j < pos0 + T; j++)
+        for (int i = 0; i < kvd; i++) {
+            size_t at = ((size_t)blocks[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK) * kvd + i;
+            float kw = kwant[(size_t)j * kvd + i];
+            /* k went through f32 math in another order: at most one bf16 step apart */
+            k_off += fabsf(bf16_to_f32(kc[at]) - kw) > 1e-2f * fmaxf(fabsf(kw), 1e-3f);
+            v_same &= bf16_to_f32(vc[at]) == vwant[(size_t)j * kvd + i];
+        }
+    for (size_t i = 0; i < (size_t)CUDA_KV_BLOCK * kvd; i++) unmapped_zero &= kc[i] == 0 && vc[i] == 0;
+    CHECK(k_off == 0, "k pool: %d values off by more than a bf16 step (rows before %d must stay 0)", k_off, pos0);
+    CHECK(v_same, "v pool: not the bf16 of v at positions %d..%d", pos0, pos0 + T - 1);
+    CHECK(unmapped_zero, "k/v pool: the block no position maps was written");
     /* argmax fed back: token, ring slot, position and step all advance */
     float logits[300];
     for (int i = 0; i < 300; i++) logits[i] = frand();
@@ -307,33 +317,37 @@ static void kernel_prefill_ops(void) {
     cudaFreeHost(ring);
     cudaFree(dtable), cudaFree(dtok), cudaFree(dx), cudaFree(dxf), cudaFree(dxb), cudaFree(dw), cudaFree(db);
     cudaFree(dacc), cudaFree(dy), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dfreq), cudaFree(dqn);
-    cudaFree(dkn), cudaFree(dkc), cudaFree(dvc), cudaFree(dpos), cudaFree(dl), cudaFree(dstate);
+    cudaFree(dkn), cudaFree(dkc), cudaFree(dvc), cudaFree(dpos), cudaFree(dblocks), cudaFree(dl), cudaFree(dstate);
     free(table), free(want), free(x), free(xr), free(xb), free(w), free(b), free(y), free(ywant), free(q), free(k);
     free(v), free(qn), free(kn), free(qwant), free(kwant), free(vwant), free(kc), free(vc);
 }
 
-/* Both attention kernels against cpu_attention_head over the same bf16
- * cache: decode (split-K) for T <= 8, the tiled prefill kernel for any T
- * with 1, 2 and 4 query rows per warp,
- * at positions that start mid-cache; GQA groups 1 to 16, head_dim 64 to
- * 256. */
+/* Both attention kernels against cpu_attention_head over the same paged
+ * bf16 pool, its blocks in reverse order: split-K decode with a table per
+ * token (a batch's tokens, any T) and as one sequence's run (a session's
+ * decode, T <= 8), the tiled prefill kernel for a run with 1, 2 and 4 query
+ * rows per warp; at positions that start mid-cache; GQA groups 1 to 16,
+ * head_dim 64 to 256. */
 static void kernel_attention(void) {
     /* heads, kv, hd: the last three are head_dim 80 and 96 and groups of 12
      * and 16 heads, more than one pass of the decode kernel's group */
     static const int shapes[][3] = {{24, 8, 128}, {16, 2, 128}, {16, 16, 64}, {8, 4, 256},
                                     {20, 4, 80},  {24, 2, 96},  {16, 1, 256}};
     static const int runs[][2] = {{1, 0}, {1, 700}, {5, 2000}, {8, 31}, {37, 0}, {130, 95}};    /* T, first position */
+    static const char *kinds[] = {"decode per token", "decode run", "prefill", "prefill", "prefill"};
     for (int sidx = 0; sidx < (quick ? 1 : (int)(sizeof shapes / sizeof shapes[0])); sidx++) {
         int nh = shapes[sidx][0], nkv = shapes[sidx][1], hd = shapes[sidx][2], kvd = nkv * hd;
         for (int r = 0; r < (quick ? 3 : 6); r++) {
-            int T = runs[r][0], pos0 = runs[r][1], ctx = pos0 + T;
-            float *q = rand_floats((size_t)T * nh * hd, 1), *kf = malloc((size_t)ctx * kvd * 4),
-                  *vf = malloc((size_t)ctx * kvd * 4), *want = malloc((size_t)T * nh * hd * 4),
-                  *scores = malloc((size_t)ctx * 4);
-            int *blocks = malloc(((size_t)ctx / CPU_KV_BLOCK + 1) * sizeof *blocks); /* the cache in pool order */
-            for (int b = 0; b <= ctx / CPU_KV_BLOCK; b++) blocks[b] = b;
-            bf16 *kb = malloc((size_t)ctx * kvd * 2), *vb = malloc((size_t)ctx * kvd * 2);
-            for (size_t i = 0; i < (size_t)ctx * kvd; i++) {
+            int T = runs[r][0], pos0 = runs[r][1], n_blocks = (pos0 + T + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK;
+            size_t pool_vals = (size_t)n_blocks * CPU_KV_BLOCK * kvd;
+            float *q = rand_floats((size_t)T * nh * hd, 1), *kf = malloc(pool_vals * 4), *vf = malloc(pool_vals * 4),
+                  *want = malloc((size_t)T * nh * hd * 4), *scores = malloc((size_t)(pos0 + T) * 4);
+            int *blocks = malloc((size_t)n_blocks * sizeof *blocks), *pos = malloc((size_t)T * sizeof *pos),
+                *table = calloc((size_t)T, sizeof *table); /* every token's table at offset 0 */
+            for (int b = 0; b < n_blocks; b++) blocks[b] = n_blocks - 1 - b;
+            for (int t = 0; t < T; t++) pos[t] = pos0 + t;
+            bf16 *kb = malloc(pool_vals * 2), *vb = malloc(pool_vals * 2);
+            for (size_t i = 0; i < pool_vals; i++) {
                 kb[i] = f32_to_bf16(2 * frand()), vb[i] = f32_to_bf16(frand());
                 kf[i] = bf16_to_f32(kb[i]), vf[i] = bf16_to_f32(vb[i]);
             }
@@ -341,28 +355,29 @@ static void kernel_attention(void) {
                 for (int h = 0; h < nh; h++)
                     cpu_attention_head(want + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kf, vf, blocks, pos0 + t, h,
                                        nh, nkv, hd, scores);
-            bf16 *dk = to_dev(kb, (size_t)ctx * kvd * 2), *dv = to_dev(vb, (size_t)ctx * kvd * 2);
+            bf16 *dk = to_dev(kb, pool_vals * 2), *dv = to_dev(vb, pool_vals * 2);
             float *dq = to_dev(q, (size_t)T * nh * hd * 4), *dout = dev_floats((size_t)T * nh * hd);
-            int *dpos = to_dev(&pos0, sizeof pos0);
+            int *dpos0 = to_dev(&pos0, sizeof pos0), *dblocks = to_dev(blocks, (size_t)n_blocks * sizeof *blocks),
+                *dpos = to_dev(pos, (size_t)T * sizeof *pos), *dtable = to_dev(table, (size_t)T * sizeof *table);
+            cuda_kv_map run = {.pos0 = dpos0, .tables = dblocks}, per_token = {.pos = dpos, .table = dtable, .tables = dblocks};
             CHECK(cuda_attention_prepare(hd) == 0, "cuda_attention_prepare(%d)", hd);
-            for (int kind = T <= 8 ? 0 : 1; kind < 4; kind++) { /* decode, prefill 1, 2, 4 rows per warp */
-                if (kind == 0) {
-                    float *scratch = dev_floats(cuda_attention_scratch(T, nh, hd));
-                    cuda_attention_decode(dout, dq, dk, dv, scratch, dpos, T, nh, nkv, hd,
+            float *scratch = dev_floats(cuda_attention_scratch(T, nh, hd));
+            for (int kind = 0; kind < 5; kind++) {
+                if (kind == 1 && T > 8) continue;
+                cudaMemset(dout, 0xff, (size_t)T * nh * hd * 4); /* NaN: unwritten outputs fail */
+                if (kind < 2)
+                    cuda_attention_decode(dout, dq, dk, dv, scratch, kind ? run : per_token, T, nh, nkv, hd,
                                           cuda_attention_splits(T, nkv, 132), NULL);
-                    cudaDeviceSynchronize();
-                    cudaFree(scratch);
-                } else {
-                    cudaMemset(dout, 0xff, (size_t)T * nh * hd * 4); /* NaN: unwritten outputs fail */
-                    cuda_attention_prefill(dout, dq, dk, dv, dpos, T, nh, nkv, hd, 1 << (kind - 1), NULL);
-                }
+                else
+                    cuda_attention_prefill(dout, dq, dk, dv, run, T, nh, nkv, hd, 1 << (kind - 2), NULL);
                 float *got = from_dev(dout, (size_t)T * nh * hd), d = max_rel(got, want, (size_t)T * nh * hd);
                 CHECK(d < 1e-4f, "attention %s (%d rows per warp) heads %d/%d hd %d T %d at %d: relative error %g",
-                      kind ? "prefill" : "decode", kind ? 1 << (kind - 1) : 0, nh, nkv, hd, T, pos0, d);
+                      kinds[kind], kind < 2 ? 0 : 1 << (kind - 2), nh, nkv, hd, T, pos0, d);
                 free(got);
             }
-            cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos);
-            free(q), free(kf), free(vf), free(want), free(scores), free(blocks), free(kb), free(vb);
+            cudaFree(scratch), cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos0);
+            cudaFree(dblocks), cudaFree(dpos), cudaFree(dtable);
+            free(q), free(kf), free(vf), free(want), free(scores), free(blocks), free(pos), free(table), free(kb), free(vb);
         }
     }
 }

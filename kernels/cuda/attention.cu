@@ -1,5 +1,5 @@
-// Causal GQA attention over one execution position's bf16 KV slot, the
-// CPU's cpu_attention_head math (f32 scores, f32 softmax, scale
+// Causal GQA attention over a paged bf16 KV pool (cuda_kv_map), the CPU's
+// cpu_attention_head math (f32 scores, f32 softmax, scale
 // 1/sqrt(head_dim)). Two kernels for two regimes:
 //  - decode (a few tokens): split-K flash decoding. The grid is fixed by the
 //    launch (not the position), so a captured graph serves every step.
@@ -19,8 +19,8 @@
 #define ATT_MAX_SPLITS 64
 #define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
 
-// Load keys j0..j0+n-1 of one KV head into padded shared tiles: 16-byte
-// loads from the cache when head_dim % 8 == 0, stored as 2-byte halves (the
+// Load keys j0..j0+n-1 of one KV head, under the block table, into padded
+// shared tiles: 16-byte loads from the pool when head_dim % 8 == 0, stored as 2-byte halves (the
 // padded rows keep the lanes of the prefill kernel, one key each, on
 // different banks).
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
@@ -156,32 +156,19 @@ extern "C" size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, 
     return (by_max < by_grid ? by_max : by_grid) * n_heads * ((size_t)head_dim + 2);
 }
 
-static void attention_split(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                            float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
-                            void *stream) {
+extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
+                                      float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
+                                      int splits, void *stream) {
     if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
-    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_cache, v_cache, map, n_heads,
+    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_pool, v_pool, map, n_heads,
                                                                            n_kv, head_dim, splits);
     attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
 }
 
-extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                                      float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
-                                      int splits, void *stream) {
-    cuda_kv_map map = {pos0, NULL, NULL, NULL};
-    attention_split(out, q, k_cache, v_cache, scratch, map, T, n_heads, n_kv, head_dim, splits, stream);
-}
-
-extern "C" void cuda_attention_paged(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
-                                     float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                     int splits, void *stream) {
-    attention_split(out, q, k_pool, v_pool, scratch, map, T, n_heads, n_kv, head_dim, splits, stream);
-}
-
 // ------------------------------------------------------------------ prefill
 //
-// A block per (tile of PF_WARPS * RPW tokens, query head): its queries in
-// shared memory, then the keys up to its last token in tiles of ATT_CHUNK.
+// A block per (tile of PF_WARPS * RPW tokens of one sequence's run, query
+// head): its queries in shared memory, then the keys up to its last token in tiles of ATT_CHUNK.
 // Each warp owns RPW query rows; lane j scores key j of the tile, the warp
 // keeps the row's running max and sum, and the output row lives in registers
 // (lane c holds dimensions c, c+32, ...). RPW trades parallelism for K/V
@@ -194,12 +181,13 @@ extern "C" void cuda_attention_paged(float *out, const float *q, const bf16_bits
 
 template <int RPW>
 __global__ void __launch_bounds__(PF_WARPS *WARP)
-    attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, const int *pos_dev,
+    attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, cuda_kv_map map,
                              int T, int n_heads, int n_kv, int hd) {
     extern __shared__ float smem[];
     const int PF_ROWS = PF_WARPS * RPW;
     int t0 = blockIdx.x * PF_ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = *pos_dev;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = kv_pos(map, 0);
+    const int *table = kv_table(map, 0);
     int rows = T - t0 < PF_ROWS ? T - t0 : PF_ROWS;
     float *qs = smem;                                     // [PF_ROWS, hd], pre-scaled
     uint16_t *ks = (uint16_t *)(qs + PF_ROWS * hd);       // [ATT_CHUNK, stride]
@@ -220,7 +208,7 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     for (int j0 = 0; j0 <= last; j0 += ATT_CHUNK) {
         int n = last + 1 - j0 < ATT_CHUNK ? last + 1 - j0 : ATT_CHUNK;
         __syncthreads(); // the previous tile is consumed (and qs written, on the first pass)
-        load_kv_tile(ks, vs, kc, vc, NULL, j0, n, kvh, kvd, hd);
+        load_kv_tile(ks, vs, kc, vc, table, j0, n, kvh, kvd, hd);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
@@ -286,8 +274,8 @@ static int prefill_rows_per_warp(int T, int n_heads) {
     return 1;
 }
 
-extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                                       const int *pos0, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
+                                       cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
                                        void *stream) {
     int rpw = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp
                                                                              : prefill_rows_per_warp(T, n_heads);
@@ -295,12 +283,12 @@ extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bi
     dim3 grid((T + rows - 1) / rows, n_heads);
     size_t smem = prefill_smem(rpw, head_dim);
     if (rpw == 4)
-        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
                                                                                   n_heads, n_kv, head_dim);
     else if (rpw == 2)
-        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
                                                                                   n_heads, n_kv, head_dim);
     else
-        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_cache, v_cache, pos0, T,
+        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
                                                                                   n_heads, n_kv, head_dim);
 }

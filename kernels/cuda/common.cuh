@@ -15,17 +15,17 @@
 // The stream a C caller passed as void *.
 static inline cudaStream_t st(void *s) { return (cudaStream_t)s; }
 
-// Token t's position and block table (NULL: a session's contiguous slot),
-// and the cache row of position j under that table (cuda_kv_map, ops.h).
+// Token t's position and block table, and the pool row of position j
+// under that table (cuda_kv_map, ops.h).
 static __device__ __forceinline__ int kv_pos(const cuda_kv_map &m, int t) { return m.pos0 ? *m.pos0 + t : m.pos[t]; }
 static __device__ __forceinline__ const int *kv_table(const cuda_kv_map &m, int t) {
-    return m.pos0 ? NULL : m.tables + m.table[t];
+    return m.tables + (m.pos0 ? m.run_table : m.table[t]);
 }
 // An entry never mapped (-1) reads as 2^32 - 1 blocks: far past any pool,
 // so a kernel that reads one faults instead of landing on the rows before
 // the pool (another sequence's, or another pool's).
 static __device__ __forceinline__ size_t kv_row(const int *table, int j) {
-    return table ? (size_t)(unsigned)table[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK : (size_t)j;
+    return (size_t)(unsigned)table[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK;
 }
 
 static __device__ __forceinline__ float warp_sum(float v) {

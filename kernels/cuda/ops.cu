@@ -140,8 +140,8 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
 // One block per (token, head) over n_heads query heads then n_kv key heads;
 // a thread per pair (i, i + head_dim/2).
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                                     const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
-                                     bf16_bits *v_cache, cuda_kv_map map, int n_heads, int n_kv, int hd, float eps) {
+                                     const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
+                                     bf16_bits *v_pool, cuda_kv_map map, int n_heads, int n_kv, int hd, float eps) {
     int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos = kv_pos(map, t);
     int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
     const float *src = is_q ? q + ((size_t)t * n_heads + h) * hd : k + (size_t)t * kvd + (size_t)kvh * hd;
@@ -164,31 +164,22 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
         dst[i + half] = rb;
     } else {
         size_t row = kv_row(kv_table(map, t), pos) * kvd + (size_t)kvh * hd;
-        k_cache[row + i] = to_bf(ra);
-        k_cache[row + i + half] = to_bf(rb);
+        k_pool[row + i] = to_bf(ra);
+        k_pool[row + i + half] = to_bf(rb);
         const float *vs = v + (size_t)t * kvd + (size_t)kvh * hd;
-        v_cache[row + i] = to_bf(vs[i]);
-        v_cache[row + i + half] = to_bf(vs[i + half]);
+        v_pool[row + i] = to_bf(vs[i]);
+        v_pool[row + i + half] = to_bf(vs[i + half]);
     }
 }
 
-extern "C" void cuda_qk_rope_store_paged(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                                         const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
-                                         bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                         float eps, void *stream) {
+extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
+                                   const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
+                                   bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
+                                   float eps, void *stream) {
     int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
     dim3 grid(T, n_heads + n_kv);
     qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_pool, v_pool, map,
                                                           n_heads, n_kv, head_dim, eps);
-}
-
-extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                                   const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_cache,
-                                   bf16_bits *v_cache, const int *pos0, int T, int n_heads, int n_kv, int head_dim,
-                                   float eps, void *stream) {
-    cuda_kv_map map = {pos0, NULL, NULL, NULL};
-    cuda_qk_rope_store_paged(q, k, v, q_norm, k_norm, inv_freq, k_cache, v_cache, map, T, n_heads, n_kv, head_dim, eps,
-                             stream);
 }
 
 __global__ void copy_rows_kernel(float *dst, const float *src, const int *dst_idx, const int *src_idx, int width) {

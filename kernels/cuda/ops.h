@@ -17,15 +17,19 @@ typedef uint16_t bf16_bits;
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
 #define CUDA_KV_BLOCK 16
 
-/* Where the T tokens of a launch are and where their K/V rows live.
- * A session's slot (pos0 set): token t is at position *pos0 + t, and
- * position j's K/V are row j of the slot. A batch's paged pool (pos0 NULL):
- * token t is at position pos[t] with the block table tables + table[t], and
- * position j's K/V are row tab[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK +
- * j % CUDA_KV_BLOCK of the pool. All device pointers. */
+/* Where the T tokens of a launch are and where their K/V rows live: a
+ * paged pool of CUDA_KV_BLOCK-row blocks, position j of a sequence at row
+ * tab[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK under its block
+ * table tab. Either one sequence's run of tokens (pos0 set: token t at
+ * position *pos0 + t, table tables + run_table; a session, whose position
+ * lives on the device so a captured graph serves every step) or a batch's
+ * tokens (pos0 NULL: token t at pos[t], table tables + table[t]). Device
+ * pointers. */
 typedef struct {
     const int *pos0;
-    const int *pos, *table, *tables;
+    const int *pos, *table;
+    const int *tables;
+    int run_table;
 } cuda_kv_map;
 
 /* x[T, hidden] = table[tokens[t], :] */
@@ -50,44 +54,34 @@ void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, const bf16_bi
 void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T, int F,
                         int cols, void *stream);
 
-/* Per token t at position *pos0 + t (pos0 lives on the device, so a
- * captured graph serves every step): optional per-head RMSNorm of q and k
- * (Qwen3), rotate-half RoPE, then k and v written as bf16 into the cache rows
- * of this execution position's slot. */
+/* Per token (map as cuda_kv_map): optional per-head RMSNorm of q and k
+ * (Qwen3), rotate-half RoPE at the token's position, then k and v written as
+ * bf16 into the pool rows of that position. */
 void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm, const bf16_bits *k_norm,
-                        const float *inv_freq, bf16_bits *k_cache, bf16_bits *v_cache, const int *pos0, int T,
+                        const float *inv_freq, bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int T,
                         int n_heads, int n_kv, int head_dim, float eps, void *stream);
 
-/* The same for a batch's tokens, each at its own position of its own
- * sequence (map as cuda_kv_map, pos0 NULL), into a paged pool. */
-void cuda_qk_rope_store_paged(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                              const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool, bf16_bits *v_pool,
-                              cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, float eps, void *stream);
-
-/* Causal GQA attention of T tokens (positions *pos0..) over the slot's
- * cache (head_dim <= 256). Decode (a few tokens): split-K over the keys with
- * a log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
- * Prefill: a tiled flash-attention kernel, no scratch. */
+/* Causal GQA attention of T tokens, each over its sequence's positions
+ * 0..its own in the pool (head_dim <= 256). Decode (a few tokens, or a
+ * batch's tokens of any sequences): split-K over the keys with a
+ * log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
+ * Prefill (one sequence's run, map.pos0 set): a tiled flash-attention
+ * kernel, no scratch. */
 size_t cuda_attention_scratch(int T, int n_heads, int head_dim);
 /* Enough scratch for any T <= max_T at the splits cuda_attention_splits
  * picks on a GPU of sms multiprocessors. */
 size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, int head_dim, int sms);
 int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms multiprocessors */
-void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                           float *scratch, const int *pos0, int T, int n_heads, int n_kv, int head_dim, int splits,
+void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
+                           float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
                            void *stream);
-/* The split-K kernel for a batch's tokens over a paged pool: each token
- * attends over its own sequence's positions 0..pos[t] (any T: a batch runs
- * its prompt rows through it too; scratch of cuda_attention_scratch(T, ...)). */
-void cuda_attention_paged(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool, float *scratch,
-                          cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits, void *stream);
 /* Once per process and head_dim before the first prefill: the prefill
  * kernel's shared-memory limit. Returns a cudaError_t (0: success).
  * rows_per_warp: query rows each warp of the prefill kernel owns (1, 2 or 4;
  * 0 chooses by T and n_heads, the tests force each). */
 int cuda_attention_prepare(int head_dim);
-void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_cache, const bf16_bits *v_cache,
-                            const int *pos0, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
+                            cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
                             void *stream);
 
 /* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
