@@ -258,7 +258,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, pool = (size_t)shape->n_blocks * CUDA_KV_BLOCK * kv, n_tables = (size_t)shape->n_tables;
-    /* a batch's state (no slots) runs every pass through split-K attention */
+    /* a batch's state may run all of a pass's rows through split-K attention */
     int split_rows = cap_program ? DECODE_TOKENS : chunk;
     int ok = (c->k_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) && (c->v_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) &&
          (c->tables = cuda_dev_alloc(c, n_tables * sizeof(int))) &&
@@ -389,23 +389,48 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
                      H, s);
 }
 
-/* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
- * K/V stored, attention (cuda_layer_forward says which kernel). */
-static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map) {
+/* Split-K attention of the batch tokens t0..t1-1 (map per token). */
+static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) {
     const polar_arch *a = &c->m->arch;
-    int hd = a->head_dim;
-    float eps = (float)a->rms_eps;
-    void *s = c->stream;
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
-                       a->n_kv_heads, hd, eps, s);
-    if (map->pos0 && T > DECODE_TOKENS)
-        cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, *map, T, a->n_heads, a->n_kv_heads, hd, 0, s);
-    else
-        cuda_attention_decode(c->att, c->q, c->k_pool, c->v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads, hd,
-                              cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
+    size_t qd = (size_t)a->n_heads * a->head_dim;
+    cuda_kv_map sub = {.pos = map->pos + t0, .table = map->table + t0, .tables = map->tables};
+    cuda_attention_decode(c->att + t0 * qd, c->q + t0 * qd, c->k_pool, c->v_pool, c->scores, sub, t1 - t0,
+                          a->n_heads, a->n_kv_heads, a->head_dim, cuda_attention_splits(t1 - t0, a->n_kv_heads, c->sms),
+                          c->stream);
 }
 
-void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map) {
+/* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
+ * K/V stored, attention (cuda_layer_forward says which kernel). */
+static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map, const cuda_run *runs,
+                   int n_runs) {
+    const polar_arch *a = &c->m->arch;
+    int hd = a->head_dim;
+    size_t qd = (size_t)a->n_heads * hd;
+    void *s = c->stream;
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
+                       a->n_kv_heads, hd, (float)a->rms_eps, s);
+    if (map->pos0) {
+        if (T > DECODE_TOKENS)
+            cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, *map, T, a->n_heads, a->n_kv_heads, hd, 0, s);
+        else
+            cuda_attention_decode(c->att, c->q, c->k_pool, c->v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads,
+                                  hd, cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
+        return;
+    }
+    int t = 0;
+    for (int i = 0; i < n_runs; i++) {
+        const cuda_run *r = &runs[i];
+        if (r->t0 > t) attend_split(c, map, t, r->t0);
+        cuda_kv_map run = {.pos0 = map->pos + r->t0, .tables = map->tables, .run_table = r->table};
+        cuda_attention_prefill(c->att + r->t0 * qd, c->q + r->t0 * qd, c->k_pool, c->v_pool, run, r->n, a->n_heads,
+                               a->n_kv_heads, hd, 0, s);
+        t = r->t0 + r->n;
+    }
+    if (t < T) attend_split(c, map, t, T);
+}
+
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map, const cuda_run *runs,
+                        int n_runs) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
     float eps = (float)a->rms_eps;
@@ -418,7 +443,7 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda
         cuda_mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
         cuda_mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
-    attend(c, w, T, map);
+    attend(c, w, T, map, runs, n_runs);
     cuda_mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
     cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
     if (w->router) {
@@ -437,7 +462,7 @@ static void forward_layers(cuda_state *c, const int *program, int n_program, int
     cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
     for (int k = 0; k < n_program; k++) {
         cuda_kv_map map = {.pos0 = c->pos, .tables = c->tables, .run_table = k * c->max_blocks};
-        cuda_layer_forward(c, &c->layers[program[k]], T, &map);
+        cuda_layer_forward(c, &c->layers[program[k]], T, &map, NULL, 0);
     }
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
                  c->stream);

@@ -85,7 +85,7 @@ _Static_assert(CUDA_KV_BLOCK == CPU_KV_BLOCK, "one block size on the host and th
 typedef enum { OP_EMBED, OP_PASS, OP_COPY_ROWS, OP_COPY_KV, OP_CACHE_KEEP, OP_CACHE_TAKE, OP_FROM_START, OP_HEAD } op_kind;
 typedef struct {
     int kind, n;  /* n: rows (tokens) */
-    long long a, b; /* layer; dst, src rows; from, to pool rows; item, row; item, start row */
+    long long a, b; /* layer, prompt runs (0/1); dst, src rows; from, to pool rows; item, row; item, start row */
     size_t at;
 } step_op;
 _Static_assert(sizeof(step_op) == 32, "no padding: recorded calls are compared with memcmp");
@@ -110,6 +110,7 @@ struct cuda_batch {
     size_t used, cap_ints;
     int *table_staging;    /* pinned host [n_tables]: block tables on their way to the mirror */
     size_t tables_used, n_tables;
+    cuda_run *runs;        /* [rows / (DECODE_TOKENS + 1) + 1] a pass's prompt runs */
     int head_rows;
     float *logits;         /* [head_rows, vocab] the last head's logits */
     int *ids;              /* [head_rows] their argmax */
@@ -160,7 +161,8 @@ polar_status cuda_batch_create(const polar_model *m, const cuda_batch_shape *sha
              cudaMallocHost((void **)&d->table_staging, d->n_tables * sizeof(int)) == cudaSuccess &&
              cudaMallocHost((void **)&d->host_logits, HR * V * sizeof(float)) == cudaSuccess &&
              cudaMallocHost((void **)&d->host_ids, HR * sizeof(int)) == cudaSuccess &&
-             (d->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->want = calloc(HR, 1));
+             (d->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->want = calloc(HR, 1)) &&
+             (d->runs = malloc((R / (DECODE_TOKENS + 1) + 1) * sizeof *d->runs));
     for (int i = 0; ok && d->graphs && i <= STEP_GRAPHS; i++) {
         step_graph *g = i < STEP_GRAPHS ? &d->graph[i] : &d->last;
         ok = (g->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (g->want = calloc(HR, 1));
@@ -194,6 +196,7 @@ void cuda_batch_free(cuda_batch *d) {
     }
     free(d->ops);
     free(d->want);
+    free(d->runs);
     cuda_state_free(d->c); /* the pool, tables and rows go with the state's own buffers */
     free(d);
 }
@@ -232,6 +235,21 @@ static cudaError_t row_to_host(cuda_batch *d, int i) {
                            cudaMemcpyDeviceToHost, d->c->stream);
 }
 
+/* The runs of more than DECODE_TOKENS tokens among T that are consecutive
+ * positions of one sequence (the same table) into runs (when not NULL);
+ * their count. */
+static int find_runs(const int *pos, const int *table, int T, cuda_run *runs) {
+    int n = 0;
+    for (int t0 = 0, len; t0 < T; t0 += len) {
+        for (len = 1; t0 + len < T && table[t0 + len] == table[t0] && pos[t0 + len] == pos[t0] + len; len++) {
+        }
+        if (len <= DECODE_TOKENS) continue;
+        if (runs) runs[n] = (cuda_run){t0, len, table[t0]};
+        n++;
+    }
+    return n;
+}
+
 /* Queue one recorded call on the stream. */
 static void issue(cuda_batch *d, const step_op *o) {
     cuda_state *c = d->c;
@@ -244,10 +262,11 @@ static void issue(cuda_batch *d, const step_op *o) {
         cuda_embed(d->x, c->embed, upload(d, o->at, (size_t)n), n, H, s);
         break;
     case OP_PASS: {
-        const int *r = upload(d, o->at, 3 * (size_t)n);
+        const int *r = upload(d, o->at, 3 * (size_t)n), *host = d->staging + o->at;
         cuda_kv_map map = {.pos = r + n, .table = r + 2 * n, .tables = c->tables};
+        int n_runs = o->b ? find_runs(host + n, host + 2 * n, n, d->runs) : 0;
         cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
-        cuda_layer_forward(c, &c->layers[o->a], n, &map);
+        cuda_layer_forward(c, &c->layers[o->a], n, &map, d->runs, n_runs);
         cuda_copy_rows(d->x, c->x, r, NULL, n, H, s);
         break;
     }
@@ -341,6 +360,12 @@ static cudaError_t capture(cuda_batch *d, step_graph *g) {
 static void run_recorded(cuda_batch *d) {
     d->ran_as = 0;
     if (d->direct || !d->n_ops) return;
+    for (int i = 0; i < d->n_ops; i++)
+        if (d->ops[i].kind == OP_PASS && d->ops[i].b) { /* prompt runs: call by call, and no model for the next step */
+            d->last.n_ops = 0;
+            for (int j = 0; j < d->n_ops; j++) issue(d, &d->ops[j]);
+            return;
+        }
     step_graph *g = NULL, *lru = &d->graph[0];
     for (int i = 0; i < STEP_GRAPHS && !g; i++) {
         step_graph *t = &d->graph[i];
@@ -397,10 +422,12 @@ void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) 
         d->failed = 1;
 }
 
+/* A pass with prompt runs (b = 1) keeps its step off graphs: which tokens
+ * the tiled prefill kernel takes is decided when the pass is issued. */
 void cuda_batch_pass(cuda_batch *d, int layer, const int *rows, const int *pos, const int *table, int T) {
     const int *parts[3] = {rows, pos, table};
     size_t at = stage_ints(d, parts, 3, (size_t)T);
-    if (at != SIZE_MAX) record(d, (step_op){OP_PASS, T, layer, 0, at});
+    if (at != SIZE_MAX) record(d, (step_op){OP_PASS, T, layer, find_runs(pos, table, T, NULL) > 0, at});
 }
 
 void cuda_batch_copy_rows(cuda_batch *d, int dst, int src, int n) { record(d, (step_op){OP_COPY_ROWS, n, dst, src, 0}); }

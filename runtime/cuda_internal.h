@@ -93,10 +93,19 @@ void *cuda_dev_alloc(cuda_state *c, size_t bytes);
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate);
 
+/* Tokens t0..t0+n-1 of a batch's pass that are consecutive positions of
+ * one sequence (its block table at offset `table`): a prompt chunk, whose
+ * attention the tiled prefill kernel runs. */
+typedef struct {
+    int t0, n, table;
+} cuda_run;
+
 /* One decoder layer over the T tokens of c->x, in place, their K/V rows in
- * the pool where map says: a session's run (map->pos0) through the tiled
- * prefill attention beyond DECODE_TOKENS tokens, anything else through
- * split-K attention on scratch c->scores. */
-void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map);
+ * the pool where map says. Attention: a session's run (map->pos0) through
+ * the tiled prefill kernel beyond DECODE_TOKENS tokens, split-K (on scratch
+ * c->scores) below; a batch's tokens through the tiled kernel for its
+ * n_runs runs (ascending t0), split-K for the tokens between them. */
+void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map, const cuda_run *runs,
+                        int n_runs);
 
 #endif
