@@ -202,6 +202,7 @@ typedef struct {
 INLINE int x16_two_scales(cpu_wtype t) { return t == CPU_W_Q6_K_X16; }
 INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16; }
 INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16; }
+INLINE int x16_wide_tile(cpu_wtype t) { return t == CPU_W_Q5_K_X16; }
 /* Bytes of one unit of the 16 rows (a 32-block, or a k-quant 256-block). */
 INLINE size_t x16_unit_bytes(cpu_wtype t) {
     switch (t) {
@@ -310,7 +311,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
  * scale times d_x by one FMA (the halves added first when their scales are
  * one), then m * s by another for the offset types, block after block: the
  * same operations whatever C, so decode and batches agree bit for bit. */
-INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_block *x, size_t xs, __m512 f[8]) {
+INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_block *x, size_t xs, __m512 f[16]) {
     for (int c = 0; c < C; c++) f[c] = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
         x16_block w;
@@ -348,10 +349,11 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
                               _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + r)), 16))
                         : _mm512_setzero_ps();
         for (int c = 0; c < T;) {
-            __m512 f[8];
-            int n = T - c >= 8 ? 8 : T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
+            __m512 f[16];
+            int n = T - c >= 16 && x16_wide_tile(t) ? 16 : T - c >= 8 ? 8 : T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
             const cpu_q8_block *xc = xq + (size_t)c * nb;
             switch (n) { /* constant tile widths, unrolled */
+            case 16: x16_tile(t, 16, g, nb, xc, nb, f); break;
             case 8: x16_tile(t, 8, g, nb, xc, nb, f); break;
             case 4: x16_tile(t, 4, g, nb, xc, nb, f); break;
             case 2: x16_tile(t, 2, g, nb, xc, nb, f); break;
