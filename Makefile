@@ -131,7 +131,7 @@ $(BUILD)/libpolar.so: $(LIB_OBJ)
 $(BUILD)/polar: $(CLI_OBJ) $(BUILD)/libpolar.a
 	$(CC) -o $@ $^ $(LDLIBS)
 
-build-cuda/tests/test_cuda: tests/test_cuda.c tests/harness.h build-cuda/libpolar.a
+build-cuda/tests/test_cuda: tests/test_cuda.c $(wildcard tests/*.h) build-cuda/libpolar.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< build-cuda/libpolar.a $(LDLIBS)
 
@@ -208,11 +208,11 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # SAN=1 (the fibers' stack switches confuse AddressSanitizer). make
 # test-cuda-emu runs every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
-EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention \
-                    kernel_moe
+EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
+                    kernel_attention kernel_moe
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
                    gpu_cache_consistency predictor_fused model_gguf_blocks
-EMU_ORDER_TESTS := kernel_prefill_ops kernel_attention kernel_moe model_moe_deterministic
+EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
@@ -234,7 +234,8 @@ cuda:
 # step's quick cases under initcheck and racecheck too). It needs nothing
 # from package registries (GPU machines may have no network). racecheck runs
 # test_cuda's kernel tests only: whole models under it take minutes.
-RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_attention kernel_moe \
+RACECHECK_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
+                   kernel_attention kernel_moe \
                    predictor_fused
 SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(CUDA_HOME)/bin/compute-sanitizer)
 test-cuda:

@@ -1,8 +1,8 @@
 /* The device side of a batch (backend.h): runtime/batch.c plans each step
  * on the host and calls these to run it on the GPU. A layer pass gathers
  * its rows of the step's residual into the workspace of its cuda_state
- * (which holds the KV pool and the tables' mirror), runs cuda_layer_forward with each token's position and block
- * table, and scatters them back. The ints a step needs on the device
+ * (which holds the KV pool and the tables' mirror), runs cuda_layer_forward
+ * with each token's position and block table, and scatters them back. The ints a step needs on the device
  * (tokens, each pass's rows, positions and tables, the head rows) go
  * through one pinned staging area, each at its own offset, so nothing is
  * overwritten before its copy has run; the offsets start again after the
@@ -13,7 +13,9 @@
  * programs: only tokens, positions and tables change, and those are read
  * from the staging area) is captured as a graph, and later steps of that
  * shape replay it: one launch for the whole step instead of a dozen per
- * pass. POLAR_CUDA_GRAPHS=0 turns this off. Built with POLAR_CUDA; without
+ * pass. A step with a prompt chunk through the tiled prefill kernel (a run,
+ * whose count and lengths change from step to step) is never captured.
+ * POLAR_CUDA_GRAPHS=0 turns this off. Built with POLAR_CUDA; without
  * it there is no device batch to create. */
 #include "batch_device.h"
 

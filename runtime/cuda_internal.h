@@ -11,9 +11,11 @@
 #include "backend.h"
 #include "cuda_gemm.h"
 
-/* Up to CUDA_DECODE_TOKENS tokens go through the hand-written GEMVs (a
- * weight row read once for all of them) and split-K attention; more through
- * cuBLASLt and the tiled prefill attention. */
+/* A pass of up to CUDA_DECODE_TOKENS tokens goes through the hand-written
+ * GEMVs (a weight row read once for all of them), more through cuBLASLt.
+ * Attention is chosen apart (cuda_layer_forward): the tiled prefill kernel
+ * for a run of more than CUDA_DECODE_TOKENS consecutive positions, split-K
+ * for every other token, however many the pass has. */
 #define DECODE_TOKENS CUDA_DECODE_TOKENS
 #define LOGIT_ROWS CUDA_LOGIT_ROWS
 

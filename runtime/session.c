@@ -123,7 +123,11 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     }
     if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !kv_ok || !work_ok || !s->program ||
         !s->cos || !s->sin || !s->at || !s->logits) {
+        int on_gpu = s->cuda != NULL;
         polar_session_free(s);
+        if (on_gpu) /* the pool is on the device (cuda_state_create checked it): a host buffer failed */
+            return polar_fail(err, POLAR_ERR_NOMEM, "out of host memory creating the session (%d positions x %d tokens)",
+                              o.max_program_len, o.max_ctx);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
                           2 * (size_t)n_blocks * CPU_KV_BLOCK * kv * sizeof(float) >> 20, o.max_program_len, o.max_ctx);
