@@ -411,7 +411,9 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
                        a->n_kv_heads, hd, (float)a->rms_eps, s);
     if (map->pos0) {
         if (T > DECODE_TOKENS)
-            cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, *map, T, a->n_heads, a->n_kv_heads, hd, 0, s);
+            cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool,
+                                   (cuda_kv_run){map->pos0, map->tables + map->run_table}, T, a->n_heads,
+                                   a->n_kv_heads, hd, 0, s);
         else
             cuda_attention_decode(c->att, c->q, c->k_pool, c->v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads,
                                   hd, cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
@@ -421,7 +423,7 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
     for (int i = 0; i < n_runs; i++) {
         const cuda_run *r = &runs[i];
         if (r->t0 > t) attend_split(c, map, t, r->t0);
-        cuda_kv_map run = {.pos0 = map->pos + r->t0, .tables = map->tables, .run_table = r->table};
+        cuda_kv_run run = {map->pos + r->t0, map->tables + r->table};
         cuda_attention_prefill(c->att + r->t0 * qd, c->q + r->t0 * qd, c->k_pool, c->v_pool, run, r->n, a->n_heads,
                                a->n_kv_heads, hd, 0, s);
         t = r->t0 + r->n;

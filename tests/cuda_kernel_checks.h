@@ -428,7 +428,8 @@ static void kernel_attention(void) {
                     cuda_attention_decode(dout, dq, dk, dv, scratch, map[per_token], T, nh, nkv, hd,
                                           cuda_attention_splits(T, nkv, 132), NULL);
                 else
-                    cuda_attention_prefill(dout, dq, dk, dv, map[0], T, nh, nkv, hd, 1 << (kind - 2), NULL);
+                    cuda_attention_prefill(dout, dq, dk, dv, (cuda_kv_run){map[0].pos0, map[0].tables + map[0].run_table},
+                                           T, nh, nkv, hd, 1 << (kind - 2), NULL);
                 float *got = from_dev(dout, out_vals), d = max_rel(got, want[per_token], out_vals);
                 CHECK(d < 1e-4f, "attention %s (%d rows per warp) heads %d/%d hd %d T %d at %d: relative error %g",
                       kinds[kind], kind < 2 ? 0 : 1 << (kind - 2), nh, nkv, hd, T, pos0, d);

@@ -181,13 +181,13 @@ extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bit
 
 template <int RPW>
 __global__ void __launch_bounds__(PF_WARPS *WARP)
-    attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, cuda_kv_map map,
+    attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, cuda_kv_run run,
                              int T, int n_heads, int n_kv, int hd) {
     extern __shared__ float smem[];
     const int PF_ROWS = PF_WARPS * RPW;
     int t0 = blockIdx.x * PF_ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = kv_pos(map, 0);
-    const int *table = kv_table(map, 0);
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = *run.pos0;
+    const int *table = run.table;
     int rows = T - t0 < PF_ROWS ? T - t0 : PF_ROWS;
     float *qs = smem;                                     // [PF_ROWS, hd], pre-scaled
     uint16_t *ks = (uint16_t *)(qs + PF_ROWS * hd);       // [ATT_CHUNK, stride]
@@ -275,7 +275,7 @@ static int prefill_rows_per_warp(int T, int n_heads) {
 }
 
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
-                                       cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+                                       cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
                                        void *stream) {
     int rpw = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp
                                                                              : prefill_rows_per_warp(T, n_heads);
@@ -283,12 +283,12 @@ extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bi
     dim3 grid((T + rows - 1) / rows, n_heads);
     size_t smem = prefill_smem(rpw, head_dim);
     if (rpw == 4)
-        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
+        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
                                                                                   n_heads, n_kv, head_dim);
     else if (rpw == 2)
-        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
+        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
                                                                                   n_heads, n_kv, head_dim);
     else
-        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, map, T,
+        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
                                                                                   n_heads, n_kv, head_dim);
 }

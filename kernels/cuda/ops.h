@@ -32,6 +32,13 @@ typedef struct {
     int run_table;
 } cuda_kv_map;
 
+/* One sequence's run of T consecutive positions, the only shape the tiled
+ * prefill kernel takes: token t at position *pos0 + t under block table
+ * `table`. Device pointers. */
+typedef struct {
+    const int *pos0, *table;
+} cuda_kv_run;
+
 /* x[T, hidden] = table[tokens[t], :] */
 void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream);
 
@@ -65,8 +72,8 @@ void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bit
  * 0..its own in the pool (head_dim <= 256). Decode (a few tokens, or a
  * batch's tokens of any sequences): split-K over the keys with a
  * log-sum-exp merge, scratch of cuda_attention_scratch(T, ...) floats.
- * Prefill (one sequence's run, map.pos0 set): a tiled flash-attention
- * kernel, no scratch. */
+ * Prefill (one sequence's run): a tiled flash-attention kernel, no
+ * scratch. */
 size_t cuda_attention_scratch(int T, int n_heads, int head_dim);
 /* Enough scratch for any T <= max_T at the splits cuda_attention_splits
  * picks on a GPU of sms multiprocessors. */
@@ -81,7 +88,7 @@ void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, 
  * 0 chooses by T and n_heads, the tests force each). */
 int cuda_attention_prepare(int head_dim);
 void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
-                            cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
+                            cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
                             void *stream);
 
 /* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
