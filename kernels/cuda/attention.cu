@@ -1,10 +1,11 @@
-// Causal GQA attention over a paged bf16 KV pool (cuda_kv_map), the CPU's
+// Causal GQA attention over a paged bf16 KV pool, the CPU's
 // cpu_attention_head math (f32 scores, f32 softmax, scale
 // 1/sqrt(head_dim)). Two kernels for two regimes:
-//  - decode (a few tokens): split-K flash decoding. The grid is fixed by the
-//    launch (not the position), so a captured graph serves every step.
-//  - prefill (many tokens): a tiled flash-attention kernel, online softmax,
-//    no scratch.
+//  - decode (a few tokens, or a batch's tokens of any sequences; a
+//    cuda_kv_map): split-K flash decoding. The grid is fixed by the launch
+//    (not the position), so a captured graph serves every step.
+//  - prefill (one sequence's run of many tokens; a cuda_kv_run): a tiled
+//    flash-attention kernel, online softmax, no scratch.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
