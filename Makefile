@@ -143,8 +143,11 @@ $(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj
 
 $(BUILD)/tests/test_cuda $(BUILD)/tests/test_cuda_batch: tests/logit_compare.h
 
-# test_alloc counts the library's allocations through the linker's wraps.
-$(BUILD)/tests/test_alloc: LDLIBS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+# test_alloc replaces malloc to count allocations; under AddressSanitizer
+# (whose malloc that would replace) it counts the library's calls through
+# the linker's wraps instead.
+COMMA := ,
+$(BUILD)/tests/test_alloc: LDLIBS += $(if $(filter 1,$(SAN)),-Wl$(COMMA)--wrap=malloc$(COMMA)--wrap=calloc$(COMMA)--wrap=realloc)
 
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)

@@ -2,7 +2,6 @@
  * owns, so runs repeat exactly and threads never share state; and what ends
  * a generation. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "model.h"
 #include "polar.h"
@@ -19,16 +18,47 @@ void polar_rng_seed(polar_rng *r, uint64_t seed) { r->state = seed; }
 
 double polar_rng_uniform(polar_rng *r) { return (double)(next_u64(r) >> 11) * 0x1.0p-53; }
 
-
 typedef struct {
     float p;
     int i;
 } cand;
 
-static int cand_desc(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->i - y->i;
+/* a goes before b: more likely, or as likely with a lower id (a total order,
+ * so the nucleus is the same whichever way it is found) */
+static int goes_before(const cand *a, const cand *b) { return a->p > b->p || (a->p == b->p && a->i < b->i); }
+
+static void sift_down(cand *c, int n, int at) {
+    for (;;) {
+        int top = at, l = 2 * at + 1, r = l + 1;
+        if (l < n && goes_before(&c[l], &c[top])) top = l;
+        if (r < n && goes_before(&c[r], &c[top])) top = r;
+        if (top == at) return;
+        cand t = c[at];
+        c[at] = c[top], c[top] = t;
+        at = top;
+    }
+}
+
+/* The most likely of c[0..k) until their mass reaches `mass`: *count of
+ * them at the returned place, in order, most likely first, their mass in
+ * *sum. A heap, not a sort: only the nucleus gets ordered, and nothing is
+ * allocated (qsort may allocate). */
+static cand *nucleus(cand *c, int k, double mass, int *count, double *sum) {
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
+    int heap = k;
+    double cum = 0;
+    while (heap > 0 && cum < mass) { /* the heap's top goes just past its end */
+        cand t = c[0];
+        c[0] = c[heap - 1], c[heap - 1] = t;
+        sift_down(c, --heap, 0);
+        cum += c[heap].p;
+    }
+    for (int a = heap, b = k - 1; a < b; a++, b--) { /* c[heap..k) holds them least likely first */
+        cand t = c[a];
+        c[a] = c[b], c[b] = t;
+    }
+    *count = k - heap, *sum = cum;
+    return c + heap;
 }
 
 int polar_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, void *work) {
@@ -43,17 +73,14 @@ int polar_sample(const float *logits, int n, float temperature, float top_p, pol
     }
     int k = n;
     if (top_p > 0 && top_p < 1) {
-        /* A token below (1 - top_p) / (n - 1) of the mass can never be in
-         * the nucleus: drop those before sorting. */
-        double floor_p = n > 1 ? (1.0 - top_p) / (n - 1) * z : 0;
+        /* A token in the nucleus has at least (1 - top_p) of the mass
+         * among itself and the tokens after it (at most n of them, each no
+         * more likely): below (1 - top_p) / n of the mass it never is. */
+        double floor_p = (1.0 - top_p) / n * z;
         k = 0;
         for (int i = 0; i < n; i++)
             if (c[i].p >= floor_p) c[k++] = c[i];
-        qsort(c, (size_t)k, sizeof *c, cand_desc);
-        double cum = 0;
-        int keep = 0;
-        while (keep < k && cum < top_p * z) cum += c[keep++].p;
-        k = keep, z = cum;
+        c = nucleus(c, k, top_p * z, &k, &z);
     }
     double r = polar_rng_uniform(rng) * z, cum = 0;
     for (int j = 0; j < k; j++) {

@@ -2,34 +2,41 @@
  * polar_batch_create, no call on a session or batch allocates: prefill
  * (chunked), decode steps, greedy and sampled generation, a program switch,
  * share_prompt's resumption, a reset; a batch's adds (mixed programs,
- * prompts sharing a start, a full pool), steps with the prefix cache, reads,
- * cancels and removes. Linked with -Wl,--wrap for malloc, calloc and
- * realloc (Makefile), so every call the library makes is counted, on any
- * thread; the C library's own calls inside it (and libgomp's) are not
- * ours to count. Dense, MoE and the quantized default model. */
+ * followers of a shared prompt, a full pool), steps with and without the
+ * prefix cache (hits asserted), reads, cancels and removes. Dense, MoE and
+ * the quantized default model, on the CPU.
+ *
+ * malloc, calloc and realloc are replaced in this program, so every call in
+ * the process counts, the C library's own included (glibc's qsort
+ * allocates past 1 KiB: polar_sample once did, per token). Under
+ * AddressSanitizer, whose allocator owns those names, the linker's wraps
+ * (Makefile, SAN=1) count the library's own calls instead. */
 #include <stdatomic.h>
 
 #include "harness.h"
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-
 static atomic_int counting;
 static atomic_long allocations;
 
-void *__wrap_malloc(size_t n) {
-    if (atomic_load(&counting)) atomic_fetch_add(&allocations, 1);
-    return __real_malloc(n);
+static void count(void) {
+    if (atomic_load_explicit(&counting, memory_order_relaxed)) atomic_fetch_add(&allocations, 1);
 }
-void *__wrap_calloc(size_t n, size_t size) {
-    if (atomic_load(&counting)) atomic_fetch_add(&allocations, 1);
-    return __real_calloc(n, size);
-}
-void *__wrap_realloc(void *p, size_t n) {
-    if (atomic_load(&counting)) atomic_fetch_add(&allocations, 1);
-    return __real_realloc(p, n);
-}
+
+#ifdef __SANITIZE_ADDRESS__
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n) { return count(), __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return count(), __real_calloc(n, size); }
+void *__wrap_realloc(void *p, size_t n) { return count(), __real_realloc(p, n); }
+#else
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+void *malloc(size_t n) { return count(), __libc_malloc(n); }
+void *calloc(size_t n, size_t size) { return count(), __libc_calloc(n, size); }
+void *realloc(void *p, size_t n) { return count(), __libc_realloc(p, n); }
+#endif
 
 /* Run CALL with counting on; a non-zero count fails the case, naming it. */
 #define NO_ALLOC(what, call)                                                                 \
@@ -53,7 +60,7 @@ static polar_model *load(const char *path, polar_model_info *info) {
     return m;
 }
 
-static void prompt_of(int *out, int n, int seed, int shared, int vocab) {
+static void prompt_of(int *out, int n, int seed, int shared, int vocab) { /* the first `shared` tokens of every seed alike */
     for (int i = 0; i < n; i++) out[i] = (i < shared ? i * 31 + 7 : i * 17 + seed * 101 + 5) % vocab;
 }
 
@@ -72,7 +79,8 @@ static void session_calls(const polar_model *m, const polar_model_info *info) {
     polar_error err;
     for (int i = 0; i < 3; i++) CHECK_OK(polar_program_parse(text[i], D, 0, &p[i], &err));
     prompt_of(prompt, 40, 1, 0, V);
-    polar_session_opts so = {.max_ctx = 64, .max_program_len = 2 * D, .n_threads = 2, .share_prompt = 1};
+    polar_session_opts so = {.max_ctx = 64, .max_program_len = 2 * D, .n_threads = 2, .share_prompt = 1,
+                             .device = POLAR_DEVICE_CPU};
     polar_session *s = NULL;
     CHECK_OK(polar_session_create(m, &p[0], &so, &s, &err));
     float *all = malloc((size_t)40 * V * sizeof *all);
@@ -87,6 +95,7 @@ static void session_calls(const polar_model *m, const polar_model_info *info) {
         NO_ALLOC("polar_generate (sampled, the same prompt resumed under a repeat program)",
                  st = polar_generate(s, prompt, 40, &sampled, out, NULL, NULL, NULL, &err));
         CHECK(st == POLAR_OK, "generate: %s", err.msg);
+        CHECK(polar_session_prompt_reused(s) > 0, "%s: the prompt was not resumed", model_name);
         NO_ALLOC("polar_session_reset", polar_session_reset(s));
         NO_ALLOC("polar_prefill (every row's logits)", st = polar_prefill(s, prompt, 40, all, &err));
         for (int i = 0; i < 3 && st == POLAR_OK; i++)
@@ -98,23 +107,32 @@ static void session_calls(const polar_model *m, const polar_model_info *info) {
     for (int i = 0; i < 3; i++) polar_program_free(&p[i]);
 }
 
-static void batch_calls(const polar_model *m, const polar_model_info *info) {
-    int V = info->arch.vocab, D = info->arch.n_layers, prompt[6][40];
+/* Six sequences through a pool for two of the longest: all prompts share
+ * their first 32 tokens (two blocks), the first two are the same prompt
+ * under the same program (the second follows the first, or with the cache
+ * finds it there), every other one sampled, the second cancelled. */
+static void batch_calls(const polar_model *m, const polar_model_info *info, int with_cache) {
+    int V = info->arch.vocab, D = info->arch.n_layers, prompt[6][44], n_prompt[6];
+    static const int program_of[6] = {0, 0, 1, 2, 0, 1};
     char text[3][64];
     programs_of(D, text);
     polar_program p[3];
     polar_error err;
     for (int i = 0; i < 3; i++) CHECK_OK(polar_program_parse(text[i], D, 0, &p[i], &err));
     size_t item = 16 * (2 * (size_t)info->arch.n_kv_heads * info->arch.head_dim + info->arch.hidden) * sizeof(float);
-    /* a pool for two sequences of the longest program: the later adds find it full */
     polar_batch_opts bo = {.max_seqs = 6, .max_ctx = 56, .max_program_len = 2 * D, .step_tokens = 24, .n_threads = 2,
-                           .kv_bytes = polar_batch_kv_bytes(m, POLAR_DEVICE_CPU, 2, D + 2, 48),
-                           .prefix_cache_bytes = 12 * item};
+                           .device = POLAR_DEVICE_CPU,
+                           .kv_bytes = polar_batch_kv_bytes(m, POLAR_DEVICE_CPU, 2, D + 2, 56),
+                           .prefix_cache_bytes = with_cache ? (size_t)4 * (D + 2) * item : 0}; /* a prompt's blocks, every entry */
     polar_batch *b = NULL;
     CHECK_OK(polar_batch_create(m, &bo, &b, &err));
-    for (int i = 0; i < 6; i++) prompt_of(prompt[i], 40, i, i < 4 ? 20 : 0, V);
+    for (int i = 0; i < 6; i++) {
+        n_prompt[i] = i == 1 ? 34 : 34 + 2 * i;
+        prompt_of(prompt[i], n_prompt[i], i == 1 ? 0 : i, 32, V);
+    }
     if (b) {
-        int ids[6], added = 0, full = 0, steps = 0;
+        int ids[6], added = 0, full = 0, steps = 0, cancelled = 0;
+        long followed = 0, cached = 0;
         polar_status st = POLAR_OK;
         polar_batch_stats stats;
         polar_seq_info si;
@@ -123,8 +141,8 @@ static void batch_calls(const polar_model *m, const polar_model_info *info) {
             while (added < 6) {
                 polar_gen_opts g = {.max_new = 8, .ignore_eos = 1, .temperature = added % 2 ? 0.7f : 0.0f,
                                     .top_p = 0.9f, .seed = (uint64_t)added};
-                NO_ALLOC("polar_batch_add",
-                         st = polar_batch_add(b, &p[added % 3], prompt[added], 8 + 6 * added, &g, &ids[added], &err));
+                NO_ALLOC("polar_batch_add", st = polar_batch_add(b, &p[program_of[added]], prompt[added],
+                                                                 n_prompt[added], &g, &ids[added], &err));
                 if (st == POLAR_ERR_FULL) {
                     full++;
                     break;
@@ -136,13 +154,19 @@ static void batch_calls(const polar_model *m, const polar_model_info *info) {
             CHECK(st == POLAR_OK, "step: %s", err.msg);
             if (st != POLAR_OK) break;
             steps++;
+            followed += stats.shared_prompt_tokens, cached += stats.cached_entries;
             for (int i = 0; i < added; i++) {
                 if (ids[i] < 0) continue;
                 NO_ALLOC("polar_batch_seq and polar_batch_logits",
                          (st = polar_batch_seq(b, ids[i], &si, &err), l = polar_batch_logits(b, ids[i])));
+                CHECK(st == POLAR_OK, "seq %d: %s", ids[i], err.msg);
+                if (st != POLAR_OK) continue;
                 (void)l;
-                if (i == 1 && si.state == POLAR_SEQ_DECODE && si.n_generated >= 3)
+                if (i == 1 && si.state == POLAR_SEQ_DECODE && si.n_generated >= 3) {
                     NO_ALLOC("polar_batch_cancel", st = polar_batch_cancel(b, ids[i], &err));
+                    cancelled++;
+                    continue;
+                }
                 if (si.state == POLAR_SEQ_ENDED) {
                     NO_ALLOC("polar_batch_remove", st = polar_batch_remove(b, ids[i], &err));
                     ids[i] = -1;
@@ -151,7 +175,9 @@ static void batch_calls(const polar_model *m, const polar_model_info *info) {
         }
         CHECK(added == 6 && polar_batch_running(b) == 0, "%s: %d of 6 sequences added, %d still running after %d steps",
               model_name, added, polar_batch_running(b), steps);
-        CHECK(full > 0, "%s: the pool was never full", model_name);
+        CHECK(full > 0 && cancelled == 1, "%s: the pool full %d times, %d cancels", model_name, full, cancelled);
+        if (with_cache) CHECK(cached > 0, "%s: nothing found in the prefix cache", model_name);
+        else CHECK(followed > 0, "%s: no prompt token followed a leader", model_name);
     }
     polar_batch_free(b);
     for (int i = 0; i < 3; i++) polar_program_free(&p[i]);
@@ -162,7 +188,8 @@ static void run_model(const char *path) {
     polar_model *m = load(path, &info);
     if (!m) return;
     session_calls(m, &info);
-    batch_calls(m, &info);
+    batch_calls(m, &info, 0);
+    batch_calls(m, &info, 1);
     polar_model_free(m);
 }
 
@@ -194,6 +221,9 @@ static void alloc_counter_works(void) {
 }
 
 int main(void) {
+    /* libgomp allocates its thread team at the first parallel region: not ours to count */
+#pragma omp parallel num_threads(2)
+    atomic_fetch_add(&allocations, 0);
     RUN(alloc_counter_works);
     RUN(alloc_dense);
     RUN(alloc_moe);

@@ -50,8 +50,76 @@ static void distributions(void) {
     const float flat[6] = {1, 1, 1, 1, 1, 1};
     frequencies(flat, 6, 1.0f, 0.3f, 11, 60000, f);
     CHECK(f[0] > 0.45 && f[1] > 0.45 && f[2] == 0 && f[5] == 0, "ties: %.3f %.3f %.3f", f[0], f[1], f[2]);
+    /* a nucleus below one token's share of flat logits: the first token
+     * alone (the pre-filter once dropped every token here) */
+    float flat1000[1000];
+    double f1000[1000];
+    for (int i = 0; i < 1000; i++) flat1000[i] = 0.5f;
+    frequencies(flat1000, 1000, 1.0f, 1e-4f, 12, 100, f1000);
+    CHECK(f1000[0] > 0.9999, "top-p 1e-4 over 1000 equal logits: token 0 drawn %.4f of the time", f1000[0]);
     /* temperature 0 is the argmax, with no generator needed */
     CHECK(polar_sample(logits, 4, 0.0f, 0.9f, NULL, NULL) == 0, "T 0: the argmax");
+}
+
+/* The draw polar_sample must make, the obvious way: every token sorted
+ * (more likely first, ties to the lower id), the nucleus summed in that
+ * order, the same uniform draw. */
+typedef struct {
+    float p;
+    int i;
+} ref_cand;
+
+static int ref_desc(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->i - y->i;
+}
+
+static int ref_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, ref_cand *c) {
+    float m = logits[0];
+    for (int i = 1; i < n; i++) m = logits[i] > m ? logits[i] : m;
+    double z = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].p = expf((logits[i] - m) / temperature), c[i].i = i;
+        z += c[i].p;
+    }
+    qsort(c, (size_t)n, sizeof *c, ref_desc);
+    double cum = 0;
+    int k = 0;
+    while (k < n && cum < top_p * z) cum += c[k++].p;
+    double r = polar_rng_uniform(rng) * cum, acc = 0;
+    for (int j = 0; j < k; j++) {
+        acc += c[j].p;
+        if (r < acc) return c[j].i;
+    }
+    return c[k - 1].i;
+}
+
+/* The nucleus polar_sample finds without sorting gives the reference's
+ * draws exactly: random logits (with repeated values, so ties matter) of a
+ * vocabulary's size, several temperatures and top-p. */
+static void nucleus_matches_sort(void) {
+    enum { n = 50000 };
+    float *logits = malloc(n * sizeof *logits);
+    ref_cand *ref = malloc(n * sizeof *ref);
+    void *work = malloc(polar_sample_work_bytes(n));
+    uint64_t x = 99;
+    for (int i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        logits[i] = (float)((x >> 40) % 2000) / 100.0f; /* 2000 distinct values: ties */
+    }
+    static const float temps[] = {0.3f, 0.7f, 1.0f, 1.5f}, tops[] = {0.05f, 0.5f, 0.9f, 0.99f};
+    int differ = 0, draws = 0;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            polar_rng r1, r2;
+            polar_rng_seed(&r1, (uint64_t)(a * 4 + b)), polar_rng_seed(&r2, (uint64_t)(a * 4 + b));
+            for (int d = 0; d < 25; d++, draws++)
+                differ += polar_sample(logits, n, temps[a], tops[b], &r1, work) !=
+                          ref_sample(logits, n, temps[a], tops[b], &r2, ref);
+        }
+    CHECK(differ == 0, "%d of %d draws differ from the sorted reference", differ, draws);
+    free(logits), free(ref), free(work);
 }
 
 static void generate_sampled(void) {
@@ -129,6 +197,7 @@ int main(void) {
     RUN(argmax_cases);
     RUN(rng_streams);
     RUN(distributions);
+    RUN(nucleus_matches_sort);
     RUN(generate_sampled);
     TEST_EXIT();
 }
