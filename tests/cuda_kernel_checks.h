@@ -308,9 +308,10 @@ static cuda_kv_map map_upload(map_dev *d, const two_tables *tt, int per_token, i
 static void map_free(map_dev *d) { cudaFree(d->pos0), cudaFree(d->pos), cudaFree(d->table), cudaFree(d->tables); }
 
 /* q/k norm + RoPE + the bf16 K/V write into the paged pool of two_tables,
- * once as a session's run (positions from *pos0) and once per token (two
- * sequences' tokens interleaved): q and each token's pool row against the
- * CPU's, and every other row (block 0 in no table among them) still 0. */
+ * as a session's run (positions from *pos0) and per token (two sequences'
+ * tokens interleaved), with q/k norms (Qwen3) and per token without: q and
+ * each token's pool row against the CPU's, and every other row (block 0 in
+ * no table among them) still 0. */
 static void kernel_kv_store(void) {
     int T = 37, nh = 4, nkv = 2, hd = 64, half = hd / 2, pos0 = 11, qd = nh * hd, kvd = nkv * hd;
     two_tables tt = two_tables_make(pos0 + T, 3 * T + 5, 1);
@@ -328,13 +329,15 @@ static void kernel_kv_store(void) {
     cudaMalloc((void **)&dkc, pool_vals * 2);
     cudaMalloc((void **)&dvc, pool_vals * 2);
     int pos[37], table[37];
-    for (int per_token = 0; per_token < 2; per_token++) {
+    static const char *cases[] = {"run", "per token", "per token, no q/k norm (llama, qwen2)"};
+    for (int c = 0; c < 3; c++) {
+        int per_token = c > 0, norms = c < 2;
         two_tables_tokens(&tt, per_token, T, pos0, pos, table);
         memcpy(qwant, q, (size_t)T * qd * 4), memcpy(kwant, k, (size_t)T * kvd * 4), memcpy(vwant, v, (size_t)T * kvd * 4);
         for (int t = 0; t < T; t++) {
             float *qt = qwant + (size_t)t * qd, *kt = kwant + (size_t)t * kvd;
-            for (int h = 0; h < nh; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, qn, hd, 1e-6f);
-            for (int h = 0; h < nkv; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, kn, hd, 1e-6f);
+            for (int h = 0; h < nh && norms; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, qn, hd, 1e-6f);
+            for (int h = 0; h < nkv && norms; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, kn, hd, 1e-6f);
             cpu_rope_angles(cs, sn, inv_freq, half, pos[t]);
             cpu_rope(qt, cs, sn, nh, hd);
             cpu_rope(kt, cs, sn, nkv, hd);
@@ -346,8 +349,9 @@ static void kernel_kv_store(void) {
         cudaMemset(dvc, 0, pool_vals * 2);
         map_dev md;
         cuda_kv_map map = map_upload(&md, &tt, per_token, T, pos0, pos, table);
-        cuda_qk_rope_store(dq, dk, dv, dqn, dkn, dfreq, dkc, dvc, map, T, nh, nkv, hd, 1e-6f, NULL);
-        const char *how = per_token ? "per token" : "run";
+        cuda_qk_rope_store(dq, dk, dv, norms ? dqn : NULL, norms ? dkn : NULL, dfreq, dkc, dvc, map, T, nh, nkv, hd,
+                           1e-6f, NULL);
+        const char *how = cases[c];
         float *got = from_dev(dq, (size_t)T * qd), dqerr = max_rel(got, qwant, (size_t)T * qd);
         CHECK(dqerr < 1e-4f, "q norm + rope (%s): relative error %g", how, dqerr);
         free(got);
