@@ -409,11 +409,10 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
     void *s = c->stream;
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
                        a->n_kv_heads, hd, (float)a->rms_eps, s);
-    if (map->pos0) {
+    if (map->run.pos0) {
         if (T > DECODE_TOKENS)
-            cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool,
-                                   (cuda_kv_run){map->pos0, map->tables + map->run_table}, T, a->n_heads,
-                                   a->n_kv_heads, hd, 0, s);
+            cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, map->run, T, a->n_heads, a->n_kv_heads, hd, 0,
+                                   s);
         else
             cuda_attention_decode(c->att, c->q, c->k_pool, c->v_pool, c->scores, *map, T, a->n_heads, a->n_kv_heads,
                                   hd, cuda_attention_splits(T, a->n_kv_heads, c->sms), s);
@@ -463,7 +462,7 @@ static void forward_layers(cuda_state *c, const int *program, int n_program, int
     int H = a->hidden;
     cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
     for (int k = 0; k < n_program; k++) {
-        cuda_kv_map map = {.pos0 = c->pos, .tables = c->tables, .run_table = k * c->max_blocks};
+        cuda_kv_map map = {.run = {c->pos, c->tables + (size_t)k * c->max_blocks}};
         cuda_layer_forward(c, &c->layers[program[k]], T, &map, NULL, 0);
     }
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,

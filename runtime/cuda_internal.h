@@ -103,7 +103,7 @@ typedef struct {
 } cuda_run;
 
 /* One decoder layer over the T tokens of c->x, in place, their K/V rows in
- * the pool where map says. Attention: a session's run (map->pos0) through
+ * the pool where map says. Attention: a session's run (map->run) through
  * the tiled prefill kernel beyond DECODE_TOKENS tokens, split-K (on scratch
  * c->scores) below; a batch's tokens through the tiled kernel for its
  * n_runs runs (ascending t0), split-K for the tokens between them. */

@@ -3,11 +3,11 @@
 
 #include <stdlib.h>
 
-int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows) {
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
     *p = (kv_pool){.n_blocks = n_blocks, .kv_dim = kv_dim};
     p->free_blocks = malloc((size_t)n_blocks * sizeof *p->free_blocks);
     p->refs = calloc((size_t)n_blocks, sizeof *p->refs);
-    if ((rows && !kv_pool_add_rows(p)) || !p->free_blocks || !p->refs) {
+    if (!p->free_blocks || !p->refs) {
         kv_pool_free(p);
         return 0;
     }

@@ -29,10 +29,10 @@ typedef struct {
     int reserved;      /* blocks still promised to this sequence */
 } kv_seq;
 
-/* 0 when out of memory. rows 0: the block bookkeeping only, k and v NULL
- * (the rows live on a device). */
-int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim, int rows);
-/* The host rows of a pool made without them; 0 when out of memory. */
+/* The block bookkeeping, k and v NULL (a device keeps the rows); 0 when
+ * out of memory. */
+int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim);
+/* The rows on the host (a CPU pool); 0 when out of memory. */
 int kv_pool_add_rows(kv_pool *p);
 void kv_pool_free(kv_pool *p);
 

@@ -90,7 +90,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     /* The KV cache: every block mapped now, in the pool's rows on the CPU,
      * on a GPU in its device pool under the same tables. */
     int n_blocks = kv_blocks_for(s->cap_program, s->max_ctx);
-    int kv_ok = kv_pool_init(&s->pool, n_blocks, (int)kv, 0) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
+    int kv_ok = kv_pool_init(&s->pool, n_blocks, (int)kv) && kv_seq_init(&s->kv, s->cap_program, s->max_ctx) &&
                 kv_seq_admit(&s->pool, &s->kv, s->cap_program, s->max_ctx);
     if (kv_ok) kv_seq_grow(&s->pool, &s->kv, s->max_ctx, NULL);
     if (kv_ok && use_cuda) {

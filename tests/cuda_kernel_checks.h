@@ -302,7 +302,7 @@ static cuda_kv_map map_upload(map_dev *d, const two_tables *tt, int per_token, i
     d->table = to_dev(table, (size_t)T * sizeof *table);
     d->tables = to_dev(tt->tables, (size_t)tt->n_tables * sizeof *tt->tables);
     if (per_token) return (cuda_kv_map){.pos = d->pos, .table = d->table, .tables = d->tables};
-    return (cuda_kv_map){.pos0 = d->pos0, .tables = d->tables, .run_table = tt->off_a};
+    return (cuda_kv_map){.run = {d->pos0, d->tables + tt->off_a}};
 }
 
 static void map_free(map_dev *d) { cudaFree(d->pos0), cudaFree(d->pos), cudaFree(d->table), cudaFree(d->tables); }
@@ -432,8 +432,7 @@ static void kernel_attention(void) {
                     cuda_attention_decode(dout, dq, dk, dv, scratch, map[per_token], T, nh, nkv, hd,
                                           cuda_attention_splits(T, nkv, 132), NULL);
                 else
-                    cuda_attention_prefill(dout, dq, dk, dv, (cuda_kv_run){map[0].pos0, map[0].tables + map[0].run_table},
-                                           T, nh, nkv, hd, 1 << (kind - 2), NULL);
+                    cuda_attention_prefill(dout, dq, dk, dv, map[0].run, T, nh, nkv, hd, 1 << (kind - 2), NULL);
                 float *got = from_dev(dout, out_vals), d = max_rel(got, want[per_token], out_vals);
                 CHECK(d < 1e-4f, "attention %s (%d rows per warp) heads %d/%d hd %d T %d at %d: relative error %g",
                       kinds[kind], kind < 2 ? 0 : 1 << (kind - 2), nh, nkv, hd, T, pos0, d);

@@ -17,9 +17,11 @@ static inline cudaStream_t st(void *s) { return (cudaStream_t)s; }
 
 // Token t's position and block table, and the pool row of position j
 // under that table (cuda_kv_map, ops.h).
-static __device__ __forceinline__ int kv_pos(const cuda_kv_map &m, int t) { return m.pos0 ? *m.pos0 + t : m.pos[t]; }
+static __device__ __forceinline__ int kv_pos(const cuda_kv_map &m, int t) {
+    return m.run.pos0 ? *m.run.pos0 + t : m.pos[t];
+}
 static __device__ __forceinline__ const int *kv_table(const cuda_kv_map &m, int t) {
-    return m.tables + (m.pos0 ? m.run_table : m.table[t]);
+    return m.run.pos0 ? m.run.table : m.tables + m.table[t];
 }
 // An entry never mapped (-1) reads as 2^32 - 1 blocks: far past any pool,
 // so a kernel that reads one faults instead of landing on the rows before

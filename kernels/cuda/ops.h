@@ -17,27 +17,27 @@ typedef uint16_t bf16_bits;
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
 #define CUDA_KV_BLOCK 16
 
-/* Where the T tokens of a launch are and where their K/V rows live: a
- * paged pool of CUDA_KV_BLOCK-row blocks, position j of a sequence at row
- * tab[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK under its block
- * table tab. Either one sequence's run of tokens (pos0 set: token t at
- * position *pos0 + t, table tables + run_table; a session, whose position
- * lives on the device so a captured graph serves every step) or a batch's
- * tokens (pos0 NULL: token t at pos[t], table tables + table[t]). Device
+/* K/V rows live in a paged pool of CUDA_KV_BLOCK-row blocks: position j of
+ * a sequence at row tab[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j %
+ * CUDA_KV_BLOCK under its block table tab.
+ *
+ * One sequence's run of T consecutive positions: token t at position
+ * *pos0 + t under block table `table` (a session's tokens, whose position
+ * lives on the device so a captured graph serves every step; a batch's
+ * prompt chunk). The only shape the tiled prefill kernel takes. Device
  * pointers. */
-typedef struct {
-    const int *pos0;
-    const int *pos, *table;
-    const int *tables;
-    int run_table;
-} cuda_kv_map;
-
-/* One sequence's run of T consecutive positions, the only shape the tiled
- * prefill kernel takes: token t at position *pos0 + t under block table
- * `table`. Device pointers. */
 typedef struct {
     const int *pos0, *table;
 } cuda_kv_run;
+
+/* Where the T tokens of a launch are: a run (run.pos0 set), or a batch's
+ * tokens of any sequences (run.pos0 NULL: token t at pos[t] under the table
+ * at tables + table[t]). Device pointers. */
+typedef struct {
+    cuda_kv_run run;
+    const int *pos, *table;
+    const int *tables;
+} cuda_kv_map;
 
 /* x[T, hidden] = table[tokens[t], :] */
 void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream);
