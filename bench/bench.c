@@ -33,12 +33,12 @@ static polar_status time_run(polar_session *s, bench_run *r, const int *prompt, 
 }
 
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, double copy_gbps,
-                   const char *name, const char *device, int json) {
+                   const char *name, const char *device, const char *kv, int json) {
     const bench_run *base = &runs[0];
     if (json) {
-        printf("{\"model\":\"%s\",\"device\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,\"prompt_len\":%d,"
-               "\"gen\":%d,\"n_layers\":%d,\"copy_gbps\":%.3f,\"runs\":[",
-               name, device, polar_cpu_kernels(), threads, n_prompt, gen, D, copy_gbps);
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
+               "\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"copy_gbps\":%.3f,\"runs\":[",
+               name, device, kv, polar_cpu_kernels(), threads, n_prompt, gen, D, copy_gbps);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
             double gbps = r->bytes / (r->decode_ms * 1e6);
@@ -52,8 +52,8 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
         printf("]}\n");
         return;
     }
-    printf("model %s, %d layers, %s (%d CPU threads, %s kernels), prompt %d tokens, %d decode steps (best of reps)\n",
-           name, D, device, threads, polar_cpu_kernels(), n_prompt, gen);
+    printf("model %s, %d layers, %s (%d CPU threads, %s kernels), KV %s, prompt %d tokens, %d decode steps (best of "
+           "reps)\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt, gen);
     printf("%s copy: %.2f GB/s (bytes read + written)\n\n", strcmp(device, "cuda") ? "memory" : "device-to-device",
            copy_gbps);
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
@@ -141,7 +141,8 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
-    int n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
+    const char *kv_text = NULL;
+    int kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
         {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
@@ -151,11 +152,12 @@ int cmd_bench(int argc, char **argv) {
         {"--encoder", OPT_STR, &encoder, 0},   {"--device", OPT_STR, &device_text, 0},
         {"--question-len", OPT_INT, &question_len, 0},
         {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
+        {"--kv", OPT_STR, &kv_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
     polar_device device;
-    if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
+    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
     if (batch && predictor) return fail_usage(cmd, "--batch runs without --predictor");
     polar_model *m;
@@ -163,7 +165,7 @@ int cmd_bench(int argc, char **argv) {
     if (rc) return rc;
     if (batch) {
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, batch, programs_file, program_text,
-                         n_prompt, gen, reps, threads,
+                         n_prompt, gen, reps, threads, kv_bf16,
                          device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0)),
                          json);
         polar_model_free(m);
@@ -200,7 +202,7 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
     polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads,
-                             .device = device};
+                             .device = device, .kv_bf16 = kv_bf16};
     if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
@@ -212,7 +214,7 @@ int cmd_bench(int argc, char **argv) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    for (int i = 0; i < n_runs; i++) runs[i].bytes = polar_decode_bytes(m, &runs[i].prog, n_prompt + gen / 2, used);
+    for (int i = 0; i < n_runs; i++) runs[i].bytes = polar_decode_bytes(m, &runs[i].prog, n_prompt + gen / 2, used, kv_bf16);
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n_runs; i++)
             if (time_run(s, &runs[i], prompt, n_prompt, gen, generated, &err) != POLAR_OK) {
@@ -220,7 +222,8 @@ int cmd_bench(int argc, char **argv) {
                 goto done;
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
-    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s), json);
+    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s),
+           used == POLAR_DEVICE_CUDA || kv_bf16 ? "bf16" : "f32", json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

@@ -59,13 +59,13 @@ static polar_status run_batch(polar_batch *b, const polar_program *progs, int n,
 }
 
 static void report(const batch_run *runs, int n_runs, const char *name, int D, int n_prompt, int gen,
-                   const char *device, int threads, int json) {
+                   const char *device, const char *kv, int threads, int json) {
     double base_tok_s = 0;
     for (int i = 0; i < n_runs; i++)
         if (runs[i].size == 1) base_tok_s = gen / (runs[i].decode_ms * 1e-3);
     if (!json) {
-        printf("model %s, %d layers, %s (host: %d threads, %s kernels), prompt %d tokens, %d decode steps (best of "
-               "reps)\n\n", name, D, device, threads, polar_cpu_kernels(), n_prompt, gen);
+        printf("model %s, %d layers, %s (host: %d threads, %s kernels), KV %s, prompt %d tokens, %d decode steps "
+               "(best of reps)\n\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt, gen);
         printf("%5s %-9s %11s %10s %9s %11s %8s %8s %9s\n", "batch", "programs", "prefill ms", "ms/step", "tok/s",
                "vs batch 1", "passes", "bound", "vs one");
     }
@@ -78,11 +78,12 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
         if (base_tok_s) snprintf(vs_batch1, sizeof vs_batch1, "%.*f", json ? 4 : 2, tok_s / base_tok_s);
         else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
-            printf("{\"model\":\"%s\",\"device\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,\"prompt_len\":%d,\"gen\":%d,"
-                   "\"batch\":%d,\"programs\":\"%s\",\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
+            printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
+                   "\"prompt_len\":%d,\"gen\":%d,\"batch\":%d,\"programs\":\"%s\",\"prefill_ms\":%.3f,"
+                   "\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
                    "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f}\n",
-                   name, device, polar_cpu_kernels(), threads, n_prompt, gen, r->size, r->mixed ? "mixed" : "one",
+                   name, device, kv, polar_cpu_kernels(), threads, n_prompt, gen, r->size, r->mixed ? "mixed" : "one",
                    r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes, r->bound, vs_one, r->graph_steps);
         else
             printf("%5d %-9s %11.1f %10.3f %9.1f %10s%s %8.1f %8.1f %8.3fx\n", r->size, r->mixed ? "mixed" : "one",
@@ -92,7 +93,7 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
 }
 
 int bench_batch(const char *cmd, polar_model *m, const char *name, const char *sizes_text, const char *programs_file,
-                const char *program_text, int n_prompt, int gen, int reps, int threads, int cuda, int json) {
+                const char *program_text, int n_prompt, int gen, int reps, int threads, int kv_bf16, int cuda, int json) {
     polar_model_info info;
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers, sizes[MAX_SIZES], n_sizes = 0, max_size = 0, n_progs = 0, rc = 1;
@@ -133,8 +134,8 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
     polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + gen + 1, .max_program_len = cap,
                            .step_tokens = max_size * (n_prompt + 1), .n_threads = threads,
-                           .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU};
-    bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, max_size, cap, bo.max_ctx);
+                           .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = kv_bf16};
+    bo.kv_bytes = polar_batch_kv_bytes(m, &bo, max_size, cap, bo.max_ctx);
     if (polar_batch_create(m, &bo, &b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
@@ -151,7 +152,8 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
                 goto done;
             }
         }
-    report(runs, n_runs, name, D, n_prompt, gen, cuda ? "cuda" : "cpu", polar_batch_threads(b), json);
+    report(runs, n_runs, name, D, n_prompt, gen, cuda ? "cuda" : "cpu", cuda || kv_bf16 ? "bf16" : "f32",
+           polar_batch_threads(b), json);
     if (!json && !programs_file)
         printf("\nmixed: the base program, then each sequence skipping or repeating one layer (alternately),\n"
                "the layers spread over the depth; one: every sequence runs %s.\n", program_text ? program_text : "base");

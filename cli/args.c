@@ -100,6 +100,16 @@ int parse_device(const char *cmd, const char *text, polar_device *out) {
     return 1;
 }
 
+int parse_kv(const char *cmd, const char *text, int *kv_bf16) {
+    if (!text || !strcmp(text, "f32")) *kv_bf16 = 0;
+    else if (!strcmp(text, "bf16")) *kv_bf16 = 1;
+    else {
+        fail_usage(cmd, "--kv must be f32 or bf16, got '%s'", text);
+        return 0;
+    }
+    return 1;
+}
+
 int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
     size_t cap = strlen(text) / 2 + 1;
     int *ids = malloc(cap * sizeof *ids);

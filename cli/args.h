@@ -29,6 +29,10 @@ polar_status cli_error(polar_error *err, polar_status code, const char *fmt, ...
 /* "cpu", "cuda" or "auto" (NULL: auto); on error print and return 0. */
 int parse_device(const char *cmd, const char *text, polar_device *out);
 
+/* --kv: "f32" or "bf16" (NULL: f32) -> *kv_bf16 (polar_session_opts); on
+ * error print and return 0. */
+int parse_kv(const char *cmd, const char *text, int *kv_bf16);
+
 /* "1,2,3" -> ints; on error print and return 0. *out is malloc'd. */
 int parse_token_list(const char *cmd, const char *text, int **out, int *n);
 

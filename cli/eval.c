@@ -15,7 +15,7 @@ enum { MAX_PROGRAMS = 64 };
 
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
-    const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *summary_of;
+    const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *kv_text, *summary_of;
     int start, limit, shots, k, samples, max_new, threads, quiet, cache_mb;
     float temperature, top_p;
     uint64_t seed;
@@ -172,7 +172,8 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     }
     for (int i = 0; i < n_fixed; i++) cap_len = programs[i].program.n > cap_len ? programs[i].program.n : cap_len;
     polar_device device;
-    if (!parse_device(cmd, a->device_text, &device)) {
+    int kv_bf16;
+    if (!parse_device(cmd, a->device_text, &device) || !parse_kv(cmd, a->kv_text, &kv_bf16)) {
         rc = EXIT_USAGE;
         goto done;
     }
@@ -180,9 +181,9 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
      * longest prompt */
     int max_ctx = max_prompt + a->max_new + 1;
     polar_batch_opts bo = {.max_seqs = n_runs_max, .max_ctx = max_ctx, .max_program_len = cap_len,
-                           .n_threads = a->threads, .device = device,
+                           .n_threads = a->threads, .device = device, .kv_bf16 = kv_bf16,
                            .prefix_cache_bytes = (size_t)a->cache_mb << 20};
-    bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_runs_max, cap_len, max_ctx);
+    bo.kv_bytes = polar_batch_kv_bytes(m, &bo, n_runs_max, cap_len, max_ctx);
     if (n_done < count && polar_batch_create(m, &bo, &c.b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
@@ -306,7 +307,7 @@ int cmd_eval(int argc, char **argv) {
         {"--temperature", OPT_FLOAT, &a.temperature, 0}, {"--top-p", OPT_FLOAT, &a.top_p, 0},
         {"--seed", OPT_U64, &a.seed, 0},             {"--max-new", OPT_INT, &a.max_new, 0},
         {"--fallback", OPT_STR, &a.fallback, 0},     {"--threads", OPT_INT, &a.threads, 0},
-        {"--cache-mb", OPT_INT, &a.cache_mb, 0},
+        {"--cache-mb", OPT_INT, &a.cache_mb, 0},     {"--kv", OPT_STR, &a.kv_text, 0},
         {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
         {"--summary", OPT_STR, &a.summary, 0},       {"--plot", OPT_STR, &a.plot, 0},
         {"--quiet", OPT_FLAG, &a.quiet, 0},          {"--summary-of", OPT_STR, &a.summary_of, 0},

@@ -13,8 +13,8 @@ typedef struct {
 static const command commands[] = {
     {"run", cmd_run,
      "run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
-     "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--ignore-eos]\n"
-     "            [--temperature T --top-p P --seed S] [--json]\n"
+     "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--kv f32|bf16]\n"
+     "            [--ignore-eos] [--temperature T --top-p P --seed S] [--json]\n"
      "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
     {"tokenize", cmd_tokenize, "tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"},
     {"predict", cmd_predict,
@@ -25,14 +25,14 @@ static const command commands[] = {
      "            [--start I] [--limit N] [--style boxed|chat|mc] [--shots N --shots-from FILE]\n"
      "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] -k K]\n"
      "            [--samples N --temperature T --top-p P --seed S] [--max-new N] [--fallback last-number]\n"
-     "            [--threads N] [--device D] [--cache-mb 1024] -o RESULTS.jsonl [--summary FILE.json]\n"
-     "            [--plot FILE.svg] [--quiet]\n"
+     "            [--threads N] [--device D] [--kv f32|bf16] [--cache-mb 1024] -o RESULTS.jsonl\n"
+     "            [--summary FILE.json] [--plot FILE.svg] [--quiet]\n"
      "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},
     {"search", cmd_search,
      "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"
      "            [--lambda 5] [--max-new 50] [--min-layers A --max-layers B] [--style boxed|chat]\n"
      "            [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] [--batch 8]\n"
-     "            [--cache-mb 1024] -o LABELS.jsonl [--quiet]\n"
+     "            [--kv f32|bf16] [--cache-mb 1024] -o LABELS.jsonl [--quiet]\n"
      "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"},
     {"train", cmd_train,
      "train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"
@@ -45,10 +45,11 @@ static const command commands[] = {
      "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"},
     {"bench", cmd_bench,
      "bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
-     "            [--gen N] [--reps N] [--threads N] [--device D] [--predictor FILE --encoder PATH\n"
-     "            [--question-len N]] [--json]\n"
+     "            [--gen N] [--reps N] [--threads N] [--device D] [--kv f32|bf16] [--predictor FILE\n"
+     "            --encoder PATH [--question-len N]] [--json]\n"
      "  polar bench (--model PATH | --preset NAME | --arch A) --batch N[,N...] [--programs FILE]\n"
-     "            [--program SPEC] [--prompt-len N] [--gen N] [--reps N] [--threads N] [--json]\n"},
+     "            [--program SPEC] [--prompt-len N] [--gen N] [--reps N] [--threads N] [--device D]\n"
+     "            [--kv f32|bf16] [--json]\n"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

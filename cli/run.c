@@ -121,8 +121,8 @@ static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, c
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
-    const char *predictor = NULL, *encoder = NULL, *device_text = NULL;
-    int max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL;
+    int kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     float temperature = 0, top_p = 1;
     uint64_t seed = 0;
     cli_opt opts[] = {
@@ -135,7 +135,7 @@ int cmd_run(int argc, char **argv) {
         {"--predictor", OPT_STR, &predictor, 0}, {"--encoder", OPT_STR, &encoder, 0},
         {"-k", OPT_INT, &top_n, 0},            {"--device", OPT_STR, &device_text, 0},
         {"--temperature", OPT_FLOAT, &temperature, 0}, {"--top-p", OPT_FLOAT, &top_p, 0},
-        {"--seed", OPT_U64, &seed, 0},
+        {"--seed", OPT_U64, &seed, 0},         {"--kv", OPT_STR, &kv_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -149,7 +149,7 @@ int cmd_run(int argc, char **argv) {
     if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
     if (top_p <= 0 || top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
     polar_device device;
-    if (!parse_device(cmd, device_text, &device)) return EXIT_USAGE;
+    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     char *default_model = NULL;
     const char *model_path = model_arg;
     if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
@@ -192,7 +192,8 @@ int cmd_run(int argc, char **argv) {
     int cap = 0;
     for (int i = 0; i < n_cand; i++) cap = cand[i].program.n > cap ? cand[i].program.n : cap;
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
-    polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads, .device = device};
+    polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads, .device = device,
+                             .kv_bf16 = kv_bf16};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!out) {
         fprintf(stderr, "polar run: error: out of memory\n");

@@ -125,7 +125,7 @@ static int write_line(FILE *f, const job *j, const polar_search_result *res, dou
 }
 
 typedef struct {
-    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *summary, *plot, *shots_from;
+    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *kv_text, *summary, *plot, *shots_from;
     float lambda;
     int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots, batch, cache_mb;
     uint64_t seed;
@@ -187,7 +187,8 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     if (a->max_layers) so.max_len = a->max_layers;
     if (so.min_len > so.max_len) return fail_usage(cmd, "--min-layers %d is above --max-layers %d", so.min_len, so.max_len);
     polar_device device;
-    if (!parse_device(cmd, a->device_text, &device)) return EXIT_USAGE;
+    int kv_bf16;
+    if (!parse_device(cmd, a->device_text, &device) || !parse_kv(cmd, a->kv_text, &kv_bf16)) return EXIT_USAGE;
     int n_jobs = a->batch, cap_len = so.max_len > D ? so.max_len : D;
     unsigned char *done = calloc((size_t)count, 1);
     job *jobs = calloc((size_t)n_jobs, sizeof *jobs);
@@ -209,8 +210,8 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     if (st == POLAR_OK && n_done < count) {
         polar_batch_opts bo = {.max_seqs = n_jobs, .max_ctx = max_ctx, .max_program_len = cap_len,
                                .step_tokens = n_jobs + 64, .n_threads = a->threads, .device = device,
-                               .prefix_cache_bytes = (size_t)a->cache_mb << 20};
-        bo.kv_bytes = polar_batch_kv_bytes(m, bo.device, n_jobs, cap_len, max_ctx);
+                               .kv_bf16 = kv_bf16, .prefix_cache_bytes = (size_t)a->cache_mb << 20};
+        bo.kv_bytes = polar_batch_kv_bytes(m, &bo, n_jobs, cap_len, max_ctx);
         st = polar_batch_create(m, &bo, &r.b, &err);
     }
     if (st != POLAR_OK) {
@@ -291,7 +292,7 @@ int cmd_search(int argc, char **argv) {
         {"--layers", OPT_INT, &a.layers, 0},         {"--json", OPT_FLAG, &a.json, 0},
         {"--plot", OPT_STR, &a.plot, 0},             {"--shots", OPT_INT, &a.n_shots, 0},
         {"--shots-from", OPT_STR, &a.shots_from, 0}, {"--batch", OPT_INT, &a.batch, 0},
-        {"--cache-mb", OPT_INT, &a.cache_mb, 0},
+        {"--cache-mb", OPT_INT, &a.cache_mb, 0},     {"--kv", OPT_STR, &a.kv_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (a.summary) {

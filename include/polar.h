@@ -162,6 +162,11 @@ typedef struct {
      * more than 8 tokens), so a CPU session is a tight reference for a GPU
      * one. 0: f32 throughout (the reference math). */
     int round_like_cuda;
+    /* CPU only: keep the KV cache in bf16 (rounded to nearest even), as the
+     * GPU always does: half the memory and half the bytes attention reads;
+     * the attention math stays f32, so the results are those of
+     * round_like_cuda's rounded cache. 0: f32 (the reference math). */
+    int kv_bf16;
     /* CPU only: keep the residual stream of the last prompt (prefilled from
      * position 0) before every program entry, so when the same prompt comes
      * again under a program whose first L entries are the same (a program
@@ -359,6 +364,7 @@ typedef struct {
      * inputs of passes, and of head slices, of more than 8 rows), so a CPU
      * batch is a tight reference for a GPU one (as polar_session_opts). */
     int round_like_cuda;
+    int kv_bf16;         /* CPU only: the K/V pool in bf16 (as polar_session_opts; CUDA's always is) */
     size_t prefix_cache_bytes; /* the prefix cache, on top of kv_bytes (an item: a pool block of 16 K/V rows
                                 * and 16 x hidden floats of residual rows; each sequence slot then also
                                 * holds max_ctx x hidden floats of them, on the batch's device; bf16 K/V
@@ -366,9 +372,11 @@ typedef struct {
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
- * tokens each on a device (f32 rows on the CPU, bf16 on CUDA): a
- * polar_batch_opts.kv_bytes that never refuses them. */
-size_t polar_batch_kv_bytes(const polar_model *m, polar_device device, int n_seqs, int program_len, int n_tokens);
+ * tokens each in a batch of these options (their device and kv_bf16: f32
+ * rows on the CPU unless kv_bf16, bf16 on CUDA): a polar_batch_opts.kv_bytes
+ * that never refuses them. */
+size_t polar_batch_kv_bytes(const polar_model *m, const polar_batch_opts *opts, int n_seqs, int program_len,
+                            int n_tokens);
 
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
                                 polar_error *err);
@@ -746,9 +754,9 @@ polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threa
 
 /* Bytes one decode step at context length ctx reads on a device: the
  * executed layers' weights (MoE: router, top-k and shared experts), their KV
- * cache rows (f32 on the CPU, bf16 on CUDA), one embedding row, the final
- * norm and the head. */
-double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device);
+ * cache rows (f32 on the CPU unless kv_bf16, bf16 on CUDA), one embedding
+ * row, the final norm and the head. */
+double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device, int kv_bf16);
 
 /* Monotonic clock in milliseconds. */
 double polar_time_ms(void);

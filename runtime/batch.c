@@ -93,14 +93,17 @@ static int on_gpu(polar_device device) {
     return device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0));
 }
 
-/* Bytes of one pool block: K and V rows, f32 on the CPU, bf16 on CUDA. */
-static size_t kv_block_bytes(const polar_model *m, polar_device device) {
-    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (on_gpu(device) ? 2 : sizeof(float));
+/* Bytes of one pool block: K and V rows, f32 on the CPU unless kv_bf16,
+ * bf16 on CUDA. */
+static size_t kv_block_bytes(const polar_model *m, const polar_batch_opts *o) {
+    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (on_gpu(o->device) || o->kv_bf16 ? 2 : sizeof(float));
     return 2 * CPU_KV_BLOCK * row;
 }
 
-size_t polar_batch_kv_bytes(const polar_model *m, polar_device device, int n_seqs, int program_len, int n_tokens) {
-    return (size_t)n_seqs * kv_blocks_for(program_len, n_tokens) * kv_block_bytes(m, device);
+size_t polar_batch_kv_bytes(const polar_model *m, const polar_batch_opts *opts, int n_seqs, int program_len,
+                            int n_tokens) {
+    polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
+    return (size_t)n_seqs * kv_blocks_for(program_len, n_tokens) * kv_block_bytes(m, &o);
 }
 
 polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *opts, polar_batch **out,
@@ -118,7 +121,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     if (o.step_tokens == 0) o.step_tokens = 64;
     if (o.step_tokens < o.max_seqs) o.step_tokens = o.max_seqs;
     if (o.n_threads == 0) o.n_threads = omp_get_max_threads();
-    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = kv_block_bytes(m, o.device);
+    size_t kvd = (size_t)a->n_kv_heads * a->head_dim, block_bytes = kv_block_bytes(m, &o);
     size_t n_blocks = o.kv_bytes ? o.kv_bytes / block_bytes
                                  : (size_t)o.max_seqs * kv_blocks_for(a->n_layers, o.max_ctx);
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30)
@@ -135,7 +138,7 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->next_id = 1;
     size_t R = (size_t)o.step_tokens;
     /* the cache's blocks come on top of the sequences' */
-    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) && (cuda || kv_pool_add_rows(&b->pool)) &&
+    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) && (cuda || kv_pool_add_rows(&b->pool, o.kv_bf16)) &&
              prefix_cache_init(&b->cache, (int)cached);
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);

@@ -61,7 +61,7 @@ typedef struct {
     int round_like_cuda; /* round to bf16 where the CUDA step does (polar_batch_opts) */
 } cpu_batch_shape;
 
-/* The CPU's device: its K/V rows are pool's (pool->k, pool->v). NULL when
+/* The CPU's device: its K/V rows are pool's (f32 or bf16). NULL when
  * out of memory. */
 void *cpu_batch_create(const polar_model *m, const cpu_batch_shape *shape, kv_pool *pool);
 

@@ -10,7 +10,7 @@
 
 typedef struct {
     const polar_model *m;
-    kv_pool *pool;       /* its k, v: [n_blocks * CPU_KV_BLOCK, kv_dim] */
+    kv_pool *pool;       /* its rows (k, v or k16, v16): [n_blocks * CPU_KV_BLOCK, kv_dim] */
     int round_like_cuda;
     cpu_work work;       /* [rows] one pass's rows */
     float *x;            /* [rows, hidden] the step's residual streams */
@@ -103,9 +103,7 @@ static void cpu_batch_copy_rows(void *state, int dst, int src, int n) {
 
 static void cpu_batch_copy_kv(void *state, size_t from, size_t to, int n) {
     cpu_batch *c = state;
-    size_t kvd = (size_t)c->pool->kv_dim;
-    memcpy(c->pool->k + to * kvd, c->pool->k + from * kvd, (size_t)n * kvd * sizeof(float));
-    memcpy(c->pool->v + to * kvd, c->pool->v + from * kvd, (size_t)n * kvd * sizeof(float));
+    kv_pool_copy_rows(c->pool, from, to, n);
 }
 
 static float *cached_rows(cpu_batch *c, int item) { return c->cached + (size_t)item * CPU_KV_BLOCK * hidden(c); }

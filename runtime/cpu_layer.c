@@ -182,6 +182,41 @@ static int attention_items(const polar_arch *a, const cpu_token_at *at, int T, i
     return n;
 }
 
+/* One token's K and V rows into the pool at row: bf16 rows rounded to
+ * nearest even; f32 rows as they are, or so rounded (round_cache). */
+static void store_kv(kv_pool *pool, size_t row, const float *k, const float *v, int round_cache) {
+    int kvd = pool->kv_dim;
+    if (pool->k16) {
+        for (int i = 0; i < kvd; i++) {
+            pool->k16[row + i] = f32_to_bf16(k[i]);
+            pool->v16[row + i] = f32_to_bf16(v[i]);
+        }
+        return;
+    }
+    memcpy(pool->k + row, k, (size_t)kvd * sizeof(float));
+    memcpy(pool->v + row, v, (size_t)kvd * sizeof(float));
+    if (round_cache) {
+        cpu_round_bf16(pool->k + row, (size_t)kvd);
+        cpu_round_bf16(pool->v + row, (size_t)kvd);
+    }
+}
+
+/* An item's heads: one query head after another over its K/V rows. */
+static void item_attention(const polar_arch *a, cpu_work *w, const kv_pool *pool, const cpu_token_at *at,
+                           const attention_item *item, float *scores) {
+    int t = item->t0, hd = a->head_dim;
+    size_t qd = (size_t)a->n_heads * hd;
+    float *out = w->att + t * qd;
+    const float *q = w->q + t * qd;
+    for (int h = item->h0; h < item->h0 + item->n_heads; h++)
+        if (pool->k16)
+            cpu_attention_rows_bf16(out, q, qd, item->n_tokens, pool->k16, pool->v16, at[t].blocks, at[t].pos, h,
+                                    a->n_heads, a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
+        else
+            cpu_attention_rows(out, q, qd, item->n_tokens, pool->k, pool->v, at[t].blocks, at[t].pos, h, a->n_heads,
+                               a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
+}
+
 void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,
                        const cpu_token_at *at, int T, int round_in, int round_cache) {
     const polar_arch *a = &m->arch;
@@ -202,24 +237,13 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
         }
         cpu_rope(qt, at[t].cos, at[t].sin, a->n_heads, hd);
         cpu_rope(kt, at[t].cos, at[t].sin, a->n_kv_heads, hd);
-        size_t row = cpu_kv_row(at[t].blocks, at[t].pos) * kvd;
-        memcpy(pool->k + row, kt, (size_t)kvd * sizeof(float));
-        memcpy(pool->v + row, w->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
-        if (round_cache) {
-            cpu_round_bf16(pool->k + row, (size_t)kvd);
-            cpu_round_bf16(pool->v + row, (size_t)kvd);
-        }
+        store_kv(pool, cpu_kv_row(at[t].blocks, at[t].pos) * kvd, kt, w->v + (size_t)t * kvd, round_cache);
     }
     int items = attention_items(a, at, T, nt, w->items);
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int it = 0; it < items; it++) {
-        const attention_item *item = &w->items[it];
         float *scores = w->scores + (size_t)omp_get_thread_num() * ATTENTION_QUERIES * w->max_ctx;
-        int t = item->t0;
-        for (int h = item->h0; h < item->h0 + item->n_heads; h++)
-            cpu_attention_rows(w->att + (size_t)t * qd, w->q + (size_t)t * qd, (size_t)qd, item->n_tokens, pool->k,
-                               pool->v, at[t].blocks, at[t].pos, h, a->n_heads, a->n_kv_heads, hd, scores,
-                               (size_t)w->max_ctx);
+        item_attention(a, w, pool, at, &w->items[it], scores);
     }
     if (round_in) cpu_round_bf16(w->att, (size_t)T * qd);
     cpu_matmul_q(w->x, w->att, lw->wo, lw->t_wo, NULL, T, a->hidden, qd, 1, nt, w->xq);

@@ -56,7 +56,8 @@ void cpu_work_free(cpu_work *w);
  * K/V are stored at its position in its table, then it attends over its own
  * positions 0..pos. round_in: the GEMM inputs are rounded to bf16 (a CUDA
  * prefill chunk's); round_cache: K/V are stored rounded to bf16 (a CUDA
- * cache's). */
+ * cache's) in an f32 pool. A bf16 pool rounds them the same way, so its
+ * attention gives the bits of round_cache's. */
 void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,
                        const cpu_token_at *at, int T, int round_in, int round_cache);
 

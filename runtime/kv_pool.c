@@ -2,6 +2,7 @@
 #include "kv_pool.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
     *p = (kv_pool){.n_blocks = n_blocks, .kv_dim = kv_dim};
@@ -16,16 +17,34 @@ int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim) {
     return 1;
 }
 
-int kv_pool_add_rows(kv_pool *p) {
+int kv_pool_add_rows(kv_pool *p, int bf16_rows) {
     size_t n = (size_t)p->n_blocks * CPU_KV_BLOCK * p->kv_dim;
-    if (!p->k) p->k = malloc(n * sizeof(float));
-    if (!p->v) p->v = malloc(n * sizeof(float));
+    if (bf16_rows) {
+        p->k16 = malloc(n * sizeof(bf16));
+        p->v16 = malloc(n * sizeof(bf16));
+        return p->k16 && p->v16;
+    }
+    p->k = malloc(n * sizeof(float));
+    p->v = malloc(n * sizeof(float));
     return p->k && p->v;
+}
+
+void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n) {
+    size_t kvd = (size_t)p->kv_dim, count = (size_t)n * kvd;
+    if (p->k16) {
+        memcpy(p->k16 + to * kvd, p->k16 + from * kvd, count * sizeof(bf16));
+        memcpy(p->v16 + to * kvd, p->v16 + from * kvd, count * sizeof(bf16));
+    } else {
+        memcpy(p->k + to * kvd, p->k + from * kvd, count * sizeof(float));
+        memcpy(p->v + to * kvd, p->v + from * kvd, count * sizeof(float));
+    }
 }
 
 void kv_pool_free(kv_pool *p) {
     free(p->k);
     free(p->v);
+    free(p->k16);
+    free(p->v16);
     free(p->free_blocks);
     free(p->refs);
     *p = (kv_pool){0};

@@ -10,7 +10,8 @@
 #include "../kernels/cpu/ops.h"
 
 typedef struct {
-    float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim], or NULL: on the device */
+    float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim] f32 rows, or NULL: bf16 rows or on the device */
+    bf16 *k16, *v16;   /* [n_blocks * CPU_KV_BLOCK, kv_dim] bf16 rows (polar_session_opts.kv_bf16), or NULL */
     int n_blocks, kv_dim;
     int *free_blocks;  /* [n_blocks] stack of the free block ids */
     int *refs;         /* [n_blocks] tables holding each block (several when a prompt's blocks are shared) */
@@ -32,8 +33,11 @@ typedef struct {
 /* The block bookkeeping, k and v NULL (a device keeps the rows); 0 when
  * out of memory. */
 int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim);
-/* The rows on the host (a CPU pool); 0 when out of memory. */
-int kv_pool_add_rows(kv_pool *p);
+/* The rows on the host (a CPU pool), f32 or (bf16_rows) bf16; 0 when out
+ * of memory. */
+int kv_pool_add_rows(kv_pool *p, int bf16_rows);
+/* Host rows from.. -> to.. (n), K and V, whichever their type. */
+void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n);
 void kv_pool_free(kv_pool *p);
 
 /* Blocks a sequence needs for n_program positions x n_tokens tokens. */

@@ -56,7 +56,7 @@ polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threa
     return POLAR_OK;
 }
 
-double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device) {
+double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device, int kv_bf16) {
     if (!p) return 0;
     const polar_arch *a = &m->arch;
     /* Bytes of each layer's weights, from the model's own tensor table; an
@@ -90,7 +90,7 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
                      (double)H * (double)cpu_wtype_row_bytes(td, F);
         layer[l] += a->top_k * one - a->n_experts * 3.0 * (double)F * (double)H * sizeof(bf16);
     }
-    double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (device == POLAR_DEVICE_CUDA ? sizeof(bf16) : sizeof(float));
+    double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (!cpu || kv_bf16 ? sizeof(bf16) : sizeof(float));
     cpu_wtype th = cpu ? m->t_lm_head : CPU_W_BF16, te = cpu ? m->t_embed : CPU_W_BF16;
     double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * (double)cpu_wtype_row_bytes(th, (size_t)a->hidden);
     double total = (double)cpu_wtype_row_bytes(te, (size_t)a->hidden) + head; /* one embedding row, final norm, lm_head */

@@ -109,7 +109,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     }
     s->chunk = s->cuda ? s->cuda_chunk : PREFILL_CHUNK;
     s->round_like_cuda = !s->cuda && o.round_like_cuda;
-    if (kv_ok && !s->cuda) kv_ok = kv_pool_add_rows(&s->pool);
+    if (kv_ok && !s->cuda) kv_ok = kv_pool_add_rows(&s->pool, o.kv_bf16);
     s->program = malloc((size_t)s->cap_program * sizeof *s->program);
     int work_ok = cpu_work_init(&s->work, m, PREFILL_CHUNK, s->max_ctx, s->n_threads);
     s->cos = malloc(C * (size_t)(a->head_dim / 2) * sizeof(float));
@@ -132,7 +132,8 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
                               o.max_program_len, o.max_ctx);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
-                          2 * (size_t)n_blocks * CPU_KV_BLOCK * kv * sizeof(float) >> 20, o.max_program_len, o.max_ctx);
+                          2 * (size_t)n_blocks * CPU_KV_BLOCK * kv * (o.kv_bf16 ? sizeof(bf16) : sizeof(float)) >> 20,
+                          o.max_program_len, o.max_ctx);
     }
     memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));
     s->n_program = program->n;

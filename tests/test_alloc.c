@@ -110,7 +110,8 @@ static void session_calls(const polar_model *m, const polar_model_info *info) {
 /* Six sequences through a pool for two of the longest: all prompts share
  * their first 32 tokens (two blocks), the first two are the same prompt
  * under the same program (the second follows the first, or with the cache
- * finds it there), every other one sampled, the second cancelled. */
+ * finds it there), every other one sampled, the second cancelled. With
+ * the cache the pool's rows are bf16. */
 static void batch_calls(const polar_model *m, const polar_model_info *info, int with_cache) {
     int V = info->arch.vocab, D = info->arch.n_layers, prompt[6][44], n_prompt[6];
     static const int program_of[6] = {0, 0, 1, 2, 0, 1};
@@ -121,9 +122,9 @@ static void batch_calls(const polar_model *m, const polar_model_info *info, int 
     for (int i = 0; i < 3; i++) CHECK_OK(polar_program_parse(text[i], D, 0, &p[i], &err));
     size_t item = 16 * (2 * (size_t)info->arch.n_kv_heads * info->arch.head_dim + info->arch.hidden) * sizeof(float);
     polar_batch_opts bo = {.max_seqs = 6, .max_ctx = 56, .max_program_len = 2 * D, .step_tokens = 24, .n_threads = 2,
-                           .device = POLAR_DEVICE_CPU,
-                           .kv_bytes = polar_batch_kv_bytes(m, POLAR_DEVICE_CPU, 2, D + 2, 56),
+                           .device = POLAR_DEVICE_CPU, .kv_bf16 = with_cache,
                            .prefix_cache_bytes = with_cache ? (size_t)4 * (D + 2) * item : 0}; /* a prompt's blocks, every entry */
+    bo.kv_bytes = polar_batch_kv_bytes(m, &bo, 2, D + 2, 56);
     polar_batch *b = NULL;
     CHECK_OK(polar_batch_create(m, &bo, &b, &err));
     for (int i = 0; i < 6; i++) {

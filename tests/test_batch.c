@@ -20,6 +20,10 @@ typedef struct {
     int id, done;
 } request;
 
+/* The KV rows of every session and batch of the test running: f32, or
+ * bf16 (polar_session_opts.kv_bf16) for the tests run again so. */
+static int kv_bf16;
+
 static void prompt_of(const request *r, int vocab, int *out) {
     for (int i = 0; i < r->n_prompt; i++)
         out[i] = r->prefix ? (i < r->prefix ? i * 31 + 3 : i * 17 + r->variant * 101 + 5) % vocab
@@ -52,7 +56,7 @@ static void run_alone(polar_model *m, request *r, int vocab, int n_layers) {
     int prompt[256], out[MAX_GEN];
     prompt_of(r, vocab, prompt);
     CHECK_OK(polar_program_parse(r->program, n_layers, 0, &p, &err));
-    polar_session_opts so = {.max_ctx = r->n_prompt + r->max_new, .n_threads = 2};
+    polar_session_opts so = {.max_ctx = r->n_prompt + r->max_new, .n_threads = 2, .kv_bf16 = kv_bf16};
     CHECK_OK(polar_session_create(m, &p, &so, &s, &err));
     r->want_logits = malloc((size_t)MAX_GEN * vocab * sizeof(float));
     r->n_want = 0;
@@ -71,7 +75,9 @@ static int serve(polar_model *m, request *rq, int n, const polar_batch_opts *bo,
                  polar_batch_stats *total) {
     polar_error err;
     polar_batch *b = NULL;
-    CHECK_OK(polar_batch_create(m, bo, &b, &err));
+    polar_batch_opts o = *bo;
+    o.kv_bf16 = kv_bf16;
+    CHECK_OK(polar_batch_create(m, &o, &b, &err));
     if (!b) return 0;
     int full = 0, left = n, got[64] = {0};
     if (total) memset(total, 0, sizeof *total);
@@ -339,7 +345,7 @@ static void batch_cache_pool(void) {
     int n = (int)(sizeof rq / sizeof *rq);
     for (int i = 0; i < n; i++) run_alone(m, &rq[i], V, D);
     polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 64, .step_tokens = 64, .n_threads = 2,
-                           .kv_bytes = polar_batch_kv_bytes(m, POLAR_DEVICE_CPU, 1, 4, 55),
+                           .kv_bytes = polar_batch_kv_bytes(m, &(polar_batch_opts){.device = POLAR_DEVICE_CPU}, 1, 4, 55),
                            .prefix_cache_bytes = cache_bytes(&info, 16)};
     int full = serve(m, rq, n, &bo, V, D, &total);
     int want = (3 * 16 * 4 + 2 * 4) + 3 * 16 * 4;
@@ -484,6 +490,17 @@ static void batch_random(void) {
     polar_model_free(m);
 }
 
+/* The same with bf16 K/V rows, sessions and batches alike: a mixed batch
+ * on a dense and an MoE model, and the prefix cache (whose partial blocks
+ * are copied row by row). */
+static void batch_kv_bf16(void) {
+    kv_bf16 = 1;
+    batch_llama();
+    batch_moe();
+    batch_prefix_cache();
+    kv_bf16 = 0;
+}
+
 int main(void) {
     RUN(batch_llama);
     RUN(batch_qwen3);
@@ -496,5 +513,6 @@ int main(void) {
     RUN(batch_passes);
     RUN(batch_errors);
     RUN(batch_random);
+    RUN(batch_kv_bf16);
     TEST_EXIT();
 }

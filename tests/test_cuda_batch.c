@@ -71,10 +71,10 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
         o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
         o[i].step_tokens = sc->step_tokens;
         if (sc->cache_items) /* an item: a pool block and 16 f32 residual rows */
-            o[i].prefix_cache_bytes = (size_t)sc->cache_items * (polar_batch_kv_bytes(m, o[i].device, 1, 1, 16) +
+            o[i].prefix_cache_bytes = (size_t)sc->cache_items * (polar_batch_kv_bytes(m, &o[i], 1, 1, 16) +
                                                                  16 * (size_t)info.arch.hidden * sizeof(float));
         if (sc->pool_seqs) /* the same number of blocks on both */
-            o[i].kv_bytes = polar_batch_kv_bytes(m, o[i].device, sc->pool_seqs, D, longest + sc->max_new);
+            o[i].kv_bytes = polar_batch_kv_bytes(m, &o[i], sc->pool_seqs, D, longest + sc->max_new);
     }
     polar_batch *b[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_create(m, &o[i], &b[i], &err));

@@ -17,16 +17,29 @@ static const st_tensor *need(const st_file *f, const char *name) {
     return t;
 }
 
-static void check_arch(const char *arch) {
-    char dir[256], path[300], name[64];
+/* The fixture of arch: its model and what transformers gave; 0 after a
+ * failed check. */
+static int open_fixture(const char *arch, polar_model **m, st_file *exp) {
+    char dir[256], path[300];
     snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     polar_error err;
-    polar_model *m = NULL;
+    *m = NULL;
+    *exp = (st_file){0};
+    CHECK_OK(polar_model_load(dir, m, &err));
+    CHECK_OK(st_open(path, exp, &err));
+    if (*m && exp->tensors) return 1;
+    if (exp->tensors) st_close(exp);
+    polar_model_free(*m);
+    return 0;
+}
+
+static void check_arch(const char *arch) {
+    char name[64];
+    polar_error err;
+    polar_model *m;
     st_file exp;
-    CHECK_OK(polar_model_load(dir, &m, &err));
-    CHECK_OK(st_open(path, &exp, &err));
-    if (!m || !exp.tensors) return;
+    if (!open_fixture(arch, &m, &exp)) return;
     polar_model_info info;
     polar_model_info_get(m, &info);
     int V = info.arch.vocab;
@@ -121,8 +134,76 @@ static void round_like_cuda(void) {
     }
 }
 
+/* kv_bf16: a session keeping its K/V rows in bf16 gives at every step the
+ * bits of round_like_cuda's f32 rows rounded to bf16, where those round
+ * nothing else (the prompt fed 8 tokens at a time), and the same bits
+ * again with the prompt in one prefill (the tiled path); the distance to
+ * transformers' f32 logits is printed, a measured figure. */
+static void kv_bf16(void) {
+    enum { N_PROMPT = 40, STEPS = 6 };
+    static const char *progs[] = {"base", "repeat", "reorder"};
+    for (size_t a = 0; a < sizeof archs / sizeof *archs; a++) {
+        char name[64];
+        polar_error err;
+        polar_model *m;
+        st_file exp;
+        if (!open_fixture(archs[a], &m, &exp)) continue;
+        polar_model_info info;
+        polar_model_info_get(m, &info);
+        int V = info.arch.vocab, prompt[N_PROMPT];
+        for (int i = 0; i < N_PROMPT; i++) prompt[i] = (i * 31 + 7) % V;
+        float worst = 0;
+        for (size_t p = 0; p < sizeof progs / sizeof *progs; p++) {
+            snprintf(name, sizeof name, "%s.program", progs[p]);
+            const st_tensor *prog_t = need(&exp, name);
+            if (!prog_t) continue;
+            polar_program prog = {(int)prog_t->shape[0], (int *)prog_t->data};
+            /* rounded f32 rows, 8 at a time; bf16 rows, 8 at a time; bf16 rows, one prefill */
+            polar_session_opts so[3] = {{.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .round_like_cuda = 1},
+                                        {.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .kv_bf16 = 1},
+                                        {.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .kv_bf16 = 1}};
+            polar_session *s[3] = {NULL, NULL, NULL};
+            for (int r = 0; r < 3; r++) {
+                CHECK_OK(polar_session_create(m, &prog, &so[r], &s[r], &err));
+                int chunk = r == 2 ? N_PROMPT : 8;
+                for (int i = 0; s[r] && i < N_PROMPT; i += chunk) CHECK_OK(polar_prefill(s[r], prompt + i, chunk, NULL, &err));
+            }
+            for (int step = 0; s[0] && s[1] && s[2] && step <= STEPS; step++) {
+                for (int r = 1; r < 3; r++)
+                    CHECK(!memcmp(polar_logits(s[0]), polar_logits(s[r]), (size_t)V * sizeof(float)),
+                          "%s %s step %d: bf16 rows (%s) are not the rounded f32 rows' bits", archs[a], progs[p], step,
+                          r == 1 ? "8 at a time" : "one prefill");
+                int next = polar_argmax(polar_logits(s[0]), V);
+                for (int r = 0; r < 3 && step < STEPS; r++) CHECK_OK(polar_decode_step(s[r], next, &err));
+            }
+            /* the golden prompt: bf16 rows against transformers' f32 logits */
+            const st_tensor *pt = need(&exp, "prompt");
+            snprintf(name, sizeof name, "%s.logits", progs[p]);
+            const st_tensor *logit_t = need(&exp, name);
+            polar_session *g = NULL;
+            CHECK_OK(polar_session_create(m, &prog, &so[2], &g, &err));
+            if (g && pt && logit_t) {
+                int T = (int)pt->shape[0];
+                float *logits = malloc((size_t)T * V * sizeof(float));
+                CHECK_OK(polar_prefill(g, pt->data, T, logits, &err));
+                const float *want = logit_t->data;
+                for (size_t i = 0; i < (size_t)T * V; i++) worst = fmaxf(worst, fabsf(logits[i] - want[i]));
+                free(logits);
+            }
+            polar_session_free(g);
+            for (int r = 0; r < 3; r++) polar_session_free(s[r]);
+        }
+        CHECK(worst > 0 && worst < 0.5f, "%s: bf16 K/V vs transformers %g", archs[a], worst);
+        printf("  %-9s bf16 K/V: the rounded rows' bits at %d steps; vs transformers' f32: %.2e\n", archs[a],
+               STEPS + 1, worst);
+        st_close(&exp);
+        polar_model_free(m);
+    }
+}
+
 int main(void) {
     RUN(round_like_cuda);
+    RUN(kv_bf16);
     RUN(golden_llama);
     RUN(golden_qwen2);
     RUN(golden_qwen3);

@@ -196,59 +196,97 @@ static void simd_attention(void) {
     }
 }
 
-/* A level's attention over several queries of one sequence (a prompt
- * tile) against its own one-query kernel, bit for bit: head dims with and
- * without whole 8-, 16- and 64-float chunks (24 and 40 end on 8 lanes),
- * MHA, GQA and MQA, 1..9 queries (more than one tile) starting inside and
- * at the edges of KV blocks (pool blocks out of order), the scratch
- * poisoned with NaN before every call. */
-static void simd_attention_rows(void) {
-    if (!k->attention_rows) {
-        printf("  %s: no attention_rows (cpu_attention_rows runs attention_head per query)\n", k->name);
+/* cpu_attention_rows through the level under test: its attention_rows,
+ * or (the plain C level) attention_head query by query. */
+static void rows_f32(float *out, const float *q, size_t q_stride, int n_q, const float *kc, const float *vc,
+                     const int *blocks, int pos, int h, int heads, int kv, int hd, float *scores, size_t ss) {
+    if (k->attention_rows) {
+        k->attention_rows(out, q, q_stride, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores, ss);
         return;
     }
+    for (int t = 0; t < n_q; t++)
+        k->attention_head(out + t * q_stride, q + t * q_stride, kc, vc, blocks, pos + t, h, heads, kv, hd, scores);
+}
+
+/* A level's attention over several queries of one sequence (a prompt
+ * tile), bit for bit against: (bf16_rows 0) its own one-query kernel, or
+ * (bf16_rows 1, attention_rows_bf16 over bf16 rows) its attention over f32
+ * rows holding the same values. Head dims with and without whole 8-, 16-
+ * and 64-float chunks (24 and 40 end on 8 lanes), MHA, GQA and MQA, 1..9
+ * queries (more than one tile) starting inside and at the edges of KV
+ * blocks (pool blocks out of order), the scratch poisoned with NaN before
+ * every call. */
+static void attention_rows_cases(int bf16_rows) {
     static const int hds[] = {6, 12, 20, 24, 40, 64, 80, 96, 128};
     static const int shapes[][2] = {{6, 2}, {4, 4}, {6, 1}}; /* query heads, KV heads */
     static const int starts[] = {0, 1, 5, 12, 15, 16, 29, 31, 39};
     enum { MAX_Q = 9, MAX_HEADS = 6, MAX_HD = 128 };
     int ctx = 3 * CPU_KV_BLOCK, qd = MAX_HEADS * MAX_HD;
     const int blocks[3] = {2, 0, 1};
-    float *q = malloc((size_t)MAX_Q * qd * 4), *kc = malloc((size_t)ctx * qd * 4), *vc = malloc((size_t)ctx * qd * 4),
+    size_t pool = (size_t)ctx * qd;
+    float *q = malloc((size_t)MAX_Q * qd * 4), *kc = malloc(pool * 4), *vc = malloc(pool * 4),
           *a = malloc((size_t)MAX_Q * qd * 4), *b = malloc((size_t)MAX_Q * qd * 4),
           *scores = malloc((size_t)ATTENTION_QUERIES * ctx * 4);
+    bf16 *k16 = malloc(pool * 2), *v16 = malloc(pool * 2);
+    const char *what = bf16_rows ? "attention_rows_bf16" : "attention_rows";
     int bad = 0, cases = 0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
         for (size_t c = 0; c < sizeof hds / sizeof *hds; c++) {
             int heads = shapes[sh][0], kv = shapes[sh][1], hd = hds[c];
+            size_t n = (size_t)ctx * kv * hd;
             fill(q, (size_t)MAX_Q * qd, 2);
-            fill(kc, (size_t)ctx * kv * hd, 2);
-            fill(vc, (size_t)ctx * kv * hd, 1);
+            fill_bf16(k16, n, 2);
+            fill_bf16(v16, n, 1);
+            for (size_t i = 0; i < n; i++) kc[i] = bf16_to_f32(k16[i]), vc[i] = bf16_to_f32(v16[i]);
+            if (!bf16_rows) fill(kc, n, 2), fill(vc, n, 1);
             for (size_t p = 0; p < sizeof starts / sizeof *starts; p++)
                 for (int n_q = 1; n_q <= MAX_Q && starts[p] + n_q <= ctx; n_q++)
                     for (int h = 0; h < heads; h++, cases++) {
-                        for (int t = 0; t < n_q; t++) {
+                        for (int t = 0; t < n_q && !bf16_rows; t++) {
                             for (int i = 0; i < ctx; i++) scores[i] = NAN;
                             k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, starts[p] + t, h,
                                               heads, kv, hd, scores);
                         }
+                        for (int i = 0; i < ATTENTION_QUERIES * ctx && bf16_rows; i++) scores[i] = NAN;
+                        if (bf16_rows)
+                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd, scores,
+                                     (size_t)ctx);
                         for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
-                        k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd, scores,
-                                          (size_t)ctx);
+                        if (bf16_rows)
+                            k->attention_rows_bf16(b, q, (size_t)qd, n_q, k16, v16, blocks, starts[p], h, heads, kv,
+                                                   hd, scores, (size_t)ctx);
+                        else
+                            k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd,
+                                              scores, (size_t)ctx);
                         int same = 1;
                         for (int t = 0; t < n_q; t++)
                             same &= !memcmp(a + (size_t)t * qd + h * hd, b + (size_t)t * qd + h * hd, (size_t)hd * 4);
                         if (!same && bad++ < 5)
-                            CHECK(0, "%s attention_rows %d/%d heads hd=%d from %d, %d queries, head %d: not "
-                                  "attention_head's bits", k->name, heads, kv, hd, starts[p], n_q, h);
+                            CHECK(0, "%s %s %d/%d heads hd=%d from %d, %d queries, head %d: not the reference's bits",
+                                  k->name, what, heads, kv, hd, starts[p], n_q, h);
                     }
         }
-    CHECK(bad == 0, "%s attention_rows: %d of %d cases differ", k->name, bad, cases);
-    free(q), free(kc), free(vc), free(a), free(b), free(scores);
+    CHECK(bad == 0, "%s %s: %d of %d cases differ", k->name, what, bad, cases);
+    free(q), free(kc), free(vc), free(a), free(b), free(scores), free(k16), free(v16);
 }
+
+static void simd_attention_rows(void) {
+    if (!k->attention_rows) {
+        printf("  %s: no attention_rows (cpu_attention_rows runs attention_head per query)\n", k->name);
+        return;
+    }
+    attention_rows_cases(0);
+}
+
+/* A bf16 KV cache: every level, the plain C one included. */
+static void simd_attention_rows_bf16(void) { attention_rows_cases(1); }
 
 int main(void) {
     static const cpu_level levels[] = {CPU_AVX2, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON};
     printf("active kernels: %s\n", cpu_kernels_active()->name);
+    k = g;
+    printf("== generic over bf16 K/V rows\n");
+    RUN(simd_attention_rows_bf16);
     for (int l = 0; l < 4; l++) {
         const char *why;
         k = cpu_kernels_for(levels[l], &why);
@@ -263,6 +301,7 @@ int main(void) {
         RUN(simd_rope);
         RUN(simd_attention);
         RUN(simd_attention_rows);
+        RUN(simd_attention_rows_bf16);
     }
     TEST_EXIT();
 }

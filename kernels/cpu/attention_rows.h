@@ -13,11 +13,11 @@ _Static_assert(ATTENTION_QUERIES == 4, "ATTENTION_ROWS_FUNCTION and the levels' 
 
 /* out[r] for r0 <= r < hd, one query over keys 0..n-1 with probabilities
  * p: the outputs past a level's vector lanes, as plain multiplies and adds. */
-static inline void values_scalar(float *out, const float *p, int n, const float *vb, const int *blocks, int kv_dim,
-                                 int r0, int hd) {
+static inline void values_scalar(float *out, const float *p, int n, const void *vb, const int *blocks, int kv_dim, int r0,
+                             int hd, int kv16) {
     for (int r = r0; r < hd; r++) {
         float o = 0.0f;
-        for (int j = 0; j < n; j++) o += p[j] * vb[cpu_kv_row(blocks, j) * kv_dim + r];
+        for (int j = 0; j < n; j++) o += p[j] * kv_scalar(vb, cpu_kv_row(blocks, j) * kv_dim + r, kv16);
         out[r] = o;
     }
 }
@@ -28,46 +28,48 @@ static inline void values_scalar(float *out, const float *p, int n, const float 
  * 0..n0+t-1 at scores + t * ss: the four-key groups every query scores,
  * for each query while the keys are in L1, then each query's own rest. */
 #define TILE_SCORES_BY_FOURS_FUNCTION                                                                             \
-    INLINE void tile_scores(int Q, const float *q, size_t q_stride, const float *kb, const int *blocks, int n0,      \
-                            int h, int hd, int kv_dim, float scale, float *scores, size_t ss) {                     \
+    INLINE void tile_scores(int Q, const float *q, size_t q_stride, const void *kb, const int *blocks, int n0,       \
+                            int h, int hd, int kv_dim, float scale, float *scores, size_t ss, int kv16) {           \
         int shared = n0 / 4 * 4;                                                                                    \
         for (int j = 0; j < shared; j += 4) {                                                                       \
-            const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;                                                  \
+            const void *k0 = kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16);                                    \
             for (int t = 0; t < Q; t++)                                                                             \
-                four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale);         \
+                four_scores(scores + t * ss + j, q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim, scale, kv16);   \
         }                                                                                                           \
         for (int t = 0; t < Q; t++) {                                                                               \
             float *st = scores + t * ss;                                                                            \
             const float *qh = q + t * q_stride + (size_t)h * hd;                                                    \
             int j = shared, n = n0 + t;                                                                             \
-            for (; j + 4 <= n; j += 4) four_scores(st + j, qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim, scale); \
-            for (; j < n; j++) st[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;                   \
+            for (; j + 4 <= n; j += 4)                                                                              \
+                four_scores(st + j, qh, kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16), hd, kv_dim, scale, kv16); \
+            for (; j < n; j++) st[j] = dot(qh, kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16), hd, kv16) * scale; \
             softmax_scores(st, n);                                                                                  \
         }                                                                                                           \
     }
 
-/* cpu_kernels.attention_head: one query, a tile of one. */
+/* cpu_kernels.attention_head: one query, a tile of one, f32 rows. */
 #define ATTENTION_HEAD_FUNCTION(name)                                                                                \
     static void name(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks,      \
                      int pos, int h, int n_heads, int n_kv, int hd, float *scores) {                                 \
-        attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);               \
+        attention_tile(1, out, q, 0, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0, 0);            \
     }
 
-/* cpu_kernels.attention_rows: n_q queries in tiles of ATTENTION_QUERIES,
- * each tile height its own unrolled copy of attention_tile. */
-#define ATTENTION_ROWS_FUNCTION(name)                                                                                 \
-    static void name(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache, const float *v_cache, \
-                     const int *blocks, int pos, int h, int n_heads, int n_kv, int hd, float *scores,               \
-                     size_t scores_stride) {                                                                         \
+/* cpu_kernels.attention_rows (kv_type float, KV16 0) or attention_rows_bf16
+ * (bf16, 1): n_q queries in tiles of ATTENTION_QUERIES, each tile height
+ * its own unrolled copy of attention_tile. */
+#define ATTENTION_ROWS_FUNCTION(name, kv_type, KV16)                                                                  \
+    static void name(float *out, const float *q, size_t q_stride, int n_q, const kv_type *k_cache,                   \
+                     const kv_type *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,       \
+                     float *scores, size_t scores_stride) {                                                          \
         for (int t = 0; t < n_q; t += ATTENTION_QUERIES) {                                                           \
             float *o = out + t * q_stride;                                                                           \
             const float *qt = q + t * q_stride;                                                                      \
             int p = pos + t;                                                                                         \
             switch (n_q - t < ATTENTION_QUERIES ? n_q - t : ATTENTION_QUERIES) {                                     \
-            case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
-            case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
-            case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
-            default: attention_tile(1, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride); break; \
+            case 4: attention_tile(4, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride, KV16); break; \
+            case 3: attention_tile(3, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride, KV16); break; \
+            case 2: attention_tile(2, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride, KV16); break; \
+            default: attention_tile(1, o, qt, q_stride, k_cache, v_cache, blocks, p, h, n_heads, n_kv, hd, scores, scores_stride, KV16); break; \
             }                                                                                                        \
         }                                                                                                            \
     }

@@ -132,4 +132,11 @@ void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, co
                           scores);
 }
 
+void cpu_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
+                             const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                             float *scores, size_t scores_stride) {
+    cpu_kernels_active()->attention_rows_bf16(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv,
+                                              hd, scores, scores_stride);
+}
+
 void cpu_swiglu(float *g, const float *u, int n) { cpu_kernels_active()->swiglu(g, u, n); }

@@ -36,6 +36,11 @@ typedef struct cpu_kernels {
     void (*attention_rows)(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
                            const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
                            float *scores, size_t scores_stride);
+    /* attention_rows over a bf16 pool: the bits attention_rows gives over
+     * f32 rows holding the same values (every level has it). */
+    void (*attention_rows_bf16)(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
+                                const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                                float *scores, size_t scores_stride);
     void (*swiglu)(float *g, const float *u, int n);
     /* Block dot products by cpu_wtype (quant.h); a level without its own
      * points at the plain C ones or at another level it implies. */
@@ -45,6 +50,16 @@ typedef struct cpu_kernels {
      * blocks exactly (quant.h). */
     void (*quantize_q8)(cpu_q8_block *out, const float *x, int n);
 } cpu_kernels;
+
+/* The K/V rows a level reads are f32, or bf16 (a bf16 pool) when kv16:
+ * a constant in every call, so each copy of a kernel reads one type, and
+ * the widened bf16 values give the bits f32 rows holding them would. */
+static inline __attribute__((always_inline)) const void *kv_elems(const void *rows, size_t i, int kv16) {
+    return (const char *)rows + i * (kv16 ? sizeof(bf16) : sizeof(float));
+}
+static inline __attribute__((always_inline)) float kv_scalar(const void *rows, size_t i, int kv16) {
+    return kv16 ? bf16_to_f32(((const bf16 *)rows)[i]) : ((const float *)rows)[i];
+}
 
 /* One table per level; only those built for the target exist. */
 extern const cpu_kernels cpu_kernels_generic;

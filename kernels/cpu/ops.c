@@ -86,15 +86,17 @@ static void generic_rope(float *x, const float *cs, const float *sn, int n_heads
     }
 }
 
-static void generic_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
-                        int n_heads, int n_kv, int hd, float *scores) {
+/* The oracle's attention of one query, over f32 rows or (kv16) bf16 ones. */
+static inline void attention_one(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                 const int *blocks, int pos, int h, int n_heads, int n_kv, int hd, float *scores,
+                                 int kv16) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     const float *qh = q + (size_t)h * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     for (int j = 0; j <= pos; j++) {
-        const float *kj = k_cache + cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
+        size_t kj = cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
         float s = 0.0f;
-        for (int i = 0; i < hd; i++) s += qh[i] * kj[i];
+        for (int i = 0; i < hd; i++) s += qh[i] * kv_scalar(k_cache, kj + i, kv16);
         scores[j] = s * scale;
         if (scores[j] > mx) mx = scores[j];
     }
@@ -106,10 +108,23 @@ static void generic_attention_head(float *out, const float *q, const float *k_ca
     float *oh = out + (size_t)h * hd;
     for (int i = 0; i < hd; i++) oh[i] = 0.0f;
     for (int j = 0; j <= pos; j++) {
-        const float *vj = v_cache + cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
+        size_t vj = cpu_kv_row(blocks, j) * kv_dim + (size_t)kvh * hd;
         float p = scores[j] / sum;
-        for (int i = 0; i < hd; i++) oh[i] += p * vj[i];
+        for (int i = 0; i < hd; i++) oh[i] += p * kv_scalar(v_cache, vj + i, kv16);
     }
+}
+
+static void generic_attention_head(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                   const int *blocks, int pos, int h, int n_heads, int n_kv, int hd, float *scores) {
+    attention_one(out, q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
+}
+
+static void generic_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
+                                        const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv,
+                                        int hd, float *scores, size_t scores_stride) {
+    for (int t = 0; t < n_q; t++)
+        attention_one(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd,
+                      scores, 1);
 }
 
 void cpu_round_bf16(float *x, size_t n) {
@@ -160,6 +175,7 @@ const cpu_kernels cpu_kernels_generic = {
     .rmsnorm = generic_rmsnorm,
     .rope = generic_rope,
     .attention_head = generic_attention_head,
+    .attention_rows_bf16 = generic_attention_rows_bf16,
     .swiglu = generic_swiglu,
     .dot_q = cpu_dot_q_generic,
     .rows_q = cpu_rows_q_generic,

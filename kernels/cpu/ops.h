@@ -56,6 +56,12 @@ void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, co
                         const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
                         float *scores, size_t scores_stride);
 
+/* cpu_attention_rows over a pool of bf16 rows (a bf16 KV cache): the
+ * bits cpu_attention_rows gives over f32 rows holding the same values. */
+void cpu_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
+                             const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                             float *scores, size_t scores_stride);
+
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);
 

@@ -142,30 +142,36 @@ static void avx2_rope(float *x, const float *cs, const float *sn, int n_heads, i
     }
 }
 
-INLINE float dot(const float *a, const float *b, int n) {
+/* 8 K/V values from element i of rows (kv16: bf16 rows). */
+INLINE __m256 kv_load8(const void *rows, size_t i, int kv16) {
+    return kv16 ? load8_bf16((const bf16 *)rows + i) : _mm256_loadu_ps((const float *)rows + i);
+}
+
+INLINE float dot(const float *a, const void *b, int n, int kv16) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), kv_load8(b, i, kv16), acc);
     float s = hsum8(acc);
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * kv_scalar(b, i, kv16);
     return s;
 }
 
 /* Scores of one query against the 4 keys from row k0 (rows kv_dim
  * apart): four independent FMA chains. */
-INLINE void four_scores(float *scores, const float *qh, const float *k0, int hd, int kv_dim, float scale) {
+INLINE void four_scores(float *scores, const float *qh, const void *k0, int hd, int kv_dim, float scale, int kv16) {
+    size_t r1 = (size_t)kv_dim, r2 = 2 * r1, r3 = 3 * r1;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 8 <= hd; i += 8) {
         __m256 qv = _mm256_loadu_ps(qh + i);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + kv_dim + i), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * (size_t)kv_dim + i), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * (size_t)kv_dim + i), a3);
+        a0 = _mm256_fmadd_ps(qv, kv_load8(k0, i, kv16), a0);
+        a1 = _mm256_fmadd_ps(qv, kv_load8(k0, r1 + i, kv16), a1);
+        a2 = _mm256_fmadd_ps(qv, kv_load8(k0, r2 + i, kv16), a2);
+        a3 = _mm256_fmadd_ps(qv, kv_load8(k0, r3 + i, kv16), a3);
     }
     float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
     for (int u = 0; u < 4; u++) {
-        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * kv_scalar(k0, (size_t)u * kv_dim + ii, kv16);
         scores[u] = s[u] * scale;
     }
 }
@@ -204,15 +210,15 @@ TILE_SCORES_BY_FOURS_FUNCTION
  * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
  * the tile, the sums in registers, j ascending for every output lane as
  * for one query alone (so the lanes' grouping into passes does not matter). */
-INLINE void values_tile(int Q, int W, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim,
-                        int i, const float *scores, size_t ss) {
+INLINE void values_tile(int Q, int W, float *out, size_t os, const void *vb, const int *blocks, int n0, int kv_dim,
+                        int i, const float *scores, size_t ss, int kv16) {
     __m256 o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < W; c++) o[q][c] = _mm256_setzero_ps();
     for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
-        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
+        const void *vj = kv_elems(vb, cpu_kv_row(blocks, j) * kv_dim + i, kv16);
         __m256 v[4];
-        for (int c = 0; c < W; c++) v[c] = _mm256_loadu_ps(vj + 8 * c);
+        for (int c = 0; c < W; c++) v[c] = kv_load8(vj, 8 * (size_t)c, kv16);
         if (j < n0)
             for (int q = 0; q < Q; q++) {
                 __m256 p = _mm256_set1_ps(scores[q * ss + j]);
@@ -233,22 +239,22 @@ INLINE void values_tile(int Q, int W, float *out, size_t os, const float *vb, co
  * keys scored four at a time for every query while they are in L1, the
  * values read once for the tile (one query: 32 outputs a pass, a tile:
  * 16, within 16 registers). */
-INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
-                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                        float *scores, size_t ss) {
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const void *k_cache,
+                           const void *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                           float *scores, size_t ss, int kv16) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
-    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    const void *kb = kv_elems(k_cache, (size_t)kvh * hd, kv16), *vb = kv_elems(v_cache, (size_t)kvh * hd, kv16);
     float scale = 1.0f / sqrtf((float)hd);
-    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss);
+    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss, kv16);
     float *oh = out + (size_t)h * hd;
     int i = 0, lanes = hd / 8 * 8; /* outputs past `lanes` are summed as scalars, as one query's are */
     if (Q == 1)
-        for (; i + 32 <= lanes; i += 32) values_tile(1, 4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss);
+        for (; i + 32 <= lanes; i += 32) values_tile(1, 4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16);
     for (; i + 16 <= lanes; i += 16) switch (Q) { /* constant tile heights, unrolled */
-        case 4: values_tile(4, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        case 3: values_tile(3, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        case 2: values_tile(2, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        default: values_tile(1, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 4: values_tile(4, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        case 3: values_tile(3, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        case 2: values_tile(2, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        default: values_tile(1, 2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
         }
     for (int t = 0; t < Q; t++) { /* the last 8 lanes and the scalar outputs, one query at a time */
         const float *p = scores + t * ss;
@@ -257,14 +263,15 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
         for (int r = i; r + 8 <= lanes; r += 8) {
             __m256 o = _mm256_setzero_ps();
             for (int j = 0; j < n; j++)
-                o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + r), o);
+                o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vb, cpu_kv_row(blocks, j) * kv_dim + r, kv16), o);
             _mm256_storeu_ps(ot + r, o);
         }
-        values_scalar(ot, p, n, vb, blocks, kv_dim, lanes, hd);
+        values_scalar(ot, p, n, vb, blocks, kv_dim, lanes, hd, kv16);
     }
 }
 
-ATTENTION_ROWS_FUNCTION(avx2_attention_rows)
+ATTENTION_ROWS_FUNCTION(avx2_attention_rows, float, 0)
+ATTENTION_ROWS_FUNCTION(avx2_attention_rows_bf16, bf16, 1)
 
 ATTENTION_HEAD_FUNCTION(avx2_attention_head)
 
@@ -287,6 +294,7 @@ const cpu_kernels cpu_kernels_avx2 = {
     .rope = avx2_rope,
     .attention_head = avx2_attention_head,
     .attention_rows = avx2_attention_rows,
+    .attention_rows_bf16 = avx2_attention_rows_bf16,
     .swiglu = avx2_swiglu,
     .dot_q = cpu_dot_q_avx2,
     .rows_q = cpu_rows_q_avx2,

@@ -158,23 +158,28 @@ static void avx512_rope(float *x, const float *cs, const float *sn, int n_heads,
     }
 }
 
-INLINE float dot(const float *a, const float *b, int n) {
+/* 16 K/V values from element i of rows (kv16: bf16 rows). */
+INLINE __m512 kv_load16(const void *rows, size_t i, int kv16) {
+    return kv16 ? load16_bf16((const bf16 *)rows + i) : _mm512_loadu_ps((const float *)rows + i);
+}
+
+INLINE float dot(const float *a, const void *b, int n, int kv16) {
     __m512 acc = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), kv_load16(b, i, kv16), acc);
     float s = hsum16(acc);
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * kv_scalar(b, i, kv16);
     return s;
 }
 
 /* Scores of one query against the 16 keys of the KV block at k0 (one
  * row per key, kv_dim apart): the 16 sums reduced together. */
-INLINE __m512 block16_scores(const float *qh, const float *k0, int hd, int kv_dim, __m512 scale) {
+INLINE __m512 block16_scores(const float *qh, const void *k0, int hd, int kv_dim, __m512 scale, int kv16) {
     __m512 acc[16];
     for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
     for (int i = 0; i < hd; i += 16) {
         __m512 qv = _mm512_loadu_ps(qh + i);
-        for (int u = 0; u < 16; u++) acc[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + (size_t)u * kv_dim + i), acc[u]);
+        for (int u = 0; u < 16; u++) acc[u] = _mm512_fmadd_ps(qv, kv_load16(k0, (size_t)u * kv_dim + i, kv16), acc[u]);
     }
     return _mm512_mul_ps(hsum16x16(acc), scale);
 }
@@ -183,32 +188,33 @@ INLINE __m512 block16_scores(const float *qh, const float *k0, int hd, int kv_di
  * whole KV blocks, then four keys at once, then one. A key's score is the
  * same bits whichever query tile asked for it: the path it takes depends
  * on j and n only. */
-INLINE void scores_from(float *scores, const float *qh, const float *kb, const int *blocks, int j0, int n, int hd,
-                        int kv_dim, float scale) {
+INLINE void scores_from(float *scores, const float *qh, const void *kb, const int *blocks, int j0, int n, int hd,
+                        int kv_dim, float scale, int kv16) {
     int j = j0;
     _Static_assert(CPU_KV_BLOCK % 16 == 0, "16 keys from j (a multiple of 16) lie in one KV block");
     if (hd % 16 == 0)
         for (; j + 16 <= n; j += 16)
-            _mm512_storeu_ps(scores + j, block16_scores(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd, kv_dim,
-                                                        _mm512_set1_ps(scale)));
+            _mm512_storeu_ps(scores + j, block16_scores(qh, kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16), hd,
+                                                        kv_dim, _mm512_set1_ps(scale), kv16));
     for (; j + 4 <= n; j += 4) { /* four keys at once: four independent FMA chains */
-        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
+        const void *k0 = kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16);
+        size_t r1 = (size_t)kv_dim, r2 = 2 * r1, r3 = 3 * r1;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int i = 0;
         for (; i + 16 <= hd; i += 16) {
             __m512 qv = _mm512_loadu_ps(qh + i);
-            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + i), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + kv_dim + i), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * (size_t)kv_dim + i), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * (size_t)kv_dim + i), a3);
+            a0 = _mm512_fmadd_ps(qv, kv_load16(k0, i, kv16), a0);
+            a1 = _mm512_fmadd_ps(qv, kv_load16(k0, r1 + i, kv16), a1);
+            a2 = _mm512_fmadd_ps(qv, kv_load16(k0, r2 + i, kv16), a2);
+            a3 = _mm512_fmadd_ps(qv, kv_load16(k0, r3 + i, kv16), a3);
         }
         float s[4] = {hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3)};
         for (int u = 0; u < 4; u++) {
-            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+            for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * kv_scalar(k0, (size_t)u * kv_dim + ii, kv16);
             scores[j + u] = s[u] * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(qh, kb + cpu_kv_row(blocks, j) * kv_dim, hd) * scale;
+    for (; j < n; j++) scores[j] = dot(qh, kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16), hd, kv16) * scale;
 }
 
 /* scores[0..n) -> their softmax. The max and the divisions 16 lanes at a
@@ -240,14 +246,14 @@ INLINE void softmax_scores(float *scores, int n) {
  * 0..n0+q-1 (probabilities p at scores + q * ss): each V row loaded once
  * for the whole tile, every query's sums in registers, j ascending as for
  * one query alone. */
-INLINE void values64(int Q, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim, int i,
-                     const float *scores, size_t ss) {
+INLINE void values64(int Q, float *out, size_t os, const void *vb, const int *blocks, int n0, int kv_dim, int i,
+                     const float *scores, size_t ss, int kv16) {
     __m512 o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < 4; c++) o[q][c] = _mm512_setzero_ps();
     for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
-        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
-        __m512 v[4] = {_mm512_loadu_ps(vj), _mm512_loadu_ps(vj + 16), _mm512_loadu_ps(vj + 32), _mm512_loadu_ps(vj + 48)};
+        const void *vj = kv_elems(vb, cpu_kv_row(blocks, j) * kv_dim + i, kv16);
+        __m512 v[4] = {kv_load16(vj, 0, kv16), kv_load16(vj, 16, kv16), kv_load16(vj, 32, kv16), kv_load16(vj, 48, kv16)};
         if (j < n0)
             for (int q = 0; q < Q; q++) {
                 __m512 p = _mm512_set1_ps(scores[q * ss + j]);
@@ -267,30 +273,31 @@ INLINE void values64(int Q, float *out, size_t os, const float *vb, const int *b
  * q_stride apart in q and out), head h: each the same bits as alone. The
  * tile's keys are scored block by block for every query while the block
  * is in L1; the values are read once for the tile. */
-INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
-                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                        float *scores, size_t ss) {
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const void *k_cache,
+                           const void *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                           float *scores, size_t ss, int kv16) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
-    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    const void *kb = kv_elems(k_cache, (size_t)kvh * hd, kv16), *vb = kv_elems(v_cache, (size_t)kvh * hd, kv16);
     float scale = 1.0f / sqrtf((float)hd);
     int shared = hd % 16 == 0 ? n0 / 16 * 16 : 0; /* whole blocks every query of the tile scores */
     for (int j = 0; j < shared; j += 16) {
-        const float *k0 = kb + cpu_kv_row(blocks, j) * kv_dim;
+        const void *k0 = kv_elems(kb, cpu_kv_row(blocks, j) * kv_dim, kv16);
         for (int t = 0; t < Q; t++)
             _mm512_storeu_ps(scores + t * ss + j, block16_scores(q + t * q_stride + (size_t)h * hd, k0, hd, kv_dim,
-                                                                 _mm512_set1_ps(scale)));
+                                                                 _mm512_set1_ps(scale), kv16));
     }
     for (int t = 0; t < Q; t++) {
-        scores_from(scores + t * ss, q + t * q_stride + (size_t)h * hd, kb, blocks, shared, n0 + t, hd, kv_dim, scale);
+        scores_from(scores + t * ss, q + t * q_stride + (size_t)h * hd, kb, blocks, shared, n0 + t, hd, kv_dim, scale,
+                    kv16);
         softmax_scores(scores + t * ss, n0 + t);
     }
     float *oh = out + (size_t)h * hd;
     int i = 0;
     for (; i + 64 <= hd; i += 64) switch (Q) { /* constant tile heights, unrolled */
-        case 4: values64(4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        case 3: values64(3, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        case 2: values64(2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
-        default: values64(1, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss); break;
+        case 4: values64(4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        case 3: values64(3, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        case 2: values64(2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        default: values64(1, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
         }
     for (int t = 0; t < Q; t++) { /* the outputs past the last 64, one query at a time */
         const float *p = scores + t * ss;
@@ -299,14 +306,15 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
         for (int r = i; r + 16 <= hd; r += 16) {
             __m512 o = _mm512_setzero_ps();
             for (int j = 0; j < n; j++)
-                o = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vb + cpu_kv_row(blocks, j) * kv_dim + r), o);
+                o = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), kv_load16(vb, cpu_kv_row(blocks, j) * kv_dim + r, kv16), o);
             _mm512_storeu_ps(ot + r, o);
         }
-        values_scalar(ot, p, n, vb, blocks, kv_dim, i + (hd - i) / 16 * 16, hd);
+        values_scalar(ot, p, n, vb, blocks, kv_dim, i + (hd - i) / 16 * 16, hd, kv16);
     }
 }
 
-ATTENTION_ROWS_FUNCTION(avx512_attention_rows)
+ATTENTION_ROWS_FUNCTION(avx512_attention_rows, float, 0)
+ATTENTION_ROWS_FUNCTION(avx512_attention_rows_bf16, bf16, 1)
 
 ATTENTION_HEAD_FUNCTION(avx512_attention_head)
 
@@ -324,7 +332,8 @@ static void avx512_swiglu(float *g, const float *u, int n) {
 /* The f32 kernels of both AVX-512 levels. */
 #define AVX512_OPS                                                                                                    \
     .matmul_bf16 = avx512_matmul_bf16, .row_block = 8, .rmsnorm = avx512_rmsnorm, .rope = avx512_rope,             \
-    .attention_head = avx512_attention_head, .attention_rows = avx512_attention_rows, .swiglu = avx512_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
+    .attention_head = avx512_attention_head, .attention_rows = avx512_attention_rows,                              \
+    .attention_rows_bf16 = avx512_attention_rows_bf16, .swiglu = avx512_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
 
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",

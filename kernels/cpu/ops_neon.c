@@ -126,30 +126,36 @@ static void neon_rope(float *x, const float *cs, const float *sn, int n_heads, i
     }
 }
 
-INLINE float dot(const float *a, const float *b, int n) {
+/* 4 K/V values from element i of rows (kv16: bf16 rows). */
+INLINE float32x4_t kv_load4(const void *rows, size_t i, int kv16) {
+    return kv16 ? load4_bf16((const bf16 *)rows + i) : vld1q_f32((const float *)rows + i);
+}
+
+INLINE float dot(const float *a, const void *b, int n, int kv16) {
     float32x4_t acc = vdupq_n_f32(0.0f);
     int i = 0;
-    for (; i + 4 <= n; i += 4) acc = vfmaq_f32(acc, vld1q_f32(a + i), vld1q_f32(b + i));
+    for (; i + 4 <= n; i += 4) acc = vfmaq_f32(acc, vld1q_f32(a + i), kv_load4(b, i, kv16));
     float s = hsum4(acc);
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * kv_scalar(b, i, kv16);
     return s;
 }
 
 /* Scores of one query against the 4 keys from row k0 (rows kv_dim
  * apart): four independent FMA chains. */
-INLINE void four_scores(float *scores, const float *qh, const float *k0, int hd, int kv_dim, float scale) {
+INLINE void four_scores(float *scores, const float *qh, const void *k0, int hd, int kv_dim, float scale, int kv16) {
+    size_t r1 = (size_t)kv_dim, r2 = 2 * r1, r3 = 3 * r1;
     float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 4 <= hd; i += 4) {
         float32x4_t qv = vld1q_f32(qh + i);
-        a0 = vfmaq_f32(a0, qv, vld1q_f32(k0 + i));
-        a1 = vfmaq_f32(a1, qv, vld1q_f32(k0 + kv_dim + i));
-        a2 = vfmaq_f32(a2, qv, vld1q_f32(k0 + 2 * (size_t)kv_dim + i));
-        a3 = vfmaq_f32(a3, qv, vld1q_f32(k0 + 3 * (size_t)kv_dim + i));
+        a0 = vfmaq_f32(a0, qv, kv_load4(k0, i, kv16));
+        a1 = vfmaq_f32(a1, qv, kv_load4(k0, r1 + i, kv16));
+        a2 = vfmaq_f32(a2, qv, kv_load4(k0, r2 + i, kv16));
+        a3 = vfmaq_f32(a3, qv, kv_load4(k0, r3 + i, kv16));
     }
     float s[4] = {hsum4(a0), hsum4(a1), hsum4(a2), hsum4(a3)};
     for (int u = 0; u < 4; u++) {
-        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * k0[(size_t)u * kv_dim + ii];
+        for (int ii = i; ii < hd; ii++) s[u] += qh[ii] * kv_scalar(k0, (size_t)u * kv_dim + ii, kv16);
         scores[u] = s[u] * scale;
     }
 }
@@ -179,14 +185,14 @@ TILE_SCORES_BY_FOURS_FUNCTION
  * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
  * the tile, the sums in registers, j ascending for every output lane as
  * for one query alone. */
-INLINE void values16(int Q, float *out, size_t os, const float *vb, const int *blocks, int n0, int kv_dim, int i,
-                     const float *scores, size_t ss) {
+INLINE void values16(int Q, float *out, size_t os, const void *vb, const int *blocks, int n0, int kv_dim, int i,
+                     const float *scores, size_t ss, int kv16) {
     float32x4_t o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < 4; c++) o[q][c] = vdupq_n_f32(0.0f);
     for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
-        const float *vj = vb + cpu_kv_row(blocks, j) * kv_dim + i;
-        float32x4_t v[4] = {vld1q_f32(vj), vld1q_f32(vj + 4), vld1q_f32(vj + 8), vld1q_f32(vj + 12)};
+        const void *vj = kv_elems(vb, cpu_kv_row(blocks, j) * kv_dim + i, kv16);
+        float32x4_t v[4] = {kv_load4(vj, 0, kv16), kv_load4(vj, 4, kv16), kv_load4(vj, 8, kv16), kv_load4(vj, 12, kv16)};
         for (int q = j < n0 ? 0 : j - n0 + 1; q < Q; q++) {
             float32x4_t p = vdupq_n_f32(scores[q * ss + j]);
             for (int c = 0; c < 4; c++) o[q][c] = vfmaq_f32(o[q][c], p, v[c]);
@@ -200,30 +206,32 @@ INLINE void values16(int Q, float *out, size_t os, const float *vb, const int *b
  * q_stride apart in q and out), head h, each the same bits as alone: the
  * keys scored four at a time for every query while they are in L1, the
  * values read once for the tile. */
-INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const float *k_cache,
-                           const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                           float *scores, size_t ss) {
+INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const void *k_cache,
+                           const void *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
+                           float *scores, size_t ss, int kv16) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
-    const float *kb = k_cache + (size_t)kvh * hd, *vb = v_cache + (size_t)kvh * hd;
+    const void *kb = kv_elems(k_cache, (size_t)kvh * hd, kv16), *vb = kv_elems(v_cache, (size_t)kvh * hd, kv16);
     float scale = 1.0f / sqrtf((float)hd);
-    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss);
+    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss, kv16);
     float *oh = out + (size_t)h * hd;
     int i = 0;
-    for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss);
+    for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16);
     for (int t = 0; t < Q; t++) { /* the last 4-lane groups and the scalar outputs, one query at a time */
         const float *p = scores + t * ss;
         float *ot = oh + t * q_stride;
         int n = n0 + t, r = i;
         for (; r + 4 <= hd; r += 4) {
             float32x4_t o = vdupq_n_f32(0.0f);
-            for (int j = 0; j < n; j++) o = vfmaq_f32(o, vdupq_n_f32(p[j]), vld1q_f32(vb + cpu_kv_row(blocks, j) * kv_dim + r));
+            for (int j = 0; j < n; j++)
+                o = vfmaq_f32(o, vdupq_n_f32(p[j]), kv_load4(vb, cpu_kv_row(blocks, j) * kv_dim + r, kv16));
             vst1q_f32(ot + r, o);
         }
-        values_scalar(ot, p, n, vb, blocks, kv_dim, r, hd);
+        values_scalar(ot, p, n, vb, blocks, kv_dim, r, hd, kv16);
     }
 }
 
-ATTENTION_ROWS_FUNCTION(neon_attention_rows)
+ATTENTION_ROWS_FUNCTION(neon_attention_rows, float, 0)
+ATTENTION_ROWS_FUNCTION(neon_attention_rows_bf16, bf16, 1)
 
 ATTENTION_HEAD_FUNCTION(neon_attention_head)
 
@@ -246,6 +254,7 @@ const cpu_kernels cpu_kernels_neon = {
     .rope = neon_rope,
     .attention_head = neon_attention_head,
     .attention_rows = neon_attention_rows,
+    .attention_rows_bf16 = neon_attention_rows_bf16,
     .swiglu = neon_swiglu,
     .dot_q = cpu_dot_q_neon,
     .rows_q = cpu_rows_q_neon,
