@@ -136,10 +136,11 @@ static void cache_set_program(void) {
 /* share_prompt: a chain of programs, each a one-layer skip or repeat of the
  * one before (a program search's walk), prefilled with the same 40-token
  * prompt (two CPU chunks) resumes at the first differing entry and gives
- * bit for bit the logits and greedy tokens of a fresh session. */
+ * bit for bit the logits and greedy tokens of a fresh session; the third
+ * run keeps both sessions' K/V rows in bf16. */
 static void shared_prompt_prefix(void) {
-    static const char *archs[] = {"qwen3", "qwen2_moe"};
-    for (int ai = 0; ai < 2; ai++) {
+    static const char *archs[] = {"qwen3", "qwen2_moe", "qwen3"};
+    for (int ai = 0; ai < 3; ai++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL;
@@ -151,8 +152,9 @@ static void shared_prompt_prefix(void) {
         for (int i = 0; i < 40; i++) prompt[i] = (i * 53 + 7) % a.vocab;
         polar_program p = {n, layers};
         polar_session *shared = NULL, *fresh = NULL;
-        polar_session_opts so = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2, .share_prompt = 1};
-        polar_session_opts fo = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2};
+        polar_session_opts so = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2, .share_prompt = 1,
+                                 .kv_bf16 = ai == 2};
+        polar_session_opts fo = {.max_ctx = 48, .max_program_len = 2 * D, .n_threads = 2, .kv_bf16 = ai == 2};
         CHECK_OK(polar_session_create(m, &p, &so, &shared, &err));
         CHECK_OK(polar_session_create(m, &p, &fo, &fresh, &err));
         polar_gen_opts go = {.max_new = 6, .ignore_eos = 1};
