@@ -138,8 +138,8 @@ polar_status polar_batch_create(const polar_model *m, const polar_batch_opts *op
     b->next_id = 1;
     size_t R = (size_t)o.step_tokens;
     /* the cache's blocks come on top of the sequences' */
-    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) && (cuda || kv_pool_add_rows(&b->pool, o.kv_bf16)) &&
-             prefix_cache_init(&b->cache, (int)cached);
+    int ok = kv_pool_init(&b->pool, (int)(n_blocks + cached), (int)kvd) &&
+             (cuda || kv_pool_add_rows(&b->pool, o.kv_bf16)) && prefix_cache_init(&b->cache, (int)cached);
     b->seqs = calloc((size_t)o.max_seqs, sizeof *b->seqs);
     b->pass_rows = malloc(R * sizeof *b->pass_rows);
     b->pass_pos = malloc(R * sizeof *b->pass_pos);

@@ -235,29 +235,35 @@ static void attention_rows_cases(int bf16_rows) {
             int heads = shapes[sh][0], kv = shapes[sh][1], hd = hds[c];
             size_t n = (size_t)ctx * kv * hd;
             fill(q, (size_t)MAX_Q * qd, 2);
-            fill_bf16(k16, n, 2);
-            fill_bf16(v16, n, 1);
-            for (size_t i = 0; i < n; i++) kc[i] = bf16_to_f32(k16[i]), vc[i] = bf16_to_f32(v16[i]);
-            if (!bf16_rows) fill(kc, n, 2), fill(vc, n, 1);
+            if (bf16_rows) { /* the same values both ways */
+                fill_bf16(k16, n, 2);
+                fill_bf16(v16, n, 1);
+                for (size_t i = 0; i < n; i++) kc[i] = bf16_to_f32(k16[i]), vc[i] = bf16_to_f32(v16[i]);
+            } else {
+                fill(kc, n, 2);
+                fill(vc, n, 1);
+            }
             for (size_t p = 0; p < sizeof starts / sizeof *starts; p++)
                 for (int n_q = 1; n_q <= MAX_Q && starts[p] + n_q <= ctx; n_q++)
                     for (int h = 0; h < heads; h++, cases++) {
-                        for (int t = 0; t < n_q && !bf16_rows; t++) {
-                            for (int i = 0; i < ctx; i++) scores[i] = NAN;
-                            k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, starts[p] + t, h,
-                                              heads, kv, hd, scores);
+                        int pos = starts[p];
+                        if (bf16_rows) { /* reference: the f32 rows */
+                            for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
+                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores, (size_t)ctx);
+                        } else { /* reference: one query at a time */
+                            for (int t = 0; t < n_q; t++) {
+                                for (int i = 0; i < ctx; i++) scores[i] = NAN;
+                                k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, pos + t, h,
+                                                  heads, kv, hd, scores);
+                            }
                         }
-                        for (int i = 0; i < ATTENTION_QUERIES * ctx && bf16_rows; i++) scores[i] = NAN;
-                        if (bf16_rows)
-                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd, scores,
-                                     (size_t)ctx);
                         for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
                         if (bf16_rows)
-                            k->attention_rows_bf16(b, q, (size_t)qd, n_q, k16, v16, blocks, starts[p], h, heads, kv,
-                                                   hd, scores, (size_t)ctx);
+                            k->attention_rows_bf16(b, q, (size_t)qd, n_q, k16, v16, blocks, pos, h, heads, kv, hd,
+                                                   scores, (size_t)ctx);
                         else
-                            k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, starts[p], h, heads, kv, hd,
-                                              scores, (size_t)ctx);
+                            k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores,
+                                              (size_t)ctx);
                         int same = 1;
                         for (int t = 0; t < n_q; t++)
                             same &= !memcmp(a + (size_t)t * qd + h * hd, b + (size_t)t * qd + h * hd, (size_t)hd * 4);
