@@ -166,18 +166,25 @@ static int run_length(const cpu_token_at *at, int T, int t0) {
  * that head's K/V rows, read from memory once, serve the item's queries
  * from the thread's cache (with few such items, one head each, so that
  * every thread has work). A token alone (decode) takes its heads in one
- * item (its K/V rows read once for all of them) when there are enough
- * tokens to share, else a GQA group or one head. Each head's sums are the
+ * item when there are enough tokens to share, else a GQA group (the
+ * kernel tiles a group's heads, loading each K/V row once for them), in
+ * parts when there are fewer groups than threads. Each head's sums are the
  * same whichever way. */
 static int attention_items(const polar_arch *a, const cpu_token_at *at, int T, int nt, attention_item *items) {
     int group = a->n_heads / a->n_kv_heads, runs = 0, n = 0;
     for (int t0 = 0, len; t0 < T; t0 += len) runs += (len = run_length(at, T, t0)) > 1;
     int in_run = runs * a->n_kv_heads >= 2 * nt ? group : 1; /* heads per item */
-    int alone = T >= 4 * nt ? a->n_heads : T * a->n_kv_heads >= 4 * nt ? group : 1;
+    int parts = (nt + T * a->n_kv_heads - 1) / (T * a->n_kv_heads); /* of a group, so that each thread has one */
+    parts = parts < group ? parts : group;
+    int alone = T >= 4 * nt ? a->n_heads : (group + parts - 1) / parts;
     for (int t0 = 0, len; t0 < T; t0 += len) {
         len = run_length(at, T, t0);
         int per_item = len > 1 ? in_run : alone;
-        for (int h0 = 0; h0 < a->n_heads; h0 += per_item) items[n++] = (attention_item){t0, len, h0, per_item};
+        for (int h0 = 0, n_h; h0 < a->n_heads; h0 += n_h) {
+            int end = per_item >= group ? h0 + per_item : (h0 / group + 1) * group; /* a part stays in its group */
+            n_h = end - h0 < per_item ? end - h0 : per_item;
+            items[n++] = (attention_item){t0, len, h0, n_h};
+        }
     }
     return n;
 }
@@ -201,20 +208,20 @@ static void store_kv(kv_pool *pool, size_t row, const float *k, const float *v, 
     }
 }
 
-/* An item's heads: one query head after another over its K/V rows. */
+/* An item's tokens and heads (a decode token's heads of one KV head in
+ * tiles, a prompt run's tokens tiled head by head). */
 static void item_attention(const polar_arch *a, cpu_work *w, const kv_pool *pool, const cpu_token_at *at,
                            const attention_item *item, float *scores) {
     int t = item->t0, hd = a->head_dim;
     size_t qd = (size_t)a->n_heads * hd;
     float *out = w->att + t * qd;
     const float *q = w->q + t * qd;
-    for (int h = item->h0; h < item->h0 + item->n_heads; h++)
-        if (pool->k16)
-            cpu_attention_rows_bf16(out, q, qd, item->n_tokens, pool->k16, pool->v16, at[t].blocks, at[t].pos, h,
-                                    a->n_heads, a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
-        else
-            cpu_attention_rows(out, q, qd, item->n_tokens, pool->k, pool->v, at[t].blocks, at[t].pos, h, a->n_heads,
-                               a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
+    if (pool->k16)
+        cpu_attention_rows_bf16(out, q, qd, item->n_tokens, pool->k16, pool->v16, at[t].blocks, at[t].pos, item->h0,
+                                item->n_heads, a->n_heads, a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
+    else
+        cpu_attention_rows(out, q, qd, item->n_tokens, pool->k, pool->v, at[t].blocks, at[t].pos, item->h0,
+                           item->n_heads, a->n_heads, a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
 }
 
 void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,

@@ -199,28 +199,31 @@ static void simd_attention(void) {
 /* cpu_attention_rows through the level under test: its attention_rows,
  * or (the plain C level) attention_head query by query. */
 static void rows_f32(float *out, const float *q, size_t q_stride, int n_q, const float *kc, const float *vc,
-                     const int *blocks, int pos, int h, int heads, int kv, int hd, float *scores, size_t ss) {
+                     const int *blocks, int pos, int h0, int n_h, int heads, int kv, int hd, float *scores, size_t ss) {
     if (k->attention_rows) {
-        k->attention_rows(out, q, q_stride, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores, ss);
+        k->attention_rows(out, q, q_stride, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd, scores, ss);
         return;
     }
-    for (int t = 0; t < n_q; t++)
-        k->attention_head(out + t * q_stride, q + t * q_stride, kc, vc, blocks, pos + t, h, heads, kv, hd, scores);
+    for (int h = h0; h < h0 + n_h; h++)
+        for (int t = 0; t < n_q; t++)
+            k->attention_head(out + t * q_stride, q + t * q_stride, kc, vc, blocks, pos + t, h, heads, kv, hd, scores);
 }
 
 /* A level's attention over several queries of one sequence (a prompt
- * tile), bit for bit against: (bf16_rows 0) its own one-query kernel, or
- * (bf16_rows 1, attention_rows_bf16 over bf16 rows) its attention over f32
- * rows holding the same values. Head dims with and without whole 8-, 16-
- * and 64-float chunks (24 and 40 end on 8 lanes), MHA, GQA and MQA, 1..9
- * queries (more than one tile) starting inside and at the edges of KV
- * blocks (pool blocks out of order), the scratch poisoned with NaN before
- * every call. */
+ * tile, or a decode token's heads), bit for bit against: (bf16_rows 0) its
+ * own one-query kernel, or (bf16_rows 1, attention_rows_bf16 over bf16
+ * rows) its attention over f32 rows holding the same values. Head dims
+ * with and without whole 8-, 16- and 64-float chunks (24 and 40 end on 8
+ * lanes), MHA, GQA (groups of 2, 3, 4) and MQA (a group of 7: a tile of 4
+ * then 3), 1..9 queries (more than one tile) starting inside and at the
+ * edges of KV blocks (pool blocks out of order), each head alone, all heads
+ * and a range starting and ending inside groups; the scratch poisoned with
+ * NaN before every call. */
 static void attention_rows_cases(int bf16_rows) {
     static const int hds[] = {6, 12, 20, 24, 40, 64, 80, 96, 128};
-    static const int shapes[][2] = {{6, 2}, {4, 4}, {6, 1}}; /* query heads, KV heads */
+    static const int shapes[][2] = {{6, 2}, {4, 4}, {7, 1}, {8, 2}, {6, 3}}; /* query heads, KV heads */
     static const int starts[] = {0, 1, 5, 12, 15, 16, 29, 31, 39};
-    enum { MAX_Q = 9, MAX_HEADS = 6, MAX_HD = 128 };
+    enum { MAX_Q = 9, MAX_HEADS = 8, MAX_HD = 128 };
     int ctx = 3 * CPU_KV_BLOCK, qd = MAX_HEADS * MAX_HD;
     const int blocks[3] = {2, 0, 1};
     size_t pool = (size_t)ctx * qd;
@@ -245,31 +248,40 @@ static void attention_rows_cases(int bf16_rows) {
             }
             for (size_t p = 0; p < sizeof starts / sizeof *starts; p++)
                 for (int n_q = 1; n_q <= MAX_Q && starts[p] + n_q <= ctx; n_q++)
-                    for (int h = 0; h < heads; h++, cases++) {
-                        int pos = starts[p];
+                    for (int r = 0; r < heads + 2; r++, cases++) { /* heads alone, all, one inside range */
+                        int pos = starts[p], h0 = r < heads ? r : r == heads ? 0 : 1;
+                        int n_h = r < heads ? 1 : r == heads ? heads : heads - 2;
                         if (bf16_rows) { /* reference: the f32 rows */
                             for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
-                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores, (size_t)ctx);
+                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd, scores,
+                                     (size_t)ctx);
                         } else { /* reference: one query at a time */
-                            for (int t = 0; t < n_q; t++) {
-                                for (int i = 0; i < ctx; i++) scores[i] = NAN;
-                                k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, pos + t, h,
-                                                  heads, kv, hd, scores);
-                            }
+                            for (int h = h0; h < h0 + n_h; h++)
+                                for (int t = 0; t < n_q; t++) {
+                                    for (int i = 0; i < ctx; i++) scores[i] = NAN;
+                                    k->attention_head(a + (size_t)t * qd, q + (size_t)t * qd, kc, vc, blocks, pos + t,
+                                                      h, heads, kv, hd, scores);
+                                }
                         }
                         for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
+                        memset(b, 0xff, (size_t)MAX_Q * qd * 4); /* heads outside the range stay so */
                         if (bf16_rows)
-                            k->attention_rows_bf16(b, q, (size_t)qd, n_q, k16, v16, blocks, pos, h, heads, kv, hd,
-                                                   scores, (size_t)ctx);
+                            k->attention_rows_bf16(b, q, (size_t)qd, n_q, k16, v16, blocks, pos, h0, n_h, heads, kv,
+                                                   hd, scores, (size_t)ctx);
                         else
-                            k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, pos, h, heads, kv, hd, scores,
-                                              (size_t)ctx);
+                            k->attention_rows(b, q, (size_t)qd, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd,
+                                              scores, (size_t)ctx);
                         int same = 1;
-                        for (int t = 0; t < n_q; t++)
-                            same &= !memcmp(a + (size_t)t * qd + h * hd, b + (size_t)t * qd + h * hd, (size_t)hd * 4);
+                        for (int t = 0; t < n_q; t++) {
+                            const unsigned char *row = (const unsigned char *)(b + (size_t)t * qd);
+                            same &= !memcmp(a + (size_t)t * qd + h0 * hd, b + (size_t)t * qd + h0 * hd,
+                                            (size_t)n_h * hd * 4);
+                            for (size_t i = 0; i < (size_t)heads * hd * 4; i++)
+                                same &= (i >= (size_t)h0 * hd * 4 && i < (size_t)(h0 + n_h) * hd * 4) || row[i] == 0xff;
+                        }
                         if (!same && bad++ < 5)
-                            CHECK(0, "%s %s %d/%d heads hd=%d from %d, %d queries, head %d: not the reference's bits",
-                                  k->name, what, heads, kv, hd, starts[p], n_q, h);
+                            CHECK(0, "%s %s %d/%d heads hd=%d from %d, %d queries, heads %d..%d: not the reference's "
+                                  "bits", k->name, what, heads, kv, hd, starts[p], n_q, h0, h0 + n_h - 1);
                     }
         }
     CHECK(bad == 0, "%s %s: %d of %d cases differ", k->name, what, bad, cases);

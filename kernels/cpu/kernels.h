@@ -32,15 +32,16 @@ typedef struct cpu_kernels {
     void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                            int n_heads, int n_kv, int hd, float *scores);
     /* Optional (NULL: attention_head query by query): n_q queries of one
-     * sequence at positions pos.., each giving attention_head's bits. */
+     * sequence at positions pos.., heads h0..h0+n_h-1, each giving
+     * attention_head's bits. */
     void (*attention_rows)(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
-                           const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                           float *scores, size_t scores_stride);
+                           const float *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,
+                           int hd, float *scores, size_t scores_stride);
     /* attention_rows over a bf16 pool: the bits attention_rows gives over
      * f32 rows holding the same values (every level has it). */
     void (*attention_rows_bf16)(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
-                                const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                                float *scores, size_t scores_stride);
+                                const bf16 *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
+                                int n_kv, int hd, float *scores, size_t scores_stride);
     void (*swiglu)(float *g, const float *u, int n);
     /* Block dot products by cpu_wtype (quant.h); a level without its own
      * points at the plain C ones or at another level it implies. */

@@ -120,11 +120,12 @@ static void generic_attention_head(float *out, const float *q, const float *k_ca
 }
 
 static void generic_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
-                                        const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv,
-                                        int hd, float *scores, size_t scores_stride) {
-    for (int t = 0; t < n_q; t++)
-        attention_one(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd,
-                      scores, 1);
+                                        const bf16 *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
+                                        int n_kv, int hd, float *scores, size_t scores_stride) {
+    for (int h = h0; h < h0 + n_h; h++)
+        for (int t = 0; t < n_q; t++)
+            attention_one(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd,
+                          scores, 1);
 }
 
 void cpu_round_bf16(float *x, size_t n) {

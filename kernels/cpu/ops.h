@@ -47,20 +47,22 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
                         int pos, int h, int n_heads, int n_kv, int hd, float *scores);
 
 /* The same for n_q tokens of one sequence at positions pos..pos+n_q-1
- * (their rows q_stride floats apart in q and out), scores[ATTENTION_QUERIES
- * rows scores_stride apart]: each token gets cpu_attention_head's bits; the
- * SIMD levels take ATTENTION_QUERIES queries at a time, reading the K/V
- * rows once for them. */
+ * (their rows q_stride floats apart in q and out) and query heads
+ * h0..h0+n_h-1, scores[ATTENTION_QUERIES rows scores_stride apart]: each
+ * (token, head) gets cpu_attention_head's bits. The SIMD levels take
+ * ATTENTION_QUERIES queries at a time, reading the K/V rows once for them:
+ * a token's heads that share a KV head when it is alone (decode), else
+ * consecutive tokens of one head. */
 #define ATTENTION_QUERIES 4
 void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
-                        const float *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                        float *scores, size_t scores_stride);
+                        const float *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,
+                        int hd, float *scores, size_t scores_stride);
 
 /* cpu_attention_rows over a pool of bf16 rows (a bf16 KV cache): the
  * bits cpu_attention_rows gives over f32 rows holding the same values. */
 void cpu_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
-                             const bf16 *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                             float *scores, size_t scores_stride);
+                             const bf16 *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,
+                             int hd, float *scores, size_t scores_stride);
 
 /* g[n] = silu(g) * u */
 void cpu_swiglu(float *g, const float *u, int n);

@@ -243,15 +243,15 @@ INLINE void softmax_scores(float *scores, int n) {
 }
 
 /* out_q[i..i+64) = sum_j p_qj v_j for Q queries, query q over keys
- * 0..n0+q-1 (probabilities p at scores + q * ss): each V row loaded once
+ * 0..n0+q*step-1 (probabilities p at scores + q * ss): each V row loaded once
  * for the whole tile, every query's sums in registers, j ascending as for
  * one query alone. */
 INLINE void values64(int Q, float *out, size_t os, const void *vb, const int *blocks, int n0, int kv_dim, int i,
-                     const float *scores, size_t ss, int kv16) {
+                     const float *scores, size_t ss, int kv16, int step) {
     __m512 o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < 4; c++) o[q][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
+    for (int j = 0; j < n0 + (Q - 1) * step; j++) { /* keys past n0: only the later queries */
         const void *vj = kv_elems(vb, cpu_kv_row(blocks, j) * kv_dim + i, kv16);
         __m512 v[4] = {kv_load16(vj, 0, kv16), kv_load16(vj, 16, kv16), kv_load16(vj, 32, kv16), kv_load16(vj, 48, kv16)};
         if (j < n0)
@@ -269,13 +269,14 @@ INLINE void values64(int Q, float *out, size_t os, const void *vb, const int *bl
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + q * os + i + 16 * c, o[q][c]);
 }
 
-/* Up to 4 queries of one sequence at positions pos..pos+Q-1 (rows
- * q_stride apart in q and out), head h: each the same bits as alone. The
+/* Up to 4 queries of one sequence, rows q_stride apart in q and out from
+ * head h: (step 1) positions pos..pos+Q-1 of head h, or (step 0, q_stride
+ * hd) heads h..h+Q-1 of one KV head at pos. Each the same bits as alone. The
  * tile's keys are scored block by block for every query while the block
  * is in L1; the values are read once for the tile. */
 INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const void *k_cache,
                            const void *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                           float *scores, size_t ss, int kv16) {
+                           float *scores, size_t ss, int kv16, int step) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
     const void *kb = kv_elems(k_cache, (size_t)kvh * hd, kv16), *vb = kv_elems(v_cache, (size_t)kvh * hd, kv16);
     float scale = 1.0f / sqrtf((float)hd);
@@ -287,22 +288,22 @@ INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, c
                                                                  _mm512_set1_ps(scale), kv16));
     }
     for (int t = 0; t < Q; t++) {
-        scores_from(scores + t * ss, q + t * q_stride + (size_t)h * hd, kb, blocks, shared, n0 + t, hd, kv_dim, scale,
-                    kv16);
-        softmax_scores(scores + t * ss, n0 + t);
+        scores_from(scores + t * ss, q + t * q_stride + (size_t)h * hd, kb, blocks, shared, n0 + t * step, hd, kv_dim,
+                    scale, kv16);
+        softmax_scores(scores + t * ss, n0 + t * step);
     }
     float *oh = out + (size_t)h * hd;
     int i = 0;
     for (; i + 64 <= hd; i += 64) switch (Q) { /* constant tile heights, unrolled */
-        case 4: values64(4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
-        case 3: values64(3, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
-        case 2: values64(2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
-        default: values64(1, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16); break;
+        case 4: values64(4, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16, step); break;
+        case 3: values64(3, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16, step); break;
+        case 2: values64(2, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16, step); break;
+        default: values64(1, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16, step); break;
         }
     for (int t = 0; t < Q; t++) { /* the outputs past the last 64, one query at a time */
         const float *p = scores + t * ss;
         float *ot = oh + t * q_stride;
-        int n = n0 + t;
+        int n = n0 + t * step;
         for (int r = i; r + 16 <= hd; r += 16) {
             __m512 o = _mm512_setzero_ps();
             for (int j = 0; j < n; j++)

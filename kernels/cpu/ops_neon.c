@@ -182,15 +182,15 @@ INLINE void softmax_scores(float *scores, int n) {
 TILE_SCORES_BY_FOURS_FUNCTION
 
 /* out_q[i..i+16) = sum_j p_qj v_j for Q queries, query q over keys
- * 0..n0+q-1 (probabilities at scores + q * ss): each V row loaded once for
+ * 0..n0+q*step-1 (probabilities at scores + q * ss): each V row loaded once for
  * the tile, the sums in registers, j ascending for every output lane as
  * for one query alone. */
 INLINE void values16(int Q, float *out, size_t os, const void *vb, const int *blocks, int n0, int kv_dim, int i,
-                     const float *scores, size_t ss, int kv16) {
+                     const float *scores, size_t ss, int kv16, int step) {
     float32x4_t o[ATTENTION_QUERIES][4];
     for (int q = 0; q < Q; q++)
         for (int c = 0; c < 4; c++) o[q][c] = vdupq_n_f32(0.0f);
-    for (int j = 0; j < n0 + Q - 1; j++) { /* keys past n0: only the later queries */
+    for (int j = 0; j < n0 + (Q - 1) * step; j++) { /* keys past n0: only the later queries */
         const void *vj = kv_elems(vb, cpu_kv_row(blocks, j) * kv_dim + i, kv16);
         float32x4_t v[4] = {kv_load4(vj, 0, kv16), kv_load4(vj, 4, kv16), kv_load4(vj, 8, kv16), kv_load4(vj, 12, kv16)};
         for (int q = j < n0 ? 0 : j - n0 + 1; q < Q; q++) {
@@ -202,24 +202,25 @@ INLINE void values16(int Q, float *out, size_t os, const void *vb, const int *bl
         for (int c = 0; c < 4; c++) vst1q_f32(out + q * os + i + 4 * c, o[q][c]);
 }
 
-/* Up to 4 queries of one sequence at positions pos..pos+Q-1 (rows
- * q_stride apart in q and out), head h, each the same bits as alone: the
+/* Up to 4 queries of one sequence, rows q_stride apart in q and out from
+ * head h: (step 1) positions pos..pos+Q-1 of head h, or (step 0, q_stride
+ * hd) heads h..h+Q-1 of one KV head at pos. Each the same bits as alone: the
  * keys scored four at a time for every query while they are in L1, the
  * values read once for the tile. */
 INLINE void attention_tile(int Q, float *out, const float *q, size_t q_stride, const void *k_cache,
                            const void *v_cache, const int *blocks, int pos, int h, int n_heads, int n_kv, int hd,
-                           float *scores, size_t ss, int kv16) {
+                           float *scores, size_t ss, int kv16, int step) {
     int kvh = h / (n_heads / n_kv), kv_dim = n_kv * hd, n0 = pos + 1;
     const void *kb = kv_elems(k_cache, (size_t)kvh * hd, kv16), *vb = kv_elems(v_cache, (size_t)kvh * hd, kv16);
     float scale = 1.0f / sqrtf((float)hd);
-    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss, kv16);
+    tile_scores(Q, q, q_stride, kb, blocks, n0, h, hd, kv_dim, scale, scores, ss, kv16, step);
     float *oh = out + (size_t)h * hd;
     int i = 0;
-    for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16);
+    for (; i + 16 <= hd; i += 16) values16(Q, oh, q_stride, vb, blocks, n0, kv_dim, i, scores, ss, kv16, step);
     for (int t = 0; t < Q; t++) { /* the last 4-lane groups and the scalar outputs, one query at a time */
         const float *p = scores + t * ss;
         float *ot = oh + t * q_stride;
-        int n = n0 + t, r = i;
+        int n = n0 + t * step, r = i;
         for (; r + 4 <= hd; r += 4) {
             float32x4_t o = vdupq_n_f32(0.0f);
             for (int j = 0; j < n; j++)
