@@ -53,12 +53,14 @@ endif
 # level only when the CPU reports it. (NEON is baseline on aarch64.)
 TARGET_ARCH_NAME := $(shell $(CC) -dumpmachine)
 ifneq ($(filter x86_64%,$(TARGET_ARCH_NAME)),)
-SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_avx2.c kernels/cpu/quant_avx512.c
+SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_avx2.c kernels/cpu/quant_avx2vnni.c \
+            kernels/cpu/quant_avx512.c
 else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
 SIMD_SRC := kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
 endif
 $(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(BUILD)/obj/kernels/cpu/quant_avx2vnni.o: SIMD_FLAGS := -mavx2 -mfma -mf16c -mavxvnni
 $(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
 $(BUILD)/obj/kernels/cpu/quant_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c
 

@@ -78,7 +78,7 @@ static char dir[] = "/tmp/polar-quant-XXXXXX";
  * not from the loader's own cpu_x16_active. */
 static cpu_wtype kept_as(cpu_wtype t) {
     const char *level = cpu_kernels_active()->name, *repack = getenv("POLAR_REPACK");
-    int x86_simd = !strcmp(level, "avx2") || !strcmp(level, "avx512") || !strcmp(level, "avx512vnni");
+    int x86_simd = !strncmp(level, "avx", 3); /* every x86 SIMD level */
     int off = repack && !strcmp(repack, "0");
     return x86_simd && !off && cpu_x16_of(t) != CPU_W_BF16 ? cpu_x16_of(t) : t;
 }

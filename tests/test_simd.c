@@ -300,7 +300,7 @@ static void simd_attention_rows(void) {
 static void simd_attention_rows_bf16(void) { attention_rows_cases(1); }
 
 int main(void) {
-    static const cpu_level levels[] = {CPU_AVX2, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON};
+    static const cpu_level levels[] = {CPU_AVX2, CPU_AVX2VNNI, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON};
     printf("active kernels: %s\n", cpu_kernels_active()->name);
     k = g;
     printf("== generic over bf16 K/V rows\n");

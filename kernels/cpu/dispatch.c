@@ -9,7 +9,7 @@
 #include "kernels.h"
 #include "ops.h"
 
-static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx512", "avx512vnni", "neon"};
+static const char *level_names[CPU_N_LEVELS] = {"generic", "avx2", "avx2vnni", "avx512", "avx512vnni", "neon"};
 
 const char *cpu_level_name(cpu_level level) { return level >= 0 && level < CPU_N_LEVELS ? level_names[level] : "?"; }
 
@@ -27,6 +27,10 @@ const cpu_kernels *cpu_kernels_for(cpu_level level, const char **why) {
         if (!__builtin_cpu_supports("fma")) return *why = "CPU lacks fma", NULL;
         if (!__builtin_cpu_supports("f16c")) return *why = "CPU lacks f16c", NULL;
         return &cpu_kernels_avx2;
+    case CPU_AVX2VNNI:
+        if (!cpu_kernels_for(CPU_AVX2, why)) return NULL;
+        if (!__builtin_cpu_supports("avxvnni")) return *why = "CPU lacks avxvnni", NULL;
+        return &cpu_kernels_avx2vnni;
     case CPU_AVX512:
         __builtin_cpu_init();
         if (!__builtin_cpu_supports("avx512f")) return *why = "CPU lacks avx512f", NULL;
@@ -59,7 +63,7 @@ static void choose(void) {
         int level = -1;
         for (int l = 0; l < CPU_N_LEVELS; l++)
             if (!strcmp(want, level_names[l])) level = l;
-        const char *why = "not a level (generic|avx2|avx512|avx512vnni|neon)";
+        const char *why = "not a level (generic|avx2|avx2vnni|avx512|avx512vnni|neon)";
         if (level >= 0 && (active = cpu_kernels_for((cpu_level)level, &why))) return;
         for (int l = CPU_N_LEVELS - 1; !active; l--) active = cpu_kernels_for((cpu_level)l, NULL);
         fprintf(stderr, "polar: POLAR_CPU=%s refused (%s); using %s kernels\n", want, why, active->name);

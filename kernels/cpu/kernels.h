@@ -15,9 +15,11 @@
 #include "ops.h" /* the paged KV layout attention_head reads */
 #include "quant.h"
 
-/* avx512vnni is the avx512 level with the quantized dot products of
- * quant_avx512.c (vpdpbusd); plain avx512 (Skylake-SP) keeps AVX2's. */
-typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON, CPU_N_LEVELS } cpu_level;
+/* avx2vnni is the avx2 level with its quantized dot products by AVX-VNNI's
+ * 256-bit vpdpbusd (Intel client CPUs from Alder Lake, which lack AVX-512);
+ * avx512vnni is the avx512 level with those of quant_avx512.c (512-bit
+ * vpdpbusd); plain avx512 (Skylake-SP) keeps AVX2's. */
+typedef enum { CPU_GENERIC, CPU_AVX2, CPU_AVX2VNNI, CPU_AVX512, CPU_AVX512VNNI, CPU_NEON, CPU_N_LEVELS } cpu_level;
 
 typedef struct cpu_kernels {
     const char *name; /* as POLAR_CPU spells it */
@@ -65,14 +67,14 @@ static inline __attribute__((always_inline)) float kv_scalar(const void *rows, s
 /* One table per level; only those built for the target exist. */
 extern const cpu_kernels cpu_kernels_generic;
 #if defined(__x86_64__)
-extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx512, cpu_kernels_avx512vnni;
+extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx2vnni, cpu_kernels_avx512, cpu_kernels_avx512vnni;
 #endif
 #if defined(__aarch64__)
 extern const cpu_kernels cpu_kernels_neon;
 #endif
 
 /* The table the cpu_* functions use: the best level this CPU runs, or the
- * one POLAR_CPU names (generic|avx2|avx512|avx512vnni|neon) when the CPU
+ * one POLAR_CPU names (generic|avx2|avx2vnni|avx512|avx512vnni|neon) when the CPU
  * can run it. */
 const cpu_kernels *cpu_kernels_active(void);
 

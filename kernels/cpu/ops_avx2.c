@@ -287,17 +287,22 @@ static void avx2_swiglu(float *g, const float *u, int n) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* The f32 kernels of both AVX2 levels. */
+#define AVX2_OPS                                                                                                      \
+    .matmul_bf16 = avx2_matmul_bf16, .row_block = 8, .rmsnorm = avx2_rmsnorm, .rope = avx2_rope,                   \
+    .attention_head = avx2_attention_head, .attention_rows = avx2_attention_rows,                                  \
+    .attention_rows_bf16 = avx2_attention_rows_bf16, .swiglu = avx2_swiglu, .quantize_q8 = cpu_quantize_q8_avx2
+
 const cpu_kernels cpu_kernels_avx2 = {
     .name = "avx2",
-    .matmul_bf16 = avx2_matmul_bf16,
-    .row_block = 8,
-    .rmsnorm = avx2_rmsnorm,
-    .rope = avx2_rope,
-    .attention_head = avx2_attention_head,
-    .attention_rows = avx2_attention_rows,
-    .attention_rows_bf16 = avx2_attention_rows_bf16,
-    .swiglu = avx2_swiglu,
+    AVX2_OPS,
     .dot_q = cpu_dot_q_avx2,
     .rows_q = cpu_rows_q_avx2,
-    .quantize_q8 = cpu_quantize_q8_avx2,
+};
+
+const cpu_kernels cpu_kernels_avx2vnni = {
+    .name = "avx2vnni",
+    AVX2_OPS,
+    .dot_q = cpu_dot_q_avx2vnni, /* quant_avx2.c compiled with AVX-VNNI (quant_avx2vnni.c) */
+    .rows_q = cpu_rows_q_avx2vnni,
 };

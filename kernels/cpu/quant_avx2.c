@@ -8,7 +8,11 @@
  * rows, and the R*C independent accumulators keep the FMA pipes busy (a
  * single row's dot is one dependent chain). Every tile shape does the same
  * operations per (row, token) in the same order, so the 1x1 dot product
- * and the matmul (quant_tiles.h) agree bit for bit. */
+ * and the matmul (quant_tiles.h) agree bit for bit.
+ *
+ * quant_avx2vnni.c compiles this file again with -mavxvnni and
+ * QUANT_AVX_VNNI: the integer sums by vpdpbusd (exact, as here), the
+ * tables named for the avx2vnni level, the quantizer left to this one. */
 #include <string.h>
 
 #include "quant_x86.h"
@@ -46,14 +50,23 @@ INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
     return o;
 }
 
+/* acc + each int32 lane's sum of four products u x (u unsigned, x signed
+ * bytes): AVX-VNNI's vpdpbusd, else maddubs + madd, whose pair sums stay
+ * within int16 when |u| <= 128 and |x| <= 127. */
+INLINE __m256i dot4_add(__m256i acc, __m256i u, __m256i x) {
+#ifdef QUANT_AVX_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* 8 int32 partial sums of the block's 32 products, as floats: lanes 0-3
- * cover weights 0-15, lanes 4-7 weights 16-31. |q| <= 128 and |x| <= 127,
- * so maddubs' pair sums stay within int16. */
+ * cover weights 0-15, lanes 4-7 weights 16-31. */
 INLINE __m256 block_sum(cpu_wtype t, const wblock *w, const int8_t *xq) {
     __m256i x = _mm256_loadu_si256((const __m256i *)xq);
     if (is_signed(t)) x = _mm256_sign_epi8(x, w->s);
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w->u, x), _mm256_set1_epi16(1));
-    return _mm256_cvtepi32_ps(p);
+    return _mm256_cvtepi32_ps(dot4_add(_mm256_setzero_si256(), w->u, x));
 }
 
 #define PREFETCH_TILES 2
@@ -110,6 +123,7 @@ INLINE int hsum_epi32(__m256i v) {
  * magnitude (max is exact in any order), scale, products, rounding to
  * nearest even (cvtps under the default rounding, as lrintf) and integer
  * sum, so the same blocks. */
+#ifndef QUANT_AVX_VNNI
 void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
     const __m256i lim = _mm256_set1_epi32(127), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -147,6 +161,7 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
         o->s = d * (float)(o->half_sum[0] + o->half_sum[1]);
     }
 }
+#endif
 
 /* ------------------------------------------ the x16 layouts (quant.h) */
 
@@ -258,10 +273,30 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 #undef V
 }
 
+/* How many maddubs results of one half block an int16 lane can add
+ * before the madd to int32: each is two products u x, |x| <= 127, so at
+ * most 2 * 127 * max u (Q8_0 |q| 128: 32512; Q6_K 63: 16002; Q5_K 31:
+ * 7874, Q4 types 15: 3810), and the sum must stay within 32767. With
+ * vpdpbusd, one: it adds into int32 directly. */
+INLINE int x16_int16_terms(cpu_wtype t) {
+#ifdef QUANT_AVX_VNNI
+    return 1;
+#endif
+    return t == CPU_W_Q8_0_X16 ? 1 : t == CPU_W_Q6_K_X16 ? 2 : 4;
+}
+
+/* Activation bytes 4j..4j+3 in every lane, for weights 4j..4j+3 of each
+ * row (Q8_0: the weights' signs moved onto them). */
+INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const int32_t *xi, int j) {
+    __m256i xv = _mm256_set1_epi32(xi[j]);
+    return t == CPU_W_Q8_0_X16 ? _mm256_sign_epi8(xv, w->s[j]) : xv;
+}
+
 /* C tokens against rows 8h..8h+7 of one group (its blocks from g): f[c]
  * lane r = the dot of row 8h + r with token c, by the operations of the
  * AVX-512 x16 tile (quant_avx512.c) with maddubs + madd in place of
- * vpdpbusd: the same for every C, so decode and batches agree bit for bit. */
+ * vpdpbusd (the integer sums exact either way): the same for every C, so
+ * decode and batches agree bit for bit. */
 INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const cpu_q8_block *x, size_t xs, __m256 f[4]) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();
@@ -273,10 +308,15 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const 
             int32_t xi[8];
             memcpy(xi, xb->q, sizeof xi);
             __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])};
-            for (int j = 0; j < 8; j++) {
-                __m256i xv = _mm256_set1_epi32(xi[j]);
-                if (t == CPU_W_Q8_0_X16) xv = _mm256_sign_epi8(xv, w.s[j]);
-                a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(w.u[j], xv), ones));
+            for (int j = 0; j < 8; j += x16_int16_terms(t)) {
+                if (x16_int16_terms(t) == 1) {
+                    a[j / 4] = dot4_add(a[j / 4], w.u[j], x16_x_bytes(t, &w, xi, j));
+                    continue;
+                }
+                __m256i sum16 = _mm256_maddubs_epi16(w.u[j], x16_x_bytes(t, &w, xi, j));
+                for (int i = j + 1; i < j + x16_int16_terms(t); i++)
+                    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w.u[i], x16_x_bytes(t, &w, xi, i)));
+                a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(sum16, ones));
             }
             __m256 xd = _mm256_set1_ps(xb->d);
             if (t == CPU_W_Q6_K_X16) {
@@ -326,5 +366,9 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
 
 X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_q6_k_x16 and LEVEL_EXTRA_ROWS */
 
+#ifndef QUANT_AVX_VNNI
 #define QUANT_LEVEL avx2
+#else
+#define QUANT_LEVEL avx2vnni
+#endif
 #include "quant_tiles.h"
