@@ -74,15 +74,17 @@ static inline void values_scalar(float *out, const float *p, int n, const void *
                      const kv_type *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,     \
                      int hd, float *scores, size_t scores_stride) {                                                   \
         int group = n_heads / n_kv;                                                                                  \
-        for (int h = h0; h < h0 + n_h && n_q == 1;) {                                                                \
-            int g = group - h % group, left = h0 + n_h - h; /* the rest of h's group among the heads asked for */   \
-            g = g < left ? g : left;                                                                                 \
-            g = g < ATTENTION_QUERIES ? g : ATTENTION_QUERIES;                                                       \
-            ATTENTION_TILE_OF_HEIGHT(g, out, q, (size_t)hd, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd,     \
-                                     scores, scores_stride, KV16, 0)                                                 \
-            h += g;                                                                                                  \
+        if (n_q == 1) {                                                                                              \
+            for (int h = h0, g; h < h0 + n_h; h += g) {                                                              \
+                int left = h0 + n_h - h; /* the rest of h's group among the heads asked for, up to a tile */         \
+                g = group - h % group < left ? group - h % group : left;                                             \
+                g = g < ATTENTION_QUERIES ? g : ATTENTION_QUERIES;                                                   \
+                ATTENTION_TILE_OF_HEIGHT(g, out, q, (size_t)hd, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, \
+                                         scores, scores_stride, KV16, 0)                                             \
+            }                                                                                                        \
+            return;                                                                                                  \
         }                                                                                                            \
-        for (int h = h0; h < h0 + n_h && n_q > 1; h++)                                                               \
+        for (int h = h0; h < h0 + n_h; h++)                                                                          \
             for (int t = 0; t < n_q; t += ATTENTION_QUERIES) {                                                       \
                 int Q = n_q - t < ATTENTION_QUERIES ? n_q - t : ATTENTION_QUERIES;                                   \
                 ATTENTION_TILE_OF_HEIGHT(Q, out + t * q_stride, q + t * q_stride, q_stride, k_cache, v_cache,        \

@@ -281,8 +281,9 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 INLINE int x16_int16_terms(cpu_wtype t) {
 #ifdef QUANT_AVX_VNNI
     return 1;
-#endif
+#else
     return t == CPU_W_Q8_0_X16 ? 1 : t == CPU_W_Q6_K_X16 ? 2 : 4;
+#endif
 }
 
 /* Activation bytes 4j..4j+3 in every lane, for weights 4j..4j+3 of each
