@@ -141,7 +141,7 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
-    const char *kv_text = NULL;
+    const char *kv_text = NULL, *prompts_text = NULL;
     int kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
@@ -152,7 +152,7 @@ int cmd_bench(int argc, char **argv) {
         {"--encoder", OPT_STR, &encoder, 0},   {"--device", OPT_STR, &device_text, 0},
         {"--question-len", OPT_INT, &question_len, 0},
         {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
-        {"--kv", OPT_STR, &kv_text, 0},
+        {"--kv", OPT_STR, &kv_text, 0},        {"--prompts", OPT_STR, &prompts_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
@@ -160,14 +160,19 @@ int cmd_bench(int argc, char **argv) {
     if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
     if (batch && predictor) return fail_usage(cmd, "--batch runs without --predictor");
+    if (prompts_text && !batch) return fail_usage(cmd, "--prompts goes with --batch");
+    if (prompts_text && strcmp(prompts_text, "distinct") && strcmp(prompts_text, "shared"))
+        return fail_usage(cmd, "--prompts wants distinct or shared (got \"%s\")", prompts_text);
     polar_model *m;
     int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
     if (batch) {
-        rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, batch, programs_file, program_text,
-                         n_prompt, gen, reps, threads, kv_bf16,
-                         device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0)),
-                         json);
+        bench_batch_opts bo = {
+            .sizes = batch, .programs_file = programs_file, .program = program_text, .n_prompt = n_prompt,
+            .gen = gen, .reps = reps, .threads = threads, .kv_bf16 = kv_bf16, .json = json,
+            .shared_prompt = prompts_text && !strcmp(prompts_text, "shared"),
+            .cuda = device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0))};
+        rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, &bo);
         polar_model_free(m);
         return rc;
     }

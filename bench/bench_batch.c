@@ -1,7 +1,10 @@
 /* polar bench --batch: decode throughput of a batch against its size, for
  * one program run by every sequence and for distinct programs (one per
  * sequence), with the layer-weight passes each step made against the
- * bound. Every configuration runs in each rep, interleaved, best of reps. */
+ * bound. Every configuration runs in each rep, interleaved, best of reps.
+ * Each sequence has its own prompt (as requests of a server have), unless
+ * shared_prompt: then every sequence has the same one, and sequences whose
+ * programs agree so far share its K/V (computed once, read once a step). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +19,7 @@ typedef struct {
     int size, mixed;
     double decode_ms;      /* best of reps: the decode steps together */
     double prefill_ms;     /* the steps until every prompt was run */
+    int shared_entries;    /* (prompt token, program entry) pairs the prompt step did not compute (shared K/V) */
     double passes, bound;  /* per decode step */
     double graph_steps;    /* CUDA: share of the decode steps that replayed a captured graph */
 } batch_run;
@@ -32,19 +36,22 @@ static void variant(int D, int j, int n, polar_program *p) {
     p->n = len;
 }
 
-/* One timed run: add the sequences, run every prompt in one step (the
- * batch's step budget holds them all), then time gen decode steps of all
- * the sequences. */
-static polar_status run_batch(polar_batch *b, const polar_program *progs, int n, const int *prompt, int n_prompt,
-                              int gen, batch_run *r, polar_error *err) {
+/* One timed run: add the sequences (sequence i gets prompts[i] of
+ * n_prompt tokens; prompts all alike when shared), run every prompt in one
+ * step (the batch's step budget holds them all), then time gen decode steps
+ * of all the sequences. */
+static polar_status run_batch(polar_batch *b, const polar_program *progs, int n, const int *const *prompts,
+                              int n_prompt, int gen, batch_run *r, polar_error *err) {
     polar_gen_opts g = {.max_new = gen + 1, .ignore_eos = 1};
     int ids[MAX_BATCH];
     polar_status st = POLAR_OK;
-    for (int i = 0; i < r->size && st == POLAR_OK; i++) st = polar_batch_add(b, &progs[r->mixed ? i % n : 0], prompt, n_prompt, &g, &ids[i], err);
+    for (int i = 0; i < r->size && st == POLAR_OK; i++)
+        st = polar_batch_add(b, &progs[r->mixed ? i % n : 0], prompts[i], n_prompt, &g, &ids[i], err);
     polar_batch_stats bs;
     double t0 = polar_time_ms(), passes = 0, bound = 0, graphs = 0;
     if (st == POLAR_OK) st = polar_batch_step(b, &bs, err);
     double t1 = polar_time_ms();
+    r->shared_entries = bs.shared_entries;
     for (int s = 0; s < gen && st == POLAR_OK; s++) {
         st = polar_batch_step(b, &bs, err);
         passes += bs.layer_passes, bound += bs.min_layer_passes, graphs += bs.graph == 1;
@@ -58,14 +65,17 @@ static polar_status run_batch(polar_batch *b, const polar_program *progs, int n,
     return POLAR_OK;
 }
 
-static void report(const batch_run *runs, int n_runs, const char *name, int D, int n_prompt, int gen,
-                   const char *device, const char *kv, int threads, int json) {
+static void report(const batch_run *runs, int n_runs, const char *name, int D, const bench_batch_opts *o,
+                   const char *kv, int threads) {
+    const char *device = o->cuda ? "cuda" : "cpu", *prompts = o->shared_prompt ? "shared" : "distinct";
+    int gen = o->gen, n_prompt = o->n_prompt, json = o->json;
     double base_tok_s = 0;
     for (int i = 0; i < n_runs; i++)
         if (runs[i].size == 1) base_tok_s = gen / (runs[i].decode_ms * 1e-3);
     if (!json) {
-        printf("model %s, %d layers, %s (host: %d threads, %s kernels), KV %s, prompt %d tokens, %d decode steps "
-               "(best of reps)\n\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt, gen);
+        printf("model %s, %d layers, %s (host: %d threads, %s kernels), KV %s, prompt %d tokens (%s), %d decode "
+               "steps (best of reps)\n\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt,
+               o->shared_prompt ? "one prompt shared by all sequences" : "each sequence its own", gen);
         printf("%5s %-9s %11s %10s %9s %11s %8s %8s %9s\n", "batch", "programs", "prefill ms", "ms/step", "tok/s",
                "vs batch 1", "passes", "bound", "vs one");
     }
@@ -79,12 +89,13 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
         else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
-                   "\"prompt_len\":%d,\"gen\":%d,\"batch\":%d,\"programs\":\"%s\",\"prefill_ms\":%.3f,"
-                   "\"decode_ms_per_step\":%.4f,"
+                   "\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,\"programs\":\"%s\","
+                   "\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
-                   "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f}\n",
-                   name, device, kv, polar_cpu_kernels(), threads, n_prompt, gen, r->size, r->mixed ? "mixed" : "one",
-                   r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes, r->bound, vs_one, r->graph_steps);
+                   "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f,\"prefill_shared_entries\":%d}\n",
+                   name, device, kv, polar_cpu_kernels(), threads, n_prompt, prompts, gen, r->size,
+                   r->mixed ? "mixed" : "one", r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes,
+                   r->bound, vs_one, r->graph_steps, r->shared_entries);
         else
             printf("%5d %-9s %11.1f %10.3f %9.1f %10s%s %8.1f %8.1f %8.3fx\n", r->size, r->mixed ? "mixed" : "one",
                    r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, base_tok_s ? "x" : " ", r->passes, r->bound,
@@ -92,17 +103,16 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, i
     }
 }
 
-int bench_batch(const char *cmd, polar_model *m, const char *name, const char *sizes_text, const char *programs_file,
-                const char *program_text, int n_prompt, int gen, int reps, int threads, int kv_bf16, int cuda, int json) {
+int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_batch_opts *o) {
     polar_model_info info;
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers, sizes[MAX_SIZES], n_sizes = 0, max_size = 0, n_progs = 0, rc = 1;
-    for (const char *p = sizes_text; *p;) {
+    for (const char *p = o->sizes; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 1 || v > MAX_BATCH || n_sizes == MAX_SIZES || (*end && *end != ','))
             return fail_usage(cmd, "--batch wants up to %d sizes 1..%d, comma-separated (got \"%s\")", MAX_SIZES,
-                              MAX_BATCH, sizes_text);
+                              MAX_BATCH, o->sizes);
         sizes[n_sizes++] = (int)v;
         max_size = v > max_size ? (int)v : max_size;
         p = *end ? end + 1 : end;
@@ -112,10 +122,12 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
     polar_error err;
     polar_batch *b = NULL;
     batch_run runs[2 * MAX_SIZES];
-    int n_runs = 0, *prompt = malloc((size_t)n_prompt * sizeof *prompt), cap = 2 * D + 2;
-    if (!prompt) return fail_usage(cmd, "out of memory");
-    if (programs_file) {
-        if ((rc = read_programs(cmd, programs_file, D, progs, MAX_BATCH, &n_progs))) goto done;
+    int n_prompts = o->shared_prompt ? 1 : max_size, n_prompt = o->n_prompt, cap = 2 * D + 2, n_runs = 0;
+    int *tokens = malloc((size_t)n_prompts * n_prompt * sizeof *tokens); /* [n_prompts, n_prompt] */
+    const int *prompts[MAX_BATCH];
+    if (!tokens) return fail_usage(cmd, "out of memory");
+    if (o->programs_file) {
+        if ((rc = read_programs(cmd, o->programs_file, D, progs, MAX_BATCH, &n_progs))) goto done;
     } else {
         n_progs = max_size;
         for (int j = 0; j < n_progs; j++) {
@@ -124,17 +136,21 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
         }
     }
     rc = 1;
-    if ((program_text ? polar_program_parse(program_text, D, 0, &one, &err) : polar_program_base(D, &one, &err)) !=
+    if ((o->program ? polar_program_parse(o->program, D, 0, &one, &err) : polar_program_base(D, &one, &err)) !=
         POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
     for (int i = 0; i < n_progs; i++) cap = progs[i].n > cap ? progs[i].n : cap;
     cap = one.n > cap ? one.n : cap;
-    for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
-    polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + gen + 1, .max_program_len = cap,
-                           .step_tokens = max_size * (n_prompt + 1), .n_threads = threads,
-                           .device = cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = kv_bf16};
+    /* One stream of pseudo-random tokens cut into prompts: distinct prompts
+     * differ from their first token on, so no K/V block is shared. */
+    for (long i = 0; i < (long)n_prompts * n_prompt; i++)
+        tokens[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
+    for (int i = 0; i < max_size; i++) prompts[i] = tokens + (size_t)(i % n_prompts) * n_prompt;
+    polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + o->gen + 1, .max_program_len = cap,
+                           .step_tokens = max_size * (n_prompt + 1), .n_threads = o->threads,
+                           .device = o->cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = o->kv_bf16};
     bo.kv_bytes = polar_batch_kv_bytes(m, &bo, max_size, cap, bo.max_ctx);
     if (polar_batch_create(m, &bo, &b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
@@ -144,24 +160,24 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const char *s
         for (int mixed = 0; mixed < 2; mixed++)
             if (!mixed || sizes[i] > 1)
                 runs[n_runs++] = (batch_run){.size = sizes[i], .mixed = mixed, .decode_ms = 1e300, .prefill_ms = 1e300};
-    for (int rep = 0; rep < reps; rep++)
+    for (int rep = 0; rep < o->reps; rep++)
         for (int i = 0; i < n_runs; i++) {
             const polar_program *list = runs[i].mixed ? progs : &one;
-            if (run_batch(b, list, runs[i].mixed ? n_progs : 1, prompt, n_prompt, gen, &runs[i], &err) != POLAR_OK) {
+            if (run_batch(b, list, runs[i].mixed ? n_progs : 1, prompts, n_prompt, o->gen, &runs[i], &err) !=
+                POLAR_OK) {
                 rc = fail_status(cmd, &err);
                 goto done;
             }
         }
-    report(runs, n_runs, name, D, n_prompt, gen, cuda ? "cuda" : "cpu", cuda || kv_bf16 ? "bf16" : "f32",
-           polar_batch_threads(b), json);
-    if (!json && !programs_file)
+    report(runs, n_runs, name, D, o, o->cuda || o->kv_bf16 ? "bf16" : "f32", polar_batch_threads(b));
+    if (!o->json && !o->programs_file)
         printf("\nmixed: the base program, then each sequence skipping or repeating one layer (alternately),\n"
-               "the layers spread over the depth; one: every sequence runs %s.\n", program_text ? program_text : "base");
+               "the layers spread over the depth; one: every sequence runs %s.\n", o->program ? o->program : "base");
     rc = 0;
 done:
     polar_batch_free(b);
     for (int i = 0; i < MAX_BATCH; i++) polar_program_free(&progs[i]);
     polar_program_free(&one);
-    free(prompt);
+    free(tokens);
     return rc;
 }

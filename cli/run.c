@@ -82,14 +82,14 @@ static void print_json_string(const char *s, size_t n) {
     putchar('"');
 }
 
-static void print_json(const polar_program *p, const polar_arch *a, int n_prompt, const int *out,
+static void print_json(const polar_program *p, const polar_arch *a, const char *kv, int n_prompt, const int *out,
                        const polar_gen_stats *st, const text_stream *ts) {
     char text[4096];
     polar_program_format(p, text, sizeof text);
     printf("{\"program\":[");
     for (int i = 0; i < p->n; i++) printf("%s%d", i ? "," : "", p->layers[i]);
-    printf("],\"program_text\":\"%s\",\"executed_layers\":%d,\"n_layers\":%d,\"prompt_tokens\":%d,\"tokens\":[",
-           text, p->n, a->n_layers, n_prompt);
+    printf("],\"program_text\":\"%s\",\"executed_layers\":%d,\"n_layers\":%d,\"kv\":\"%s\",\"prompt_tokens\":%d,"
+           "\"tokens\":[", text, p->n, a->n_layers, kv, n_prompt);
     for (int i = 0; i < st->n_generated; i++) printf("%s%d", i ? "," : "", out[i]);
     printf("]");
     if (ts) {
@@ -203,6 +203,8 @@ int cmd_run(int argc, char **argv) {
         rc = fail_status(cmd, &err);
         goto done;
     }
+    /* the GPU's cache always is bf16 (--kv picks the CPU's) */
+    const char *kv = kv_bf16 || !strcmp(polar_session_device(s), "cuda") ? "bf16" : "f32";
     for (int c = 0; c < n_cand; c++) {
         const polar_program *prog = &cand[c].program;
         if (polar_session_set_program(s, prog, &err) != POLAR_OK) {
@@ -214,8 +216,8 @@ int cmd_run(int argc, char **argv) {
         if (!json) {
             if (predicted) printf("%s== predicted program %d of %d (score %.4f)\n", c ? "\n" : "", c + 1, n_cand,
                                   cand[c].score);
-            printf("program: %s\nexecuted layers: %d of %d\ndevice: %s\nprompt tokens: %d\n%s", text, prog->n,
-                   info.arch.n_layers, polar_session_device(s), n_ids, tok ? "" : "generated:");
+            printf("program: %s\nexecuted layers: %d of %d\ndevice: %s\nKV cache: %s\nprompt tokens: %d\n%s", text,
+                   prog->n, info.arch.n_layers, polar_session_device(s), kv, n_ids, tok ? "" : "generated:");
             fflush(stdout);
         }
         int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;
@@ -238,7 +240,7 @@ int cmd_run(int argc, char **argv) {
             goto done;
         }
         if (json) {
-            print_json(prog, &info.arch, n_ids, out, &st, tok ? &ts : NULL);
+            print_json(prog, &info.arch, kv, n_ids, out, &st, tok ? &ts : NULL);
         } else {
             fwrite(ts.pending, 1, ts.n_pending, stdout);
             int steps = st.n_generated > 1 ? st.n_generated - 1 : 0;

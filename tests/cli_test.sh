@@ -38,9 +38,9 @@ expect_out() {
 G=$D/good
 expect_out run_base "executed layers: 4 of 4" $P run --model "$G" --tokens 1,2,3 --max-new 4
 expect_out run_program "program: 0-2,1-3" $P run --model "$G" --tokens 1,2,3 --program "0,1-2x2,3" --max-new 4
-expect_out run_json '"program":[0,2,3,2,3],"program_text":"0,2-3x2","executed_layers":5,"n_layers":4,"prompt_tokens":3,"tokens":[' \
+expect_out run_json '"program":[0,2,3,2,3],"program_text":"0,2-3x2","executed_layers":5,"n_layers":4,"kv":"f32","prompt_tokens":3,"tokens":[' \
     $P run --model "$G" --tokens 1,2,3 --program "0,2-3x2" --max-new 4 --json
-expect_out run_kv_bf16 "executed layers: 4 of 4" $P run --model "$G" --tokens 1,2,3 --max-new 4 --kv bf16
+expect_out run_kv_bf16 "KV cache: bf16" $P run --model "$G" --tokens 1,2,3 --max-new 4 --kv bf16
 expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens 7 --max-new 2 --json
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
@@ -50,6 +50,18 @@ expect_out bench_batch '"programs":"mixed","prefill_ms"' $P bench --arch llama -
 printf '# two programs\n0-3\n0,1,1,2,3\n' >"$D/batch_progs.txt"
 expect_out bench_batch_file "    3 mixed" $P bench --arch llama --batch 3 --programs "$D/batch_progs.txt" --prompt-len 5 --gen 2 --reps 1
 expect usage_bench_batch 2 "--batch wants up to 16 sizes" $P bench --arch llama --batch 2,x
+# --prompts: each sequence its own prompt by default (nothing of a prompt step shared); shared: the
+# followers of 3 x one program skip 2 x 5 tokens x 4 entries, of mixed programs only their common entries.
+if $P bench --arch llama --batch 3 --prompt-len 5 --gen 2 --reps 1 --json >"$D/out" 2>"$D/err" &&
+    [ "$(grep -c '"prompts":"distinct".*"prefill_shared_entries":0}' "$D/out")" -eq 2 ] &&
+    $P bench --arch llama --batch 3 --prompt-len 5 --gen 2 --reps 1 --json --prompts shared >"$D/out" 2>"$D/err" &&
+    grep -q '"batch":3,"programs":"one".*"prefill_shared_entries":40}' "$D/out" &&
+    grep -q '"batch":3,"programs":"mixed".*"prefill_shared_entries":[1-9][0-9]*}' "$D/out"; then
+    echo "PASS cli_bench_batch_prompts"
+else
+    echo "FAIL cli_bench_batch_prompts: $(head -c 300 "$D/err") $(head -c 600 "$D/out")"
+fi
+expect usage_bench_prompts 2 "--prompts wants distinct or shared" $P bench --arch llama --batch 2 --prompts same
 # --kv bf16: the CPU's K/V rows in bf16, said in the report; anything else refused.
 expect_out bench_kv_bf16 '"kv":"bf16"' $P bench --arch llama --prompt-len 8 --gen 2 --reps 1 --kv bf16 --json
 expect_out bench_batch_kv_bf16 '"kv":"bf16"' $P bench --arch llama --batch 1,2 --prompt-len 5 --gen 2 --reps 1 --kv bf16 --json
