@@ -3,9 +3,18 @@
  * its program (kernels/cpu/ops.h says how attention reads it). A sequence is
  * promised the blocks it can ever need when it is admitted (a reservation),
  * takes them as its tokens grow and gives them back when it ends, so a
- * running sequence never waits for memory. */
+ * running sequence never waits for memory.
+ *
+ * Attention reads an execution position's blocks in order, once a step, so
+ * they are laid out as runs of consecutive ids where the pool allows: free
+ * blocks are taken next-fit (a cursor moving forward), a block grown by
+ * decoding takes the id after its predecessor when that one is free, and a
+ * prompt's run leaves a gap for the blocks its sequence may still grow. A
+ * fragmented pool gives shorter runs, never a failure. */
 #ifndef POLAR_KV_POOL_H
 #define POLAR_KV_POOL_H
+
+#include <stdint.h>
 
 #include "../kernels/cpu/ops.h"
 
@@ -13,9 +22,10 @@ typedef struct {
     float *k, *v;      /* [n_blocks * CPU_KV_BLOCK, kv_dim] f32 rows, or NULL: bf16 rows or on the device */
     bf16 *k16, *v16;   /* [n_blocks * CPU_KV_BLOCK, kv_dim] bf16 rows (polar_session_opts.kv_bf16), or NULL */
     int n_blocks, kv_dim;
-    int *free_blocks;  /* [n_blocks] stack of the free block ids */
+    uint64_t *free_bits; /* [(n_blocks + 63) / 64] bit i set: block i is free */
     int *refs;         /* [n_blocks] tables holding each block (several when a prompt's blocks are shared) */
     int n_free;
+    int cursor;        /* where the next-fit search for a free block starts */
     int promised;      /* free blocks reserved for admitted sequences */
 } kv_pool;
 
@@ -39,6 +49,8 @@ int kv_pool_add_rows(kv_pool *p, int bf16_rows);
 /* Host rows from.. -> to.. (n), K and V, whichever their type. */
 void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n);
 void kv_pool_free(kv_pool *p);
+/* Drop one reference to block id; it is free again when none is left. */
+void kv_block_unref(kv_pool *p, int id);
 
 /* Blocks a sequence needs for n_program positions x n_tokens tokens. */
 int kv_blocks_for(int n_program, int n_tokens);

@@ -83,7 +83,7 @@ static void drop(prefix_cache *c, kv_pool *p, int i) {
     while (*link != i) link = &c->items[*link].next;
     *link = c->items[i].next;
     int b = c->items[i].block;
-    if (--p->refs[b] == 0) p->free_blocks[p->n_free++] = b;
+    kv_block_unref(p, b);
     c->items[i].next = c->free_head, c->free_head = i;
     c->n_items--;
 }

@@ -2,6 +2,7 @@
  * must give what a fresh prefill of the whole sequence gives, step by step,
  * for programs that repeat and skip layers. */
 #include "harness.h"
+#include "../runtime/kv_pool.h"
 
 #define CACHE_TOL 1e-4f
 
@@ -190,7 +191,50 @@ static void shared_prompt_prefix(void) {
     }
 }
 
+/* Each execution position's blocks are one run of consecutive ids (attention
+ * streams them): prompts of three sequences mapped first, then their decode
+ * blocks one at a time (growing into the gap left after each run), rounds
+ * after the others ended in another order; with a pool too small for gaps the
+ * runs break but every block is mapped once; every block returns. */
+static void pool_runs_per_entry(void) {
+    for (int tight = 0; tight < 2; tight++) {
+        int n_blocks = tight ? 120 : 400;
+        kv_pool p;
+        kv_seq s[3];
+        CHECK(kv_pool_init(&p, n_blocks, 8), "pool");
+        for (int i = 0; i < 3; i++) CHECK(kv_seq_init(&s[i], 6, 8 * CPU_KV_BLOCK), "tables");
+        for (int round = 0; round < 4; round++) {
+            for (int i = 0; i < 3; i++) {
+                CHECK(kv_seq_admit(&p, &s[i], 4 + i, 8 * CPU_KV_BLOCK), "round %d seq %d: admitted", round, i);
+                kv_seq_grow(&p, &s[i], (5 + i) * CPU_KV_BLOCK - 3, NULL);
+            }
+            for (int t = 5 * CPU_KV_BLOCK; t <= 8 * CPU_KV_BLOCK; t++)
+                for (int i = 0; i < 3; i++) kv_seq_grow(&p, &s[i], t > (5 + i) * CPU_KV_BLOCK - 3 ? t : 1, NULL);
+            unsigned char seen[400] = {0};
+            for (int i = 0; i < 3; i++) {
+                CHECK(s[i].reserved == 0 && s[i].n_mapped == 8, "round %d seq %d: %d reserved, %d mapped", round, i,
+                      s[i].reserved, s[i].n_mapped);
+                for (int k = 0; k < 4 + i; k++)
+                    for (int b = 0; b < 8; b++) {
+                        int id = s[i].blocks[k * s[i].max_blocks + b];
+                        CHECK(id >= 0 && id < n_blocks && !seen[id]++, "round %d seq %d: block %d twice", round, i, id);
+                        CHECK(tight || b == 0 || id == s[i].blocks[k * s[i].max_blocks + b - 1] + 1,
+                              "round %d seq %d entry %d: block %d is %d after %d", round, i, k, b, id,
+                              s[i].blocks[k * s[i].max_blocks + b - 1]);
+                    }
+            }
+            int order[3] = {round % 3, (round + 2) % 3, (round + 1) % 3}; /* they end in another order each round */
+            for (int i = 0; i < 3; i++) kv_seq_release(&p, &s[order[i]]);
+            CHECK(p.n_free == n_blocks && p.promised == 0, "round %d: %d free, %d promised", round, p.n_free,
+                  p.promised);
+        }
+        for (int i = 0; i < 3; i++) kv_seq_free(&s[i]);
+        kv_pool_free(&p);
+    }
+}
+
 int main(void) {
+    RUN(pool_runs_per_entry);
     RUN(cache_repeat);
     RUN(cache_mixed);
     RUN(cache_moe);
