@@ -228,7 +228,7 @@ int cmd_bench(int argc, char **argv) {
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s),
-           used == POLAR_DEVICE_CUDA || kv_bf16 ? "bf16" : "f32", json);
+           polar_session_kv_type(s), json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

@@ -169,7 +169,7 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_b
                 goto done;
             }
         }
-    report(runs, n_runs, name, D, o, o->cuda || o->kv_bf16 ? "bf16" : "f32", polar_batch_threads(b));
+    report(runs, n_runs, name, D, o, polar_batch_kv_type(b), polar_batch_threads(b));
     if (!o->json && !o->programs_file)
         printf("\nmixed: the base program, then each sequence skipping or repeating one layer (alternately),\n"
                "the layers spread over the depth; one: every sequence runs %s.\n", o->program ? o->program : "base");

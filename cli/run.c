@@ -203,8 +203,7 @@ int cmd_run(int argc, char **argv) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    /* the GPU's cache always is bf16 (--kv picks the CPU's) */
-    const char *kv = kv_bf16 || !strcmp(polar_session_device(s), "cuda") ? "bf16" : "f32";
+    const char *kv = polar_session_kv_type(s);
     for (int c = 0; c < n_cand; c++) {
         const polar_program *prog = &cand[c].program;
         if (polar_session_set_program(s, prog, &err) != POLAR_OK) {

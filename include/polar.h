@@ -178,6 +178,8 @@ typedef struct {
 
 /* The device a session computes on ("cpu" or "cuda"). */
 const char *polar_session_device(const polar_session *s);
+/* The type of its K/V rows: "f32", or "bf16" (kv_bf16, or on the GPU). */
+const char *polar_session_kv_type(const polar_session *s);
 
 /* The CPU kernels this process runs: "generic" (plain C), "avx2", "avx512"
  * or "neon", the best the CPU supports unless the environment variable
@@ -450,6 +452,8 @@ int polar_batch_running(const polar_batch *b);
 
 /* CPU threads the batch computes with. */
 int polar_batch_threads(const polar_batch *b);
+/* The type of its K/V rows: "f32", or "bf16" (kv_bf16, or on the GPU). */
+const char *polar_batch_kv_type(const polar_batch *b);
 
 /* -------------------------------------------------------------- tokenizers */
 

@@ -69,6 +69,8 @@ int kv_pool_add_rows(kv_pool *p, int bf16_rows) {
     return p->k && p->v;
 }
 
+const char *kv_pool_row_type(const kv_pool *p) { return p->k ? "f32" : "bf16"; }
+
 void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n) {
     size_t kvd = (size_t)p->kv_dim, count = (size_t)n * kvd;
     if (p->k16) {

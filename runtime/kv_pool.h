@@ -49,6 +49,8 @@ int kv_pool_add_rows(kv_pool *p, int bf16_rows);
 /* Host rows from.. -> to.. (n), K and V, whichever their type. */
 void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n);
 void kv_pool_free(kv_pool *p);
+/* "f32" or "bf16": the rows' type (a device pool's rows always are bf16). */
+const char *kv_pool_row_type(const kv_pool *p);
 /* Drop one reference to block id; it is free again when none is left. */
 void kv_block_unref(kv_pool *p, int id);
 

@@ -282,7 +282,8 @@ if [ -n "$POLAR_CUDA_CLI" ]; then
     C=$POLAR_CUDA_CLI
     expect_out cuda_build_auto "executed layers: 4 of 4" $C run --model "$G" --tokens 1,2 --max-new 2
     if $C run --model "$G" --tokens 1,2 --max-new 2 --device cuda >"$D/out" 2>"$D/err"; then
-        grep -q "device: cuda" "$D/out" && echo "PASS cli_cuda_device" || echo "FAIL cli_cuda_device (no device line)"
+        grep -q "device: cuda" "$D/out" && grep -q "KV cache: bf16" "$D/out" && echo "PASS cli_cuda_device" ||
+            echo "FAIL cli_cuda_device (no device line, or a KV type but bf16)"
     else
         [ "$(wc -l <"$D/err")" -eq 1 ] && grep -q "device cuda: " "$D/err" && echo "PASS cli_cuda_device" ||
             echo "FAIL cli_cuda_device: $(head -c 300 "$D/err")"
