@@ -13,8 +13,6 @@
  * quant_avx2vnni.c compiles this file again with -mavxvnni and
  * QUANT_AVX_VNNI: the integer sums by vpdpbusd (exact, as here), the
  * tables named for the avx2vnni level, the quantizer left to this one. */
-#include <string.h>
-
 #include "quant_x86.h"
 
 INLINE float hsum8(__m256 v) {
@@ -203,7 +201,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
     const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
 #define V(off) _mm256_loadu_si256((const __m256i *)(b + (off) + 32 * h)) /* rows 8h.. of the 64-byte vector at off */
     if (h == 0 && (!x16_is_k(t) || k % 8 == 0))
-        for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + (x16_is_k(t) ? 2 : 4) * ub + line, _MM_HINT_T0);
+        for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + (x16_is_k(t) ? 2 : X16_PREFETCH_UNITS) * ub + line, _MM_HINT_T0);
     o->m = _mm256_setzero_ps();
     o->z = 0;
     switch (t) {
@@ -288,8 +286,8 @@ INLINE int x16_int16_terms(cpu_wtype t) {
 
 /* Activation bytes 4j..4j+3 in every lane, for weights 4j..4j+3 of each
  * row (Q8_0: the weights' signs moved onto them). */
-INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const int32_t *xi, int j) {
-    __m256i xv = _mm256_set1_epi32(xi[j]);
+INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const cpu_q8_block *xb, int j) {
+    __m256i xv = _mm256_set1_epi32(x_word(xb, j));
     return t == CPU_W_Q8_0_X16 ? _mm256_sign_epi8(xv, w->s[j]) : xv;
 }
 
@@ -306,17 +304,15 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const 
         x16_load(t, g, k, h, &w);
         for (int c = 0; c < C; c++) {
             const cpu_q8_block *xb = &x[(size_t)c * xs + k];
-            int32_t xi[8];
-            memcpy(xi, xb->q, sizeof xi);
             __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])};
             for (int j = 0; j < 8; j += x16_int16_terms(t)) {
                 if (x16_int16_terms(t) == 1) {
-                    a[j / 4] = dot4_add(a[j / 4], w.u[j], x16_x_bytes(t, &w, xi, j));
+                    a[j / 4] = dot4_add(a[j / 4], w.u[j], x16_x_bytes(t, &w, xb, j));
                     continue;
                 }
-                __m256i sum16 = _mm256_maddubs_epi16(w.u[j], x16_x_bytes(t, &w, xi, j));
+                __m256i sum16 = _mm256_maddubs_epi16(w.u[j], x16_x_bytes(t, &w, xb, j));
                 for (int i = j + 1; i < j + x16_int16_terms(t); i++)
-                    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w.u[i], x16_x_bytes(t, &w, xi, i)));
+                    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w.u[i], x16_x_bytes(t, &w, xb, i)));
                 a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(sum16, ones));
             }
             __m256 xd = _mm256_set1_ps(xb->d);

@@ -18,8 +18,6 @@
  * same operations per (row, token) whatever the shape, so the dot product
  * and the matmul (quant_tiles.h, 4 rows x 4 tokens here) agree bit for
  * bit. */
-#include <string.h>
-
 #include "quant_x86.h"
 
 /* The bytes vpdpbusd multiplies (unsigned) and the zero point it removes. */
@@ -227,7 +225,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const size_t ub = x16_unit_bytes(t);
     const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
-    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64) _mm_prefetch((const char *)b + 4 * ub + line, _MM_HINT_T0);
+    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64) _mm_prefetch((const char *)b + X16_PREFETCH_UNITS * ub + line, _MM_HINT_T0);
     o->m = _mm512_setzero_ps();
     o->z = 0;
     switch (t) {
@@ -318,13 +316,11 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int nb, const cpu_q8_
         x16_load(t, g, k, &w);
         for (int c = 0; c < C; c++) {
             const cpu_q8_block *xb = &x[(size_t)c * xs + k];
-            int32_t xi[8];
-            memcpy(xi, xb->q, sizeof xi);
             /* a chain per half: x bytes 4j..4j+3 go with u[j] */
             __m512i a0 = _mm512_set1_epi32(-w.z * xb->half_sum[0]), a1 = _mm512_set1_epi32(-w.z * xb->half_sum[1]);
             for (int j = 0; j < 4; j++) {
-                a0 = _mm512_dpbusd_epi32(a0, w.u[j], _mm512_set1_epi32(xi[j]));
-                a1 = _mm512_dpbusd_epi32(a1, w.u[j + 4], _mm512_set1_epi32(xi[j + 4]));
+                a0 = _mm512_dpbusd_epi32(a0, w.u[j], _mm512_set1_epi32(x_word(xb, j)));
+                a1 = _mm512_dpbusd_epi32(a1, w.u[j + 4], _mm512_set1_epi32(x_word(xb, j + 4)));
             }
             __m512 xd = _mm512_set1_ps(xb->d);
             if (x16_two_scales(t)) {
