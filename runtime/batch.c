@@ -96,8 +96,7 @@ static int on_gpu(polar_device device) {
 /* Bytes of one pool block: K and V rows, f32 on the CPU unless kv_bf16,
  * bf16 on CUDA. */
 static size_t kv_block_bytes(const polar_model *m, const polar_batch_opts *o) {
-    size_t row = (size_t)m->arch.n_kv_heads * m->arch.head_dim * (on_gpu(o->device) || o->kv_bf16 ? 2 : sizeof(float));
-    return 2 * CPU_KV_BLOCK * row;
+    return kv_pool_block_bytes(m->arch.n_kv_heads * m->arch.head_dim, on_gpu(o->device) || o->kv_bf16);
 }
 
 size_t polar_batch_kv_bytes(const polar_model *m, const polar_batch_opts *opts, int n_seqs, int program_len,

@@ -57,6 +57,10 @@ static void *rows_alloc(size_t bytes) {
     return r;
 }
 
+size_t kv_pool_block_bytes(int kv_dim, int bf16_rows) {
+    return 2 * (size_t)CPU_KV_BLOCK * (size_t)kv_dim * (bf16_rows ? sizeof(bf16) : sizeof(float));
+}
+
 int kv_pool_add_rows(kv_pool *p, int bf16_rows) {
     size_t n = (size_t)p->n_blocks * CPU_KV_BLOCK * p->kv_dim;
     if (bf16_rows) {

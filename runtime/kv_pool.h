@@ -46,6 +46,8 @@ int kv_pool_init(kv_pool *p, int n_blocks, int kv_dim);
 /* The rows on the host (a CPU pool), f32 or (bf16_rows) bf16; 0 when out
  * of memory. */
 int kv_pool_add_rows(kv_pool *p, int bf16_rows);
+/* Bytes of one block's K and V rows, f32 or (bf16_rows) bf16. */
+size_t kv_pool_block_bytes(int kv_dim, int bf16_rows);
 /* Host rows from.. -> to.. (n), K and V, whichever their type. */
 void kv_pool_copy_rows(kv_pool *p, size_t from, size_t to, int n);
 void kv_pool_free(kv_pool *p);

@@ -132,7 +132,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
                               o.max_program_len, o.max_ctx);
         return polar_fail(err, POLAR_ERR_NOMEM,
                           "out of memory creating the session (KV cache of %zu MiB for %d positions x %d tokens)",
-                          2 * (size_t)n_blocks * CPU_KV_BLOCK * kv * (o.kv_bf16 ? sizeof(bf16) : sizeof(float)) >> 20,
+                          (size_t)n_blocks * kv_pool_block_bytes((int)kv, o.kv_bf16) >> 20,
                           o.max_program_len, o.max_ctx);
     }
     memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));

@@ -196,19 +196,6 @@ static void simd_attention(void) {
     }
 }
 
-/* cpu_attention_rows through the level under test: its attention_rows,
- * or (the plain C level) attention_head query by query. */
-static void rows_f32(float *out, const float *q, size_t q_stride, int n_q, const float *kc, const float *vc,
-                     const int *blocks, int pos, int h0, int n_h, int heads, int kv, int hd, float *scores, size_t ss) {
-    if (k->attention_rows) {
-        k->attention_rows(out, q, q_stride, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd, scores, ss);
-        return;
-    }
-    for (int h = h0; h < h0 + n_h; h++)
-        for (int t = 0; t < n_q; t++)
-            k->attention_head(out + t * q_stride, q + t * q_stride, kc, vc, blocks, pos + t, h, heads, kv, hd, scores);
-}
-
 /* A level's attention over several queries of one sequence (a prompt
  * tile, or a decode token's heads), bit for bit against: (bf16_rows 0) its
  * own one-query kernel, or (bf16_rows 1, attention_rows_bf16 over bf16
@@ -253,8 +240,8 @@ static void attention_rows_cases(int bf16_rows) {
                         int n_h = r < heads ? 1 : r == heads ? heads : heads - 2;
                         if (bf16_rows) { /* reference: the f32 rows */
                             for (int i = 0; i < ATTENTION_QUERIES * ctx; i++) scores[i] = NAN;
-                            rows_f32(a, q, (size_t)qd, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd, scores,
-                                     (size_t)ctx);
+                            k->attention_rows(a, q, (size_t)qd, n_q, kc, vc, blocks, pos, h0, n_h, heads, kv, hd,
+                                              scores, (size_t)ctx);
                         } else { /* reference: one query at a time */
                             for (int h = h0; h < h0 + n_h; h++)
                                 for (int t = 0; t < n_q; t++) {
@@ -288,13 +275,7 @@ static void attention_rows_cases(int bf16_rows) {
     free(q), free(kc), free(vc), free(a), free(b), free(scores), free(k16), free(v16);
 }
 
-static void simd_attention_rows(void) {
-    if (!k->attention_rows) {
-        printf("  %s: no attention_rows (cpu_attention_rows runs attention_head per query)\n", k->name);
-        return;
-    }
-    attention_rows_cases(0);
-}
+static void simd_attention_rows(void) { attention_rows_cases(0); }
 
 /* A bf16 KV cache: every level, the plain C one included. */
 static void simd_attention_rows_bf16(void) { attention_rows_cases(1); }

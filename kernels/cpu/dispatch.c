@@ -125,16 +125,8 @@ void cpu_attention_head(float *out, const float *q, const float *k_cache, const 
 void cpu_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
                         const float *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,
                         int hd, float *scores, size_t scores_stride) {
-    const cpu_kernels *k = cpu_kernels_active();
-    if (k->attention_rows) {
-        k->attention_rows(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h0, n_h, n_heads, n_kv, hd, scores,
-                          scores_stride);
-        return;
-    }
-    for (int h = h0; h < h0 + n_h; h++)
-        for (int t = 0; t < n_q; t++)
-            k->attention_head(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv,
-                              hd, scores);
+    cpu_kernels_active()->attention_rows(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h0, n_h, n_heads, n_kv,
+                                         hd, scores, scores_stride);
 }
 
 void cpu_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,

@@ -33,9 +33,9 @@ typedef struct cpu_kernels {
     void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int head_dim);
     void (*attention_head)(float *out, const float *q, const float *k_cache, const float *v_cache, const int *blocks, int pos, int h,
                            int n_heads, int n_kv, int hd, float *scores);
-    /* Optional (NULL: attention_head query by query): n_q queries of one
-     * sequence at positions pos.., heads h0..h0+n_h-1, each giving
-     * attention_head's bits. */
+    /* n_q queries of one sequence at positions pos.., heads h0..h0+n_h-1,
+     * each giving attention_head's bits (the plain C level: query by
+     * query). */
     void (*attention_rows)(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
                            const float *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads, int n_kv,
                            int hd, float *scores, size_t scores_stride);

@@ -119,13 +119,26 @@ static void generic_attention_head(float *out, const float *q, const float *k_ca
     attention_one(out, q, k_cache, v_cache, blocks, pos, h, n_heads, n_kv, hd, scores, 0);
 }
 
-static void generic_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
-                                        const bf16 *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
-                                        int n_kv, int hd, float *scores, size_t scores_stride) {
+/* The oracle's attention_rows: query by query, head by head. */
+static inline void attention_queries(float *out, const float *q, size_t q_stride, int n_q, const void *k_cache,
+                                     const void *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
+                                     int n_kv, int hd, float *scores, int kv16) {
     for (int h = h0; h < h0 + n_h; h++)
         for (int t = 0; t < n_q; t++)
             attention_one(out + t * q_stride, q + t * q_stride, k_cache, v_cache, blocks, pos + t, h, n_heads, n_kv, hd,
-                          scores, 1);
+                          scores, kv16);
+}
+
+static void generic_attention_rows(float *out, const float *q, size_t q_stride, int n_q, const float *k_cache,
+                                   const float *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
+                                   int n_kv, int hd, float *scores, size_t scores_stride) {
+    attention_queries(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h0, n_h, n_heads, n_kv, hd, scores, 0);
+}
+
+static void generic_attention_rows_bf16(float *out, const float *q, size_t q_stride, int n_q, const bf16 *k_cache,
+                                        const bf16 *v_cache, const int *blocks, int pos, int h0, int n_h, int n_heads,
+                                        int n_kv, int hd, float *scores, size_t scores_stride) {
+    attention_queries(out, q, q_stride, n_q, k_cache, v_cache, blocks, pos, h0, n_h, n_heads, n_kv, hd, scores, 1);
 }
 
 void cpu_round_bf16(float *x, size_t n) {
@@ -176,6 +189,7 @@ const cpu_kernels cpu_kernels_generic = {
     .rmsnorm = generic_rmsnorm,
     .rope = generic_rope,
     .attention_head = generic_attention_head,
+    .attention_rows = generic_attention_rows,
     .attention_rows_bf16 = generic_attention_rows_bf16,
     .swiglu = generic_swiglu,
     .dot_q = cpu_dot_q_generic,

@@ -112,8 +112,9 @@ typedef void (*cpu_rows_q_fn)(float *y, const cpu_q8_block *xq, const void *w, s
 
 /* Plain C dot products and row ranges, indexed by cpu_wtype (the bf16
  * entries are NULL), the AVX2 ones (x86-64 only; for CPUs with avx2 and
- * fma), the same by AVX-VNNI (avx2vnni: and avxvnni), the AVX-512 VNNI ones (x86-64; avx512f/bw/vl and avx512vnni) and
- * the NEON ones (aarch64, baseline armv8.0-a). */
+ * fma), the same by AVX-VNNI (avx2vnni: and avxvnni), the AVX-512 VNNI
+ * ones (x86-64; avx512f/bw/vl and avx512vnni) and the NEON ones (aarch64,
+ * baseline armv8.0-a). */
 extern const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N];
 extern const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N];
 #if defined(__x86_64__)

@@ -225,7 +225,8 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const size_t ub = x16_unit_bytes(t);
     const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
-    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64) _mm_prefetch((const char *)b + X16_PREFETCH_UNITS * ub + line, _MM_HINT_T0);
+    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64)
+        _mm_prefetch((const char *)b + X16_PREFETCH_UNITS * ub + line, _MM_HINT_T0);
     o->m = _mm512_setzero_ps();
     o->z = 0;
     switch (t) {
