@@ -161,7 +161,8 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_b
             if (!mixed || sizes[i] > 1)
                 runs[n_runs++] = (batch_run){.size = sizes[i], .mixed = mixed, .decode_ms = 1e300, .prefill_ms = 1e300};
     for (int rep = 0; rep < o->reps; rep++)
-        for (int i = 0; i < n_runs; i++) {
+        for (int j = 0; j < n_runs; j++) {
+            int i = rep % 2 ? n_runs - 1 - j : j; /* every other rep backwards: no run always follows the same one */
             const polar_program *list = runs[i].mixed ? progs : &one;
             if (run_batch(b, list, runs[i].mixed ? n_progs : 1, prompts, n_prompt, o->gen, &runs[i], &err) !=
                 POLAR_OK) {
