@@ -202,7 +202,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 #define V(off) _mm256_loadu_si256((const __m256i *)(b + (off) + 32 * h)) /* rows 8h.. of the 64-byte vector at off */
     if (h == 0 && (!x16_is_k(t) || k % 8 == 0))
         for (size_t line = 0; line < ub; line += 64)
-            _mm_prefetch((const char *)b + (x16_is_k(t) ? 2 : X16_PREFETCH_UNITS) * ub + line, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + x16_prefetch_units(x16_is_k(t)) * ub + line, _MM_HINT_T0);
     o->m = _mm256_setzero_ps();
     o->z = 0;
     switch (t) {

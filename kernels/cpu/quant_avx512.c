@@ -225,8 +225,9 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const size_t ub = x16_unit_bytes(t);
     const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
-    for (size_t line = 0; line < ub && !x16_is_k(t); line += 64)
-        _mm_prefetch((const char *)b + X16_PREFETCH_UNITS * ub + line, _MM_HINT_T0);
+    if (!x16_is_k(t) || k % 8 == 0)
+        for (size_t line = 0; line < ub; line += 64)
+            _mm_prefetch((const char *)b + x16_prefetch_units(x16_is_k(t)) * ub + line, _MM_HINT_T0);
     o->m = _mm512_setzero_ps();
     o->z = 0;
     switch (t) {
@@ -249,8 +250,6 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     case CPU_W_Q4_K_X16:
     case CPU_W_Q5_K_X16: {
         int j = k % 8, shift = 4 * (j % 2);
-        if (j == 0)
-            for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + 2 * ub + line, _MM_HINT_T0);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(b + 512 * (j / 2) + 64 * v), shift), low4);
         for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
@@ -279,8 +278,6 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     }
     default: { /* Q6_K */
         int j = k % 8;
-        if (j == 0)
-            for (size_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)b + 2 * ub + line, _MM_HINT_T0);
         const uint8_t *n = b + 384 * j;
         __m512i h0 = _mm512_loadu_si512(n + 256), h1 = _mm512_loadu_si512(n + 320), three = _mm512_set1_epi8(3);
         for (int q = 0; q < 4; q++) {

@@ -45,11 +45,12 @@ INLINE int32_t x_word(const cpu_q8_block *xb, int j) {
     return ((const word *)xb->q)[j];
 }
 
-/* How far ahead the x16 tiles prefetch the 32-block units of Q8_0, Q4_0
- * and Q4_1 (5-9 KB): a batch tile spends long enough on each unit that 4
- * units ahead arrived late (batch 8 decode 10-13% slower), while a decode
- * tile does not care. The k-quants' 256-block units go 2 ahead. */
-#define X16_PREFETCH_UNITS 16
+/* How many units ahead the x16 tiles prefetch. The 32-block units of Q8_0,
+ * Q4_0 and Q4_1 (5-9 KB) go 16 ahead: a batch tile spends long enough on
+ * each unit that 4 ahead arrived late (batch 8 decode 10-13% slower), while
+ * a decode tile does not care. The k-quants' 256-block units go 2 ahead,
+ * fetched at the first 32-block of each. */
+INLINE size_t x16_prefetch_units(int is_k) { return is_k ? 2 : 16; }
 
 /* The zero point of the types without an offset (Q8_0's raw bytes are
  * already signed); 0 for the offset types. */
