@@ -24,7 +24,8 @@ extern const tr_gemm tr_gemm_generic; /* plain C: the oracle */
 #if defined(__x86_64__)
 extern const tr_gemm tr_gemm_avx2;    /* needs AVX2 and FMA */
 #endif
-/* avx2 when the CPU kernels in use (polar_cpu_kernels) are avx2 or avx512, else generic. */
+/* avx2 when the CPU kernels in use (polar_cpu_kernels) are an x86 level (avx2, avx2vnni, avx512,
+ * avx512vnni), else generic. */
 const tr_gemm *tr_gemm_active(void);
 
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols);

@@ -1,7 +1,7 @@
 /* The trainer's matrix products (more than 90% of a training step): plain C,
  * the oracle, and AVX2 + FMA register-blocked versions in functions compiled
- * for that level only, used when the CPU kernels in use are avx2 or avx512
- * (polar_cpu_kernels: the CPU's best, or POLAR_CPU). The fused
+ * for that level only, used when the CPU kernels in use are any x86 level
+ * but generic (polar_cpu_kernels: the CPU's best, or POLAR_CPU). The fused
  * multiply-adds are written out, not contracted by the compiler. */
 #include <string.h>
 
@@ -139,8 +139,8 @@ const tr_gemm tr_gemm_avx2 = {"avx2", nt_avx2, nn_avx2};
 
 const tr_gemm *tr_gemm_active(void) {
 #if defined(__x86_64__)
-    const char *k = polar_cpu_kernels();
-    if (!strcmp(k, "avx2") || !strcmp(k, "avx512")) return &tr_gemm_avx2;
+    /* every x86 level above generic (avx2, avx2vnni, avx512, avx512vnni) has AVX2 + FMA */
+    if (!strncmp(polar_cpu_kernels(), "avx", 3)) return &tr_gemm_avx2;
 #endif
     return &tr_gemm_generic;
 }
