@@ -103,6 +103,24 @@ static void example_forward(const polar_predictor *p, acts *a, const float *H, f
     tr_linear_fwd(a->op, x, p->op_w, p->op_b, D, 3, d);
 }
 
+polar_status pred_forward_cpu(const polar_predictor *p, const float *H, int T, float *seg, float *op,
+                              polar_error *err) {
+    acts a;
+    size_t bytes, floats = acts_layout(&a, p, T, NULL, NULL, &bytes);
+    float *fb = malloc(floats * sizeof *fb);
+    unsigned char *bb = malloc(bytes);
+    if (!fb || !bb) {
+        free(fb), free(bb);
+        return polar_fail(err, POLAR_ERR_NOMEM, "predict: out of memory");
+    }
+    acts_layout(&a, p, T, fb, bb, &bytes);
+    example_forward(p, &a, H, 0.0f, NULL);
+    memcpy(seg, a.seg, (size_t)p->D * sizeof *seg);
+    memcpy(op, a.op, (size_t)p->D * 3 * sizeof *op);
+    free(fb), free(bb);
+    return POLAR_OK;
+}
+
 /* The gradient of a weight: same offset in g as the weight in p->storage. */
 #define GR(ptr) (g + ((ptr) - p->storage))
 

@@ -57,6 +57,11 @@ typedef struct {
 } pred_batch_ws;
 void pred_batch_ws_free(pred_batch_ws *w);
 
+/* The network's forward pass with dropout off, on the CPU (the training
+ * forward, its activations in buffers made per call): seg[D], op[D, 3]. */
+polar_status pred_forward_cpu(const polar_predictor *p, const float *H, int T, float *seg, float *op,
+                              polar_error *err);
+
 /* The batch loss (polar.h) and, when grad is not NULL, its gradient
  * (p->storage_floats floats laid out as p->storage, overwritten). Dropout
  * masks come from (seed, step, example index), so any thread count gives the

@@ -1,17 +1,34 @@
 /* Training ops of the predictor: each forward keeps what its backward needs,
  * each backward accumulates (+=) into the gradients it is given, so an input
  * used twice (self-attention's q, k and v, a residual) just receives twice.
- * Single-threaded: the trainer runs one example per thread. f32 storage;
- * the linear ops' products in train_gemm.c, the rest vectorised with
- * `omp simd`. */
+ * Single-threaded, but for the linear forward (below): the trainer runs one
+ * example per thread. f32 storage; the linear ops' products in
+ * train_gemm.c, the rest vectorised with `omp simd`. */
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "train.h"
 
-/* y[n, rows] = x[n, cols] . W[rows, cols]^T + b */
+#define PARALLEL_MIN_MACS (1 << 18) /* smaller products cost less than waking the threads */
+
+/* y[n, rows] = x[n, cols] . W[rows, cols]^T + b, the inputs split across the
+ * OpenMP threads: the predictor's inference (one example) uses them all; in
+ * the trainer's parallel region over examples this runs on the calling
+ * thread alone. An output's sum is the same whichever thread makes it. */
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols) {
-    tr_gemm_active()->nt(y, x, w, b, n, rows, cols);
+    const tr_gemm *g = tr_gemm_active();
+#pragma omp parallel if ((double)n * rows * cols >= PARALLEL_MIN_MACS && n > 1)
+    {
+        int threads = 1, id = 0;
+#ifdef _OPENMP
+        threads = omp_get_num_threads(), id = omp_get_thread_num();
+#endif
+        int t0 = (int)((long)n * id / threads), t1 = (int)((long)n * (id + 1) / threads);
+        if (t1 > t0) g->nt(y + (size_t)t0 * rows, x + (size_t)t0 * cols, w, b, t1 - t0, rows, cols);
+    }
 }
 
 /* dx[n, cols] += dy[n, rows] . W; dW[rows, cols] += dy^T . x; db[rows] += sum_t dy.

@@ -13,6 +13,11 @@
 
 #define D_MODEL 256
 
+/* A predictor's shape: the reference's is d 256, ff 1024, 4 heads. */
+typedef struct {
+    int D, dq, d, ff, heads;
+} pred_shape;
+
 static uint32_t name_hash(const char *s) {
     uint32_t h = 2166136261u;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
@@ -33,8 +38,8 @@ typedef struct {
     int64_t shape[2];
 } param;
 
-static int params(int D, int dq, param *p) {
-    int n = 0;
+static int params(const pred_shape *sh, param *p) {
+    int n = 0, D = sh->D, dq = sh->dq, d = sh->d, ff = sh->ff;
 #define P(nm, R, C)                                                     \
     do {                                                                \
         snprintf(p[n].name, sizeof p[n].name, "%s", nm);                \
@@ -42,30 +47,29 @@ static int params(int D, int dq, param *p) {
         p[n].shape[0] = R;                                              \
         p[n++].shape[1] = C;                                            \
     } while (0)
-    P("q_proj.weight", D_MODEL, dq);
-    P("q_proj.bias", D_MODEL, 0);
-    P("layer_embedding.weight", D, D_MODEL);
-    P("cross_attn.in_proj_weight", 3 * D_MODEL, D_MODEL);
-    P("cross_attn.in_proj_bias", 3 * D_MODEL, 0);
-    P("cross_attn.out_proj.weight", D_MODEL, D_MODEL);
-    P("cross_attn.out_proj.bias", D_MODEL, 0);
+    P("q_proj.weight", d, dq);
+    P("q_proj.bias", d, 0);
+    P("layer_embedding.weight", D, d);
+    P("cross_attn.in_proj_weight", 3 * d, d);
+    P("cross_attn.in_proj_bias", 3 * d, 0);
+    P("cross_attn.out_proj.weight", d, d);
+    P("cross_attn.out_proj.bias", d, 0);
     for (int b = 0; b < 2; b++) {
         static const char *parts[] = {"self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight",
                                       "self_attn.out_proj.bias",  "linear1.weight",         "linear1.bias",
                                       "linear2.weight",           "linear2.bias",           "norm1.weight",
                                       "norm1.bias",               "norm2.weight",           "norm2.bias"};
-        int rows[] = {3 * D_MODEL, 3 * D_MODEL, D_MODEL, D_MODEL, 4 * D_MODEL, 4 * D_MODEL, D_MODEL, D_MODEL,
-                      D_MODEL,     D_MODEL,     D_MODEL, D_MODEL};
-        int cols[] = {D_MODEL, 0, D_MODEL, 0, D_MODEL, 0, 4 * D_MODEL, 0, 0, 0, 0, 0};
+        int rows[] = {3 * d, 3 * d, d, d, ff, ff, d, d, d, d, d, d};
+        int cols[] = {d, 0, d, 0, d, 0, ff, 0, 0, 0, 0, 0};
         for (int i = 0; i < 12; i++) {
             char name[64];
             snprintf(name, sizeof name, "layer_encoder.layers.%d.%s", b, parts[i]);
             P(name, rows[i], cols[i]);
         }
     }
-    P("seg_head.weight", 1, D_MODEL);
+    P("seg_head.weight", 1, d);
     P("seg_head.bias", 1, 0);
-    P("op_head.weight", 3, D_MODEL);
+    P("op_head.weight", 3, d);
     P("op_head.bias", 3, 0);
 #undef P
     return n;
@@ -88,10 +92,12 @@ static void scale_of(const param *p, double *center, double *scale) {
     }
 }
 
-/* Write the hash-formula predictor for D layers; omit/resize one tensor. */
-static polar_status write_predictor(const char *path, int D, int dq, const char *omit, const char *widen) {
+/* Write the hash-formula predictor of shape sh (heads 0: no "nheads"
+ * metadata, the loader's default of 4); omit/resize one tensor. */
+static polar_status write_predictor_shape(const char *path, const pred_shape *sh, const char *omit,
+                                          const char *widen) {
     param p[64];
-    int n = params(D, dq, p), k = 0;
+    int n = params(sh, p), k = 0;
     st_write_tensor w[64];
     float *bufs[64];
     for (int i = 0; i < n; i++) {
@@ -106,9 +112,17 @@ static polar_status write_predictor(const char *path, int D, int dq, const char 
         k++;
     }
     polar_error err;
-    polar_status st = st_write(path, w, (size_t)k, &err);
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"nheads\": \"%d\"}", sh->heads);
+    polar_status st = st_write_meta(path, w, (size_t)k, sh->heads ? meta : NULL, &err);
     for (int i = 0; i < k; i++) free(bufs[i]);
     return st;
+}
+
+/* The reference's shape for D layers over dq-wide token states. */
+static polar_status write_predictor(const char *path, int D, int dq, const char *omit, const char *widen) {
+    pred_shape sh = {D, dq, D_MODEL, 4 * D_MODEL, 0};
+    return write_predictor_shape(path, &sh, omit, widen);
 }
 
 #endif

@@ -4,6 +4,7 @@
  * D = 36 (T = 300). The weights come from an integer hash both sides compute;
  * here they are written to a safetensors file under the PyTorch names and
  * loaded back. Plus the segment codec: round trips, tie-breaks, rejections. */
+#include <omp.h>
 #include <unistd.h>
 
 #include "../loader/json.h"
@@ -66,6 +67,39 @@ static void predictor_matches_pytorch(void) {
         json_free(progs);
         json_free(hdr);
         st_close(&exp);
+        free(h);
+        polar_predictor_free(p);
+    }
+}
+
+/* The CPU forward splits each product's inputs across the threads: 1, 2
+ * and 3 threads give the same logits bit for bit, on shapes off the tiles
+ * of the products (d 120, ff 200, dq 1000; 40 heads of 3). */
+static void predictor_threads_bitwise(void) {
+    static const pred_shape shapes[] = {{36, DQ, D_MODEL, 4 * D_MODEL, 0}, {13, 1000, 120, 200, 40}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const pred_shape *sh = &shapes[c];
+        int T = 77;
+        char path[128];
+        snprintf(path, sizeof path, "/tmp/polar-pred-thr-%d.safetensors", (int)getpid());
+        CHECK(write_predictor_shape(path, sh, NULL, NULL) == POLAR_OK, "write");
+        polar_error err;
+        polar_predictor *p = NULL;
+        CHECK_OK(polar_predictor_load(path, &p, &err));
+        unlink(path);
+        if (!p) continue;
+        float *h = malloc((size_t)T * sh->dq * sizeof *h), seg[3][64], op[3][192];
+        weight_value("H", (size_t)T * sh->dq, 1.0, 0.0, h);
+        int threads = omp_get_max_threads();
+        for (int k = 0; k < 3; k++) {
+            omp_set_num_threads(k + 1);
+            CHECK_OK(polar_predict_logits(p, h, T, seg[k], op[k], &err));
+        }
+        omp_set_num_threads(threads);
+        for (int k = 1; k < 3; k++)
+            CHECK(!memcmp(seg[0], seg[k], (size_t)sh->D * sizeof(float)) &&
+                      !memcmp(op[0], op[k], (size_t)sh->D * 3 * sizeof(float)),
+                  "d %d: %d threads differ from 1", sh->d, k + 1);
         free(h);
         polar_predictor_free(p);
     }
@@ -215,6 +249,7 @@ static void decode_bounds_and_empty(void) {
 
 int main(void) {
     RUN(predictor_matches_pytorch);
+    RUN(predictor_threads_bitwise);
     RUN(predictor_bad_weights);
     RUN(codec_tie_breaks);
     RUN(codec_rejections);
