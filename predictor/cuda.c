@@ -60,15 +60,21 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     if (p->cuda) return POLAR_OK;
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: %s", why);
+    if (p->D > PRED_CUDA_MAX_KEYS)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: cuda: %d layer positions (the kernel takes up to %d)",
+                          p->D, PRED_CUDA_MAX_KEYS);
     int grid;
     if (!cuda_predictor_grid(&grid, why, sizeof why))
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: cuda: %s", why);
     pred_cuda *c = calloc(1, sizeof *c);
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     c->grid = grid;
-    size_t D = (size_t)p->D, d = (size_t)p->d, n = (size_t)PRED_MAX_TOKENS > D ? (size_t)PRED_MAX_TOKENS : D;
-    size_t work = (size_t)PRED_MAX_TOKENS * p->dq + PRED_MAX_TOKENS * d + 3 * n * d + 3 * D * d + D * p->ff +
-                  D * p->heads * n + 4 * D;
+    /* the workspaces, each rounded to 4 floats: the kernel reads rows as float4 */
+    size_t D = (size_t)p->D, d = (size_t)p->d, T = PRED_MAX_TOKENS;
+    size_t sizes[] = {T * p->dq, T * d, D * d, T * 2 * d, D * 3 * d, D * d, D * d, D * d, D * p->ff, D, D * 3};
+    enum { N_WORK = sizeof sizes / sizeof sizes[0] };
+    size_t work = 0;
+    for (int i = 0; i < N_WORK; i++) work += sizes[i] = (sizes[i] + 3) / 4 * 4;
     /* A non-blocking stream and an async upload: a legacy-stream copy would
      * fail while another thread captures a decode graph. */
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -96,19 +102,10 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     }
     a->seg_w = dev(p, c, p->seg_w), a->seg_b = dev(p, c, p->seg_b), a->op_w = dev(p, c, p->op_w);
     a->op_b = dev(p, c, p->op_b);
+    float *h, **bufs[N_WORK] = {&h, &a->tok, &a->q, &a->kv, &a->qkv, &a->att, &a->x, &a->y, &a->hid, &a->seg, &a->op};
     float *w = c->work;
-    a->h = w, w += (size_t)PRED_MAX_TOKENS * p->dq;
-    a->tok = w, w += (size_t)PRED_MAX_TOKENS * d;
-    a->q = w, w += n * d;
-    a->k = w, w += n * d;
-    a->v = w, w += n * d;
-    a->att = w, w += D * d;
-    a->x = w, w += D * d;
-    a->y = w, w += D * d;
-    a->hid = w, w += D * p->ff;
-    a->probs = w, w += D * p->heads * n;
-    a->seg = w, w += D;
-    a->op = w;
+    for (int i = 0; i < N_WORK; i++) *bufs[i] = w, w += sizes[i];
+    a->h = h;
     p->cuda = c;
     return POLAR_OK;
 }

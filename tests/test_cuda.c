@@ -288,15 +288,27 @@ static void shared_weights(void) {
     polar_model_free(m);
 }
 
-/* The fused predictor kernel against the CPU reference (f32 both). */
+/* The fused predictor kernel against the CPU reference (f32 both): the
+ * reference's shape, and shapes whose widths are not multiples of the
+ * kernel's tiles (d 120: 40 heads of 3, attention without float4; ff 200;
+ * dq 1000; heads of 80, whose channel quads do not divide the warp) or at
+ * its limits (T 512, dq 896 as Qwen2.5-0.5B's, heads of 16: 8 key groups). */
 static void predictor_fused(void) {
-    static const int cases[][2] = {{28, 7}, {36, 300}};
-    for (int c = 0; c < 2; c++) {
-        int D = cases[c][0], T = cases[c][1], dq = 1024;
+    static const struct {
+        pred_shape sh;
+        int T;
+    } cases[] = {{{28, 1024, D_MODEL, 4 * D_MODEL, 0}, 7},
+                 {{36, 1024, D_MODEL, 4 * D_MODEL, 0}, 300},
+                 {{13, 1000, 120, 200, 40}, 45},
+                 {{9, 64, 160, 96, 2}, 33},
+                 {{50, 896, 96, 384, 6}, 512}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const pred_shape *sh = &cases[c].sh;
+        int D = sh->D, T = cases[c].T, dq = sh->dq;
         char path[] = "/tmp/polar-cuda-pred.safetensors";
         polar_error err;
         polar_predictor *p = NULL;
-        CHECK(write_predictor(path, D, dq, NULL, NULL) == POLAR_OK, "write predictor");
+        CHECK(write_predictor_shape(path, sh, NULL, NULL) == POLAR_OK, "write predictor");
         CHECK_OK(polar_predictor_load(path, &p, &err));
         if (!p) continue;
         float *h = malloc((size_t)T * dq * sizeof *h), seg[2][64], op[2][192];
@@ -308,7 +320,8 @@ static void predictor_fused(void) {
         for (int i = 0; i < D; i++) d = fmaxf(d, fabsf(seg[0][i] - seg[1][i]));
         for (int i = 0; i < 3 * D; i++) d = fmaxf(d, fabsf(op[0][i] - op[1][i]));
         CHECK(d < 1e-4f, "D %d T %d: fused kernel vs CPU: %g", D, T, d);
-        printf("  predictor D %d T %d: max |logit diff| %.2e\n", D, T, d);
+        printf("  predictor D %d T %d dq %d d %d ff %d heads %d: max |logit diff| %.2e\n", D, T, dq, sh->d, sh->ff,
+               sh->heads ? sh->heads : 4, d);
         free(h);
         polar_predictor_free(p);
     }

@@ -1,8 +1,14 @@
 // The PoLar predictor as one fused CUDA kernel: projection, cross-attention,
-// both encoder layers and both heads in a single cooperative launch. Each
-// stage is a grid-stride loop of warps (a warp per output value, per
-// attention row, per LayerNorm row); stages are separated by grid syncs.
-// f32 throughout, the math of predictor/forward.c.
+// both encoder layers and both heads in a single cooperative launch, stages
+// separated by grid syncs. f32 throughout, the math of predictor/forward.c.
+//
+// Linear layers are block tiles (16 inputs x 32 output rows, the reduction
+// staged through shared memory 32 columns at a time, the next chunk's loads
+// in flight while this one is multiplied): a weight row is read once per 16
+// inputs and an input once per 32 rows. Attention is a warp per (query,
+// head) with its probabilities in shared memory. The grid is at most two
+// blocks per multiprocessor: up to T 256 no stage has more tiles than that,
+// and a grid sync costs more the more blocks it waits for.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -14,134 +20,208 @@
 namespace cg = cooperative_groups;
 
 #define LN_EPS 1e-5f
+#define TILE_IN 16   // inputs (tokens or layer positions) per tile
+#define TILE_ROWS 32 // output rows per tile
+#define TILE_K 32    // reduction columns staged per step
+#define WARPS (PRED_CUDA_THREADS / WARP)
 
-struct warp_id {
-    long id, count;
-    int lane;
-};
+static_assert(PRED_CUDA_THREADS == 256, "linear's thread layout: 16 inputs x 16 row pairs");
 
-static __device__ warp_id my_warp() {
-    warp_id w;
-    w.id = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    w.count = (long)gridDim.x * blockDim.x / WARP;
-    w.lane = threadIdx.x % WARP;
-    return w;
-}
-
-// y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). A warp
-// task is one row for up to 8 inputs, so a weight row is read once per 8
-// tokens; neighbouring warps take neighbouring rows of the same inputs.
+// y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). Tiles go
+// to blocks from block `skew` on, so two linears of one stage share the grid.
+// Each thread owns input ty and rows tx, tx + 16 of its tile and sums the
+// columns in order.
 static __device__ void linear(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
-                              int relu) {
-    warp_id me = my_warp();
-    long blocks = (n + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS;
-    for (long o = me.id; o < blocks * rows; o += me.count) {
-        int t0 = (int)(o / rows) * MAX_TOKENS_PER_PASS, r = (int)(o % rows);
-        int cnt = n - t0 < MAX_TOKENS_PER_PASS ? n - t0 : MAX_TOKENS_PER_PASS;
-        const float *wr = w + (size_t)r * cols, *xt = x + (size_t)t0 * cols;
-        float acc[MAX_TOKENS_PER_PASS];
+                              int relu, int skew) {
+    __shared__ __align__(16) float xs[TILE_IN][TILE_K];
+    __shared__ __align__(16) float ws[TILE_ROWS][TILE_K + 4]; // +4: rows tx and tx + 1 start 4 banks apart
+    int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    int row_tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, tiles = (n + TILE_IN - 1) / TILE_IN * row_tiles;
+    int first = (int)((blockIdx.x + gridDim.x - (unsigned)skew % gridDim.x) % gridDim.x);
+    for (int tile = first; tile < tiles; tile += gridDim.x) {
+        int t0 = tile / row_tiles * TILE_IN, r0 = tile % row_tiles * TILE_ROWS;
+        // this thread's staging: 2 input values and 4 weight values per step,
+        // a warp reading 32 consecutive columns of one row (128 bytes)
+        float xv[2], wv[4];
+        int kc = tid % TILE_K, xi = tid / TILE_K; // inputs xi, xi + 8; rows xi + 8 * i
+        auto fetch = [&](int k0) {
+            int c = k0 + kc;
 #pragma unroll
-        for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) acc[t] = 0.0f;
-        for (int c = me.lane; c < cols; c += WARP) {
-            float wc = wr[c];
+            for (int i = 0; i < 2; i++) {
+                int t = t0 + xi + 8 * i;
+                xv[i] = t < n && c < cols ? x[(size_t)t * cols + c] : 0.0f;
+            }
 #pragma unroll
-            for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-                if (t < cnt) acc[t] += wc * xt[(size_t)t * cols + c];
+            for (int i = 0; i < 4; i++) {
+                int r = r0 + xi + 8 * i;
+                wv[i] = r < rows && c < cols ? w[(size_t)r * cols + c] : 0.0f;
+            }
+        };
+        fetch(0);
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (int k0 = 0; k0 < cols; k0 += TILE_K) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) xs[xi + 8 * i][kc] = xv[i];
+#pragma unroll
+            for (int i = 0; i < 4; i++) ws[xi + 8 * i][kc] = wv[i];
+            __syncthreads();
+            if (k0 + TILE_K < cols) fetch(k0 + TILE_K);
+#pragma unroll
+            for (int k = 0; k < TILE_K; k += 4) {
+                float4 a = *(const float4 *)&xs[ty][k];
+                float4 w0 = *(const float4 *)&ws[tx][k], w1 = *(const float4 *)&ws[tx + 16][k];
+                acc0 += a.x * w0.x, acc0 += a.y * w0.y, acc0 += a.z * w0.z, acc0 += a.w * w0.w;
+                acc1 += a.x * w1.x, acc1 += a.y * w1.y, acc1 += a.z * w1.z, acc1 += a.w * w1.w;
+            }
+            __syncthreads();
         }
-        float bias = b ? b[r] : 0.0f;
+        int t = t0 + ty;
+        float acc[2] = {acc0, acc1};
 #pragma unroll
-        for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-            if (t >= cnt) break;
-            float v = warp_sum(acc[t]) + bias;
-            if (me.lane == 0) y[(size_t)(t0 + t) * rows + r] = relu ? fmaxf(v, 0.0f) : v;
+        for (int i = 0; i < 2; i++) {
+            int r = r0 + tx + 16 * i;
+            if (t >= n || r >= rows) continue;
+            float v = acc[i] + (b ? b[r] : 0.0f);
+            y[(size_t)t * rows + r] = relu ? fmaxf(v, 0.0f) : v;
         }
     }
 }
 
-// ctx[nq, d]: per (query, head), softmax(q k^T / sqrt(dh)) v over nk keys;
-// q, k, v rows are d wide with head h at h * dh; probs holds nq*heads*nk.
-static __device__ void attention(float *ctx, const float *q, const float *k, const float *v, float *probs, int nq,
-                                 int nk, int d, int heads) {
-    warp_id me = my_warp();
+// ctx[nq, d]: per (query, head), softmax(q k^T / sqrt(dh)) v over nk <=
+// PRED_CUDA_MAX_KEYS keys. Query row i starts at q + i * ldq, key and value
+// row j at k + j * ldkv, v + j * ldkv (slices of one fused projection);
+// head h at h * dh within a row.
+static __device__ void attention(float *ctx, const float *q, int ldq, const float *k, const float *v, int ldkv,
+                                 int nq, int nk, int d, int heads) {
+    __shared__ float probs[WARPS][PRED_CUDA_MAX_KEYS];
+    int lane = threadIdx.x % WARP, wib = threadIdx.x / WARP;
+    long warp = (long)blockIdx.x * WARPS + wib, warps = (long)gridDim.x * WARPS;
+    float *p = probs[wib];
     int dh = d / heads;
+    int vec = dh % 4 == 0 && ldq % 4 == 0 && ldkv % 4 == 0; // every head slice 16-byte aligned
+    // Weighted sums of values: a head's dh / 4 channel quads across the lanes
+    // and the keys split into the groups the spare lanes make (dh 64: 16
+    // quads, 2 groups), when the quads divide the warp; else a lane a channel.
+    int quads = dh / 4, groups = vec && quads <= WARP && WARP % quads == 0 ? WARP / quads : 0;
     float scale = 1.0f / sqrtf((float)dh);
-    for (long task = me.id; task < (long)nq * heads; task += me.count) {
+    for (long task = warp; task < (long)nq * heads; task += warps) {
         int i = (int)(task / heads), h = (int)(task % heads);
-        const float *qh = q + (size_t)i * d + (size_t)h * dh;
-        float *p = probs + (size_t)task * nk;
+        const float *qh = q + (size_t)i * ldq + (size_t)h * dh;
         float mx = -INFINITY;
-        for (int j = me.lane; j < nk; j += WARP) {
-            const float *kj = k + (size_t)j * d + (size_t)h * dh;
+        for (int j = lane; j < nk; j += WARP) {
+            const float *kj = k + (size_t)j * ldkv + (size_t)h * dh;
             float s = 0.0f;
-            for (int c = 0; c < dh; c++) s += qh[c] * kj[c];
+            if (vec)
+                for (int c = 0; c < dh; c += 4) {
+                    float4 a = *(const float4 *)(qh + c), b = *(const float4 *)(kj + c);
+                    s += a.x * b.x, s += a.y * b.y, s += a.z * b.z, s += a.w * b.w;
+                }
+            else
+                for (int c = 0; c < dh; c++) s += qh[c] * kj[c];
             p[j] = s * scale;
             mx = fmaxf(mx, p[j]);
         }
         mx = warp_max(mx);
         float sum = 0.0f;
-        for (int j = me.lane; j < nk; j += WARP) sum += (p[j] = expf(p[j] - mx));
+        for (int j = lane; j < nk; j += WARP) sum += (p[j] = expf(p[j] - mx));
         sum = warp_sum(sum);
-        __syncwarp();
-        for (int c = me.lane; c < dh; c += WARP) {
-            float o = 0.0f;
-            for (int j = 0; j < nk; j++) o += p[j] / sum * v[(size_t)j * d + (size_t)h * dh + c];
-            ctx[(size_t)i * d + (size_t)h * dh + c] = o;
+        __syncwarp(); // every lane's probabilities visible to the others
+        float inv = 1.0f / sum, *out = ctx + (size_t)i * d + (size_t)h * dh;
+        if (groups) {
+            // a lane: channels 4 cq..4 cq + 3 over keys g, g + groups, ...;
+            // four keys' loads issued before their multiply-adds
+            int cq = lane % quads, g = lane / quads;
+            const float *vq = v + (size_t)h * dh + 4 * cq;
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            int j = g;
+            for (; j + 3 * groups < nk; j += 4 * groups) {
+                float4 r[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) r[u] = *(const float4 *)(vq + (size_t)(j + u * groups) * ldkv);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float pj = p[j + u * groups];
+                    o.x += pj * r[u].x, o.y += pj * r[u].y, o.z += pj * r[u].z, o.w += pj * r[u].w;
+                }
+            }
+            for (; j < nk; j += groups) {
+                float4 r = *(const float4 *)(vq + (size_t)j * ldkv);
+                float pj = p[j];
+                o.x += pj * r.x, o.y += pj * r.y, o.z += pj * r.z, o.w += pj * r.w;
+            }
+            for (int off = quads; off < WARP; off *= 2) { // lanes of one quad: the key groups' sums
+                o.x += __shfl_xor_sync(0xffffffffu, o.x, off), o.y += __shfl_xor_sync(0xffffffffu, o.y, off);
+                o.z += __shfl_xor_sync(0xffffffffu, o.z, off), o.w += __shfl_xor_sync(0xffffffffu, o.w, off);
+            }
+            if (g == 0) *(float4 *)(out + 4 * cq) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        } else {
+            for (int c = lane; c < dh; c += WARP) {
+                const float *vc = v + (size_t)h * dh + c;
+                float o = 0.0f;
+                for (int j = 0; j < nk; j++) o += p[j] * vc[(size_t)j * ldkv];
+                out[c] = o * inv;
+            }
         }
+        __syncwarp(); // the next task's scores overwrite p
     }
 }
 
 // x[rows, d] = LayerNorm(x + y), a warp per row.
 static __device__ void add_layer_norm(float *x, const float *y, const float *w, const float *b, int rows, int d) {
-    warp_id me = my_warp();
-    for (long r = me.id; r < rows; r += me.count) {
+    int lane = threadIdx.x % WARP;
+    long warp = (long)blockIdx.x * WARPS + threadIdx.x / WARP, warps = (long)gridDim.x * WARPS;
+    for (long r = warp; r < rows; r += warps) {
         float *xr = x + (size_t)r * d;
         const float *yr = y + (size_t)r * d;
         float mean = 0.0f;
-        for (int c = me.lane; c < d; c += WARP) mean += xr[c] + yr[c];
+        for (int c = lane; c < d; c += WARP) mean += xr[c] + yr[c];
         mean = warp_sum(mean) / (float)d;
         float var = 0.0f;
-        for (int c = me.lane; c < d; c += WARP) var += (xr[c] + yr[c] - mean) * (xr[c] + yr[c] - mean);
+        for (int c = lane; c < d; c += WARP) var += (xr[c] + yr[c] - mean) * (xr[c] + yr[c] - mean);
         float inv = 1.0f / sqrtf(warp_sum(var) / (float)d + LN_EPS);
         __syncwarp();
-        for (int c = me.lane; c < d; c += WARP) xr[c] = (xr[c] + yr[c] - mean) * inv * w[c] + b[c];
+        for (int c = lane; c < d; c += WARP) xr[c] = (xr[c] + yr[c] - mean) * inv * w[c] + b[c];
     }
 }
 
-__global__ void predictor_kernel(pred_cuda_args a) {
+// Tiles of a linear, for skewing the next one of the same stage.
+static __device__ int tiles_of(int n, int rows) {
+    return (n + TILE_IN - 1) / TILE_IN * ((rows + TILE_ROWS - 1) / TILE_ROWS);
+}
+
+__global__ void __launch_bounds__(PRED_CUDA_THREADS) predictor_kernel(pred_cuda_args a) {
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
-    // token projection; the layer queries' and the tokens' q/k/v projections
-    linear(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0);
-    linear(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0);
+    // the token projection; the layer queries (independent of it)
+    linear(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
+    linear(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
     grid.sync();
-    linear(a.k, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, d, d, 0);
-    linear(a.v, a.tok, a.cross.in_w + (size_t)2 * d * d, a.cross.in_b + 2 * d, T, d, d, 0);
+    // the tokens' keys and values: rows d..3d of in_w, one [T, 2d] product
+    linear(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);
     grid.sync();
-    attention(a.att, a.q, a.k, a.v, a.probs, D, T, d, a.heads);
+    attention(a.att, a.q, d, a.kv, a.kv + d, 2 * d, D, T, d, a.heads);
     grid.sync();
-    linear(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0);
+    linear(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
     grid.sync();
     for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
         const pred_cuda_block *b = &a.blocks[blk];
-        linear(a.q, a.x, b->attn.in_w, b->attn.in_b, D, d, d, 0);
-        linear(a.k, a.x, b->attn.in_w + (size_t)d * d, b->attn.in_b + d, D, d, d, 0);
-        linear(a.v, a.x, b->attn.in_w + (size_t)2 * d * d, b->attn.in_b + 2 * d, D, d, d, 0);
+        linear(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
         grid.sync();
-        attention(a.att, a.q, a.k, a.v, a.probs, D, D, d, a.heads);
+        attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
         grid.sync();
-        linear(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0);
+        linear(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
         grid.sync();
-        linear(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1);
+        linear(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
         grid.sync();
-        linear(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0);
+        linear(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
         grid.sync();
     }
-    linear(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0);
-    linear(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0);
+    linear(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
+    linear(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
 }
 
 extern "C" int cuda_predictor_grid(int *blocks, char *why, size_t why_size) {
@@ -160,7 +240,9 @@ extern "C" int cuda_predictor_grid(int *blocks, char *why, size_t why_size) {
                                             : "the fused kernel does not fit on a multiprocessor");
         return 0;
     }
-    *blocks = sms * per_sm; // every block resident at once, as the grid syncs need
+    // every block resident at once, as the grid syncs need; two a
+    // multiprocessor cover every stage's tiles up to T 256 in one round
+    *blocks = sms * (per_sm < 2 ? per_sm : 2);
     return 1;
 }
 

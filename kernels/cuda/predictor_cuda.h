@@ -29,14 +29,16 @@ typedef struct {
     const float *seg_w, *seg_b, *op_w, *op_b;
     const float *h;          /* [T, dq] token states */
     float *tok;              /* [T, d] */
-    float *q, *k, *v;        /* [max(T, D), d] */
+    float *q;                /* [D, d] the cross-attention's queries */
+    float *kv;               /* [T, 2d] its keys | values */
+    float *qkv;              /* [D, 3d] an encoder layer's queries | keys | values */
     float *att, *x, *y;      /* [D, d] */
     float *hid;              /* [D, ff] */
-    float *probs;            /* [D * heads * max(T, D)] */
     float *seg, *op;         /* [D], [D, 3] outputs */
 } pred_cuda_args;
 
 #define PRED_CUDA_THREADS 256
+#define PRED_CUDA_MAX_KEYS 512 /* keys of one attention (T, or D): probabilities in shared memory */
 
 /* The cooperative grid for the current device: *blocks = every block that
  * can be resident at once. 0 with the reason in why when the device cannot
