@@ -120,20 +120,41 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
     }
 }
 
+// The S partials of (token t, head h): each split's log-sum-exp weight
+// computed once, in shared memory, then a thread per output dimension sums
+// the splits in order with every split's load issued up front (a thread
+// used to recompute all S weights for its dimension, one dependent load at a
+// time). Splits past the token's last key chunk hold a sum of 0 and are
+// skipped, as before: the same operations in the same order, the same bits.
 __global__ void attention_merge_kernel(float *out, const float *part, int n_heads, int hd, int splits) {
+    __shared__ float ms[ATT_MAX_SPLITS], ls[ATT_MAX_SPLITS], wgt[ATT_MAX_SPLITS], total;
     int t = blockIdx.x, h = blockIdx.y;
     size_t stride = (size_t)hd + 2;
     const float *p = part + ((size_t)t * n_heads + h) * splits * stride;
-    float m = -INFINITY;
-    for (int k = 0; k < splits; k++) m = fmaxf(m, p[k * stride]);
-    float l = 0.0f;
-    for (int k = 0; k < splits; k++)
-        if (p[k * stride + 1] > 0.0f) l += p[k * stride + 1] * expf(p[k * stride] - m);
+    for (int k = threadIdx.x; k < splits; k += blockDim.x) ms[k] = p[k * stride], ls[k] = p[k * stride + 1];
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float m = -INFINITY;
+        for (int k = threadIdx.x; k < splits; k += WARP) m = fmaxf(m, ms[k]);
+        m = warp_max(m);
+        for (int k = threadIdx.x; k < splits; k += WARP) wgt[k] = ls[k] > 0.0f ? expf(ms[k] - m) : 0.0f;
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            float l = 0.0f;
+            for (int k = 0; k < splits; k++)
+                if (ls[k] > 0.0f) l += ls[k] * wgt[k];
+            total = l;
+        }
+    }
+    __syncthreads();
     for (int c = threadIdx.x; c < hd; c += blockDim.x) {
         float o = 0.0f;
-        for (int k = 0; k < splits; k++)
-            if (p[k * stride + 1] > 0.0f) o += p[k * stride + 2 + c] * expf(p[k * stride] - m);
-        out[((size_t)t * n_heads + h) * hd + c] = o / l;
+#pragma unroll 8
+        for (int k = 0; k < splits; k++) {
+            float v = p[k * stride + 2 + c];
+            if (ls[k] > 0.0f) o += v * wgt[k];
+        }
+        out[((size_t)t * n_heads + h) * hd + c] = o / total;
     }
 }
 
