@@ -29,6 +29,9 @@ void pred_cuda_free(void *state) { (void)state; }
 
 #include "../kernels/cuda/predictor_cuda.h"
 
+/* the cross-attention's keys are the question's tokens */
+_Static_assert(PRED_MAX_TOKENS <= PRED_CUDA_MAX_KEYS, "the kernel's probabilities hold PRED_CUDA_MAX_KEYS keys");
+
 typedef struct {
     pred_cuda_args args;
     int grid;                /* cooperative blocks, all resident at once */

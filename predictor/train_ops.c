@@ -15,12 +15,17 @@
 #define PARALLEL_MIN_MACS (1 << 18) /* smaller products cost less than waking the threads */
 
 /* y[n, rows] = x[n, cols] . W[rows, cols]^T + b, the inputs split across the
- * OpenMP threads: the predictor's inference (one example) uses them all; in
- * the trainer's parallel region over examples this runs on the calling
- * thread alone. An output's sum is the same whichever thread makes it. */
+ * OpenMP threads: the predictor's inference (one example) uses them all;
+ * inside the trainer's parallel region over examples (or any active one)
+ * this runs on the calling thread alone, nesting allowed or not. An output's
+ * sum is the same whichever thread makes it. */
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols) {
     const tr_gemm *g = tr_gemm_active();
-#pragma omp parallel if ((double)n * rows * cols >= PARALLEL_MIN_MACS && n > 1)
+    int in_parallel = 0;
+#ifdef _OPENMP
+    in_parallel = omp_in_parallel();
+#endif
+#pragma omp parallel if ((double)n * rows * cols >= PARALLEL_MIN_MACS && n > 1 && !in_parallel)
     {
         int threads = 1, id = 0;
 #ifdef _OPENMP

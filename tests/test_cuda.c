@@ -291,8 +291,9 @@ static void shared_weights(void) {
 /* The fused predictor kernel against the CPU reference (f32 both): the
  * reference's shape, and shapes whose widths are not multiples of the
  * kernel's tiles (d 120: 40 heads of 3, attention without float4; ff 200;
- * dq 1000; heads of 80, whose channel quads do not divide the warp) or at
- * its limits (T 512, dq 896 as Qwen2.5-0.5B's, heads of 16: 8 key groups). */
+ * dq 1000; heads of 80, whose channel quads do not divide the warp; heads of
+ * 128, one key group, and of 32, four) or at its limits (T 512, dq 896 as
+ * Qwen2.5-0.5B's, heads of 16: 8 key groups). */
 static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
@@ -301,6 +302,8 @@ static void predictor_fused(void) {
                  {{36, 1024, D_MODEL, 4 * D_MODEL, 0}, 300},
                  {{13, 1000, 120, 200, 40}, 45},
                  {{9, 64, 160, 96, 2}, 33},
+                 {{30, 256, 256, 256, 2}, 100},
+                 {{11, 128, 128, 64, 4}, 19},
                  {{50, 896, 96, 384, 6}, 512}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const pred_shape *sh = &cases[c].sh;

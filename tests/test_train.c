@@ -355,7 +355,10 @@ static void network_gradient(void) {
     }
 }
 
-/* Training mode without dropout computes what polar_predict_logits computes. */
+/* The batch loss (weights normalised per batch, per-thread buffers) equals
+ * the example losses of polar_predict_logits' outputs. On the CPU inference
+ * is the training forward itself, so this checks the batch bookkeeping; the
+ * forward's math is checked against PyTorch (test_predictor, make_train_golden). */
 static void train_forward_matches_inference(void) {
     batch b;
     polar_predictor *p = tiny(31);

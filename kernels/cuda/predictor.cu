@@ -1,14 +1,16 @@
 // The PoLar predictor as one fused CUDA kernel: projection, cross-attention,
 // both encoder layers and both heads in a single cooperative launch, stages
-// separated by grid syncs. f32 throughout, the math of predictor/forward.c.
+// separated by grid syncs. f32 throughout, the math of the CPU forward
+// (predictor/train.c, with dropout off).
 //
 // Linear layers are block tiles (16 inputs x 32 output rows, the reduction
 // staged through shared memory 32 columns at a time, the next chunk's loads
 // in flight while this one is multiplied): a weight row is read once per 16
 // inputs and an input once per 32 rows. Attention is a warp per (query,
 // head) with its probabilities in shared memory. The grid is at most two
-// blocks per multiprocessor: up to T 256 no stage has more tiles than that,
-// and a grid sync costs more the more blocks it waits for.
+// blocks per multiprocessor (launch bounds hold the registers to 128 for
+// that): up to T 256 no stage has more tiles, and a grid sync costs more the
+// more blocks it waits for.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -189,7 +191,7 @@ static __device__ int tiles_of(int n, int rows) {
     return (n + TILE_IN - 1) / TILE_IN * ((rows + TILE_ROWS - 1) / TILE_ROWS);
 }
 
-__global__ void __launch_bounds__(PRED_CUDA_THREADS) predictor_kernel(pred_cuda_args a) {
+__global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cuda_args a) {
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
     // the token projection; the layer queries (independent of it)
