@@ -1,8 +1,8 @@
 /* Training ops of the predictor: each forward keeps what its backward needs,
  * each backward accumulates (+=) into the gradients it is given, so an input
  * used twice (self-attention's q, k and v, a residual) just receives twice.
- * Single-threaded, but for the linear forward (below): the trainer runs one
- * example per thread. f32 storage; the linear ops' products in
+ * Single-threaded, but for the linear forward and attention without dropout
+ * (below): the trainer runs one example per thread. f32 storage; the linear ops' products in
  * train_gemm.c, the rest vectorised with `omp simd`. */
 #include <math.h>
 #include <string.h>
@@ -123,8 +123,16 @@ void tr_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const fl
  * Q[nq, d], K and V [nk, d], P and Pd [heads, nq, nk]; Pd may be P when p == 0. */
 void tr_attn_fwd(float *ctx, float *P, float *Pd, const float *Q, const float *K, const float *V, int nq, int nk, int d,
                  int heads, float p, polar_rng *rng) {
-    int dh = d / heads;
+    int dh = d / heads, in_parallel = 0;
     float scale = 1.0f / sqrtf((float)dh), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+#ifdef _OPENMP
+    in_parallel = omp_in_parallel();
+#endif
+    /* Without dropout the (head, query) rows are independent and the threads
+     * share them (inference: one example, as tr_linear_fwd); dropout draws
+     * its masks in row order, so training stays serial. */
+#pragma omp parallel for collapse(2) schedule(static) \
+    if (p == 0.0f && !in_parallel && (double)nq * nk * d >= PARALLEL_MIN_MACS)
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < nq; i++) {
             const float *q = Q + (size_t)i * d + (size_t)h * dh;
