@@ -144,7 +144,8 @@ M=$POLAR_DEFAULT_MODEL
 expect_out predict '"programs":[{"program":[' $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?" --json
 expect_out predict_table "rank      score  layers  program" $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?"
 expect_out run_auto "== predicted program 2 of 2" $P run --program auto --predictor "$D/p30.safetensors" --encoder "$M@0-3" --prompt "Hi" -k 2 --max-new 2
-expect_out bench_predictor '"total_layers":' $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1 --json
+expect_out bench_predictor '"network_warm_calls":50,"network_warm_device":"cpu"' $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1 --json
+expect_out bench_predictor_text "predictor network, warm" $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1
 expect predict_layers 1 "predicts programs for 12 layers but the model has 30" $P predict --predictor "$D/p12.safetensors" --encoder "$M" --question hi
 expect predict_dim 1 "has hidden size 576 but the predictor takes 100" $P predict --predictor "$D/pdim.safetensors" --encoder "$M" --question hi
 expect predict_missing 1 "cannot open" $P predict --predictor "$D/none.safetensors" --encoder "$M" --question hi
