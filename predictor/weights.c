@@ -63,10 +63,13 @@ int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap) {
     return found;
 }
 
-/* The head count: metadata "nheads" in the safetensors header, else 4. */
-static int header_heads(const st_file *f) {
-    char v[16];
-    return pred_st_meta(f, "nheads", v, sizeof v) ? atoi(v) : 4;
+/* The head count: metadata "nheads" in the safetensors header, else 4; 0
+ * when the text is not a count from 1 to 65536 (*text holds it). */
+static int header_heads(const st_file *f, char *text, size_t cap) {
+    if (!pred_st_meta(f, "nheads", text, cap)) return 4;
+    char *end;
+    long v = strtol(text, &end, 10);
+    return end != text && !*end && v >= 1 && v <= 65536 ? (int)v : 0;
 }
 
 static polar_status shape_of(const st_file *f, const char *name, int dim, int64_t *out, polar_error *err) {
@@ -88,12 +91,17 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
     if (st == POLAR_OK) st = shape_of(&f, "layer_embedding.weight", 1, &d, err);
     if (st == POLAR_OK) st = shape_of(&f, "q_proj.weight", 1, &dq, err);
     if (st == POLAR_OK) st = shape_of(&f, "layer_encoder.layers.0.linear1.weight", 0, &ff, err);
+    char heads_text[32];
     if (st == POLAR_OK) {
-        p->D = (int)D, p->d = (int)d, p->dq = (int)dq, p->ff = (int)ff, p->heads = header_heads(&f);
+        p->D = (int)D, p->d = (int)d, p->dq = (int)dq, p->ff = (int)ff;
+        p->heads = header_heads(&f, heads_text, sizeof heads_text);
         if (D < 1 || D > 4096 || d < 1 || d > 65536 || dq < 1 || dq > 65536 || ff < 1 || ff > 1 << 20)
             st = polar_fail(err, POLAR_ERR_FORMAT, "%s: implausible predictor shape (D %lld, d %lld, d_q %lld)", path,
                             (long long)D, (long long)d, (long long)dq);
-        else if (p->heads < 1 || d % p->heads)
+        else if (!p->heads)
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: metadata nheads \"%s\" is not a head count (1 to 65536)", path,
+                            heads_text);
+        else if (d % p->heads)
             st = polar_fail(err, POLAR_ERR_FORMAT, "%s: d_model %lld is not divisible by %d heads", path, (long long)d,
                             p->heads);
     }

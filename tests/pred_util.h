@@ -13,9 +13,11 @@
 
 #define D_MODEL 256
 
-/* A predictor's shape: the reference's is d 256, ff 1024, 4 heads. */
+/* A predictor's shape: the reference's is d 256, ff 1024, 4 heads. nheads,
+ * when set, is written as the metadata's text instead of heads. */
 typedef struct {
     int D, dq, d, ff, heads;
+    const char *nheads;
 } pred_shape;
 
 static uint32_t name_hash(const char *s) {
@@ -112,16 +114,17 @@ static polar_status write_predictor_shape(const char *path, const pred_shape *sh
         k++;
     }
     polar_error err;
-    char meta[64];
-    snprintf(meta, sizeof meta, "{\"nheads\": \"%d\"}", sh->heads);
-    polar_status st = st_write_meta(path, w, (size_t)k, sh->heads ? meta : NULL, &err);
+    char meta[128];
+    if (sh->nheads) snprintf(meta, sizeof meta, "{\"nheads\": \"%s\"}", sh->nheads);
+    else snprintf(meta, sizeof meta, "{\"nheads\": \"%d\"}", sh->heads);
+    polar_status st = st_write_meta(path, w, (size_t)k, sh->heads || sh->nheads ? meta : NULL, &err);
     for (int i = 0; i < k; i++) free(bufs[i]);
     return st;
 }
 
 /* The reference's shape for D layers over dq-wide token states. */
 static polar_status write_predictor(const char *path, int D, int dq, const char *omit, const char *widen) {
-    pred_shape sh = {D, dq, D_MODEL, 4 * D_MODEL, 0};
+    pred_shape sh = {D, dq, D_MODEL, 4 * D_MODEL, 0, NULL};
     return write_predictor_shape(path, &sh, omit, widen);
 }
 

@@ -298,13 +298,13 @@ static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
         int T;
-    } cases[] = {{{28, 1024, D_MODEL, 4 * D_MODEL, 0}, 7},
-                 {{36, 1024, D_MODEL, 4 * D_MODEL, 0}, 300},
-                 {{13, 1000, 120, 200, 40}, 45},
-                 {{9, 64, 160, 96, 2}, 33},
-                 {{30, 256, 256, 256, 2}, 100},
-                 {{11, 128, 128, 64, 4}, 19},
-                 {{50, 896, 96, 384, 6}, 512}};
+    } cases[] = {{{28, 1024, D_MODEL, 4 * D_MODEL, 0, NULL}, 7},
+                 {{36, 1024, D_MODEL, 4 * D_MODEL, 0, NULL}, 300},
+                 {{13, 1000, 120, 200, 40, NULL}, 45},
+                 {{9, 64, 160, 96, 2, NULL}, 33},
+                 {{30, 256, 256, 256, 2, NULL}, 100},
+                 {{11, 128, 128, 64, 4, NULL}, 19},
+                 {{50, 896, 96, 384, 6, NULL}, 512}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const pred_shape *sh = &cases[c].sh;
         int D = sh->D, T = cases[c].T, dq = sh->dq;

@@ -76,7 +76,7 @@ static void predictor_matches_pytorch(void) {
  * and 3 threads give the same logits bit for bit, on shapes off the tiles
  * of the products (d 120, ff 200, dq 1000; 40 heads of 3). */
 static void predictor_threads_bitwise(void) {
-    static const pred_shape shapes[] = {{36, DQ, D_MODEL, 4 * D_MODEL, 0}, {13, 1000, 120, 200, 40}};
+    static const pred_shape shapes[] = {{36, DQ, D_MODEL, 4 * D_MODEL, 0, NULL}, {13, 1000, 120, 200, 40, NULL}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         const pred_shape *sh = &shapes[c];
         int T = 77;
@@ -119,6 +119,20 @@ static void predictor_bad_weights(void) {
     write_predictor(path, 12, DQ, "layer_embedding.weight", NULL);
     CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "layer_embedding.weight"),
           "no layer embedding: %s", err.msg);
+    /* the head count in the metadata: not a number, too large for an int, zero, not dividing d */
+    static const struct {
+        const char *nheads, *why;
+    } heads[] = {{"four", "nheads \"four\" is not a head count"},
+                 {"99999999999999", "nheads \"99999999999999\" is not a head count"},
+                 {"0", "nheads \"0\" is not a head count"},
+                 {"4x", "nheads \"4x\" is not a head count"},
+                 {"3", "not divisible by 3 heads"}};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        pred_shape sh = {12, DQ, D_MODEL, 4 * D_MODEL, 0, heads[i].nheads};
+        write_predictor_shape(path, &sh, NULL, NULL);
+        CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_FORMAT && strstr(err.msg, heads[i].why),
+              "nheads %s: %s", heads[i].nheads, err.msg);
+    }
     unlink(path);
     CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_IO, "no file: %s", err.msg);
 }
