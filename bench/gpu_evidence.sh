@@ -17,8 +17,8 @@
 #   PRESETS= MOE= PREDICTOR=0 BATCH= COMPARE=0 sh bench/gpu_evidence.sh $OUT # build + make test-cuda
 #   TEST=0 COMPARE=0 sh bench/gpu_evidence.sh $OUT                           # the benchmarks
 #   TEST=0 PRESETS= MOE= PREDICTOR=0 BATCH= sh bench/gpu_evidence.sh $OUT    # compare_hf.py, Llama-3.2-3B
-#   TEST=0 COMPARE=0 PRESETS= MOE= BATCH= sh bench/gpu_evidence.sh $OUT      # the predictor alone (network_warm_ms:
-#                                                                             # warm calls, copies of h included)
+#   TEST=0 COMPARE=0 PRESETS= MOE= BATCH= sh bench/gpu_evidence.sh $OUT      # the predictor alone ("warm": encoder
+#                                                                             # and network loaded once, 50 questions)
 set -u
 OUT=${1:?usage: sh bench/gpu_evidence.sh OUT [COMMIT]}
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

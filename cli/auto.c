@@ -1,7 +1,9 @@
 /* Question -> ranked programs: the encoder (any model the runtime loads, run
  * with any program) gives token states, the predictor scores the layers, the
- * beam decoder ranks programs. Shared by `polar predict` and
- * `polar run --program auto`. */
+ * beam decoder ranks programs. Opened once (predictor, encoder model,
+ * tokenizer, session, buffers) and used for any number of questions: by
+ * `polar eval --program auto` for every question, by `polar predict` and
+ * `polar run --program auto` once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +12,37 @@
 
 #define MAX_QUESTION_TOKENS 512 /* the reference truncates questions here */
 
+struct auto_ctx {
+    polar_predictor *pred;
+    polar_model *enc;
+    polar_tokenizer *tok;
+    polar_session *s; /* the encoder's, for up to MAX_QUESTION_TOKENS */
+    polar_program prog;
+    int D, hidden;
+    float *h, *seg, *op; /* [MAX_QUESTION_TOKENS, hidden], [D], [D, 3] */
+    const char *device;  /* where the predictor runs */
+};
+
 static int fail(const char *cmd, polar_error *err) { return fail_status(cmd, err); }
 
 int default_encoder_last_layer(int n_layers) { return (n_layers + 3) / 4 - 1; }
 
-int predict_programs(const char *cmd, const char *model_path, int n_layers, const char *predictor_path,
-                     const char *encoder_spec, const char *question, const polar_decode_opts *opts,
-                     polar_candidate *out, int k, int *n_out, auto_timing *tm) {
-    *n_out = 0;
-    memset(tm, 0, sizeof *tm);
+void auto_close(auto_ctx *a) {
+    if (!a) return;
+    free(a->h);
+    free(a->seg);
+    free(a->op);
+    polar_program_free(&a->prog);
+    polar_session_free(a->s);
+    polar_tokenizer_free(a->tok);
+    polar_model_free(a->enc);
+    polar_predictor_free(a->pred);
+    free(a);
+}
+
+int auto_open(const char *cmd, const char *model_path, int n_layers, const char *predictor_path,
+              const char *encoder_spec, auto_ctx **out) {
+    *out = NULL;
     if (!predictor_path) return fail_usage(cmd, "--predictor FILE is required with a predicted program");
     if (!encoder_spec) encoder_spec = getenv("POLAR_ENCODER");
     char default_spec[4096];
@@ -39,69 +63,82 @@ int predict_programs(const char *cmd, const char *model_path, int n_layers, cons
         enc_program = at + 1;
     }
     polar_error err;
-    polar_predictor *pred = NULL;
-    polar_model *enc = NULL;
-    polar_tokenizer *tok = NULL;
-    polar_session *s = NULL;
-    polar_program prog = {0};
-    int *ids = NULL, n_ids = 0, rc = 1;
-    float *h = NULL, *seg = NULL, *op = NULL;
-    if (polar_predictor_load(predictor_path, &pred, &err) != POLAR_OK) {
+    auto_ctx *a = calloc(1, sizeof *a);
+    if (!a) return fail_usage(cmd, "out of memory");
+    int rc = 1;
+    if (polar_predictor_load(predictor_path, &a->pred, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
-        goto done;
+        goto fail;
     }
-    int D = polar_predictor_layers(pred);
-    if (D != n_layers) {
+    a->D = polar_predictor_layers(a->pred);
+    if (a->D != n_layers) {
         fprintf(stderr, "polar %s: error: %s predicts programs for %d layers but the model has %d\n", cmd,
-                predictor_path, D, n_layers);
-        goto done;
+                predictor_path, a->D, n_layers);
+        goto fail;
     }
-    if (polar_model_load(path, &enc, &err) != POLAR_OK || polar_tokenizer_load(path, &tok, &err) != POLAR_OK) {
+    if (polar_model_load(path, &a->enc, &err) != POLAR_OK || polar_tokenizer_load(path, &a->tok, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
-        goto done;
+        goto fail;
     }
     polar_model_info info;
-    polar_model_info_get(enc, &info);
-    if (info.arch.hidden != polar_predictor_input_dim(pred)) {
+    polar_model_info_get(a->enc, &info);
+    a->hidden = info.arch.hidden;
+    if (a->hidden != polar_predictor_input_dim(a->pred)) {
         fprintf(stderr, "polar %s: error: encoder %s has hidden size %d but the predictor takes %d\n", cmd, path,
-                info.arch.hidden, polar_predictor_input_dim(pred));
-        goto done;
+                a->hidden, polar_predictor_input_dim(a->pred));
+        goto fail;
     }
-    if (polar_program_parse(enc_program, info.arch.n_layers, 0, &prog, &err) != POLAR_OK ||
-        polar_tokenize(tok, question, strlen(question), 0, 1, &ids, &n_ids, &err) != POLAR_OK) {
+    if (polar_program_parse(enc_program, info.arch.n_layers, 0, &a->prog, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
-        goto done;
+        goto fail;
     }
+    polar_session_opts so = {.max_ctx = MAX_QUESTION_TOKENS};
+    a->h = malloc((size_t)MAX_QUESTION_TOKENS * a->hidden * sizeof *a->h);
+    a->seg = malloc((size_t)a->D * sizeof *a->seg);
+    a->op = malloc((size_t)a->D * 3 * sizeof *a->op);
+    if (!a->h || !a->seg || !a->op || polar_session_create(a->enc, &a->prog, &so, &a->s, &err) != POLAR_OK) {
+        if (!a->h || !a->seg || !a->op) snprintf(err.msg, sizeof err.msg, "out of memory");
+        rc = fail(cmd, &err);
+        goto fail;
+    }
+    /* The predictor runs where the encoder runs, or on the CPU when that GPU
+     * cannot run its fused kernel. */
+    a->device = "cpu";
+    if (!strcmp(polar_session_device(a->s), "cuda")) {
+        if (polar_predictor_use_device(a->pred, POLAR_DEVICE_CUDA, &err) == POLAR_OK) a->device = "cuda";
+        else fprintf(stderr, "polar %s: note: the predictor runs on the CPU: %s\n", cmd, err.msg);
+    }
+    *out = a;
+    return 0;
+fail:
+    auto_close(a);
+    return rc;
+}
+
+int auto_predict(const char *cmd, auto_ctx *a, const char *question, const polar_decode_opts *opts,
+                 polar_candidate *out, int k, int *n_out, auto_timing *tm) {
+    *n_out = 0;
+    memset(tm, 0, sizeof *tm);
+    polar_error err;
+    int *ids = NULL, n_ids = 0, rc = 1;
+    if (polar_tokenize(a->tok, question, strlen(question), 0, 1, &ids, &n_ids, &err) != POLAR_OK) return fail(cmd, &err);
     if (n_ids > MAX_QUESTION_TOKENS) n_ids = MAX_QUESTION_TOKENS;
     if (n_ids == 0) {
         rc = fail_usage(cmd, "the question gives no tokens");
         goto done;
     }
-    polar_session_opts so = {.max_ctx = n_ids};
-    h = malloc((size_t)n_ids * info.arch.hidden * sizeof *h);
-    seg = malloc((size_t)D * sizeof *seg);
-    op = malloc((size_t)D * 3 * sizeof *op);
-    if (!h || !seg || !op || polar_session_create(enc, &prog, &so, &s, &err) != POLAR_OK) {
-        if (!h || !seg || !op) snprintf(err.msg, sizeof err.msg, "out of memory");
-        rc = fail(cmd, &err);
-        goto done;
-    }
-    /* The predictor runs where the encoder runs, or on the CPU when that GPU
-     * cannot run its fused kernel. */
-    if (!strcmp(polar_session_device(s), "cuda") && polar_predictor_use_device(pred, POLAR_DEVICE_CUDA, &err) != POLAR_OK)
-        fprintf(stderr, "polar %s: note: the predictor runs on the CPU: %s\n", cmd, err.msg);
     double t0 = polar_time_ms();
-    if (polar_encode(s, ids, n_ids, h, &err) != POLAR_OK) {
+    if (polar_encode(a->s, ids, n_ids, a->h, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
         goto done;
     }
     double t1 = polar_time_ms();
-    if (polar_predict_logits(pred, h, n_ids, seg, op, &err) != POLAR_OK) {
+    if (polar_predict_logits(a->pred, a->h, n_ids, a->seg, a->op, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
         goto done;
     }
     double t2 = polar_time_ms();
-    if (polar_decode_programs(seg, op, D, opts, out, k, n_out, &err) != POLAR_OK) {
+    if (polar_decode_programs(a->seg, a->op, a->D, opts, out, k, n_out, &err) != POLAR_OK) {
         rc = fail(cmd, &err);
         goto done;
     }
@@ -109,20 +146,25 @@ int predict_programs(const char *cmd, const char *model_path, int n_layers, cons
     tm->predictor_ms = t2 - t1;
     tm->beam_ms = polar_time_ms() - t2;
     tm->question_tokens = n_ids;
+    tm->predictor_device = a->device;
     if (*n_out == 0) {
         fprintf(stderr, "polar %s: error: the predictor left no program within the layer bounds\n", cmd);
         goto done;
     }
     rc = 0;
 done:
-    free(h);
-    free(seg);
-    free(op);
     polar_free(ids);
-    polar_program_free(&prog);
-    polar_session_free(s);
-    polar_tokenizer_free(tok);
-    polar_model_free(enc);
-    polar_predictor_free(pred);
+    return rc;
+}
+
+int predict_programs(const char *cmd, const char *model_path, int n_layers, const char *predictor_path,
+                     const char *encoder_spec, const char *question, const polar_decode_opts *opts,
+                     polar_candidate *out, int k, int *n_out, auto_timing *tm) {
+    *n_out = 0;
+    memset(tm, 0, sizeof *tm);
+    auto_ctx *a;
+    int rc = auto_open(cmd, model_path, n_layers, predictor_path, encoder_spec, &a);
+    if (!rc) rc = auto_predict(cmd, a, question, opts, out, k, n_out, tm);
+    auto_close(a);
     return rc;
 }

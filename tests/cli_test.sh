@@ -144,8 +144,8 @@ M=$POLAR_DEFAULT_MODEL
 expect_out predict '"programs":[{"program":[' $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?" --json
 expect_out predict_table "rank      score  layers  program" $P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?"
 expect_out run_auto "== predicted program 2 of 2" $P run --program auto --predictor "$D/p30.safetensors" --encoder "$M@0-3" --prompt "Hi" -k 2 --max-new 2
-expect_out bench_predictor '"network_warm_calls":50,"network_warm_device":"cpu"' $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1 --json
-expect_out bench_predictor_text "predictor network, warm" $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1
+expect_out bench_predictor '"warm":{"calls":50,"predictor_device":"cpu","encoder_ms":' $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1 --json
+expect_out bench_predictor_text "loaded once, 50 questions" $P bench --model "$M" --predictor "$D/p30.safetensors" --encoder "$M@0-1" --prompt-len 8 --gen 2 --reps 1
 expect predict_layers 1 "predicts programs for 12 layers but the model has 30" $P predict --predictor "$D/p12.safetensors" --encoder "$M" --question hi
 expect predict_dim 1 "has hidden size 576 but the predictor takes 100" $P predict --predictor "$D/pdim.safetensors" --encoder "$M" --question hi
 expect predict_missing 1 "cannot open" $P predict --predictor "$D/none.safetensors" --encoder "$M" --question hi
@@ -181,6 +181,18 @@ if [ "$(wc -l <"$D/ev.jsonl")" -eq 4 ] && cmp -s "$D/ev.json" "$D/ev2.json" &&
     echo "PASS cli_eval_resumed_same"
 else
     echo "FAIL cli_eval_resumed_same: $(wc -l <"$D/ev.jsonl") lines; $(diff "$D/ev.json" "$D/ev2.json" | head -c 300)"
+fi
+# --program auto: the predictor and its encoder are opened once for all
+# questions; each question's record (programs, texts) is the one a process
+# of its own writes, timings aside.
+EA="--data $Q --program auto --predictor $D/p30.safetensors --encoder $M@0-3 -k 2 --max-new 4"
+expect_out eval_auto "mean executed layers" $P eval --model "$M" $EA --limit 3 -o "$D/eva.jsonl"
+for i in 0 1 2; do $P eval --model "$M" $EA --start "$i" --limit 1 -o "$D/eva$i.jsonl" --quiet >/dev/null 2>&1; done
+if [ "$(wc -l <"$D/eva.jsonl")" -eq 3 ] && [ "$(sed 's/"ms":[0-9.]*//g' "$D/eva.jsonl")" = \
+    "$(cat "$D/eva0.jsonl" "$D/eva1.jsonl" "$D/eva2.jsonl" | sed 's/"ms":[0-9.]*//g')" ]; then
+    echo "PASS cli_eval_auto_reused"
+else
+    echo "FAIL cli_eval_auto_reused: $(wc -l <"$D/eva.jsonl") lines"
 fi
 # pass@k never falls with k, and consensus@k never beats pass@k
 curve() { sed -n "s/.*\"$1\":\[\([^]]*\)\].*/\1/p" "$D/ev.json" | tr ',' ' '; }
