@@ -23,8 +23,6 @@ struct auto_ctx {
     const char *device;  /* where the predictor runs */
 };
 
-static int fail(const char *cmd, polar_error *err) { return fail_status(cmd, err); }
-
 int default_encoder_last_layer(int n_layers) { return (n_layers + 3) / 4 - 1; }
 
 void auto_close(auto_ctx *a) {
@@ -67,7 +65,7 @@ int auto_open(const char *cmd, const char *model_path, int n_layers, const char 
     if (!a) return fail_usage(cmd, "out of memory");
     int rc = 1;
     if (polar_predictor_load(predictor_path, &a->pred, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto fail;
     }
     a->D = polar_predictor_layers(a->pred);
@@ -77,7 +75,7 @@ int auto_open(const char *cmd, const char *model_path, int n_layers, const char 
         goto fail;
     }
     if (polar_model_load(path, &a->enc, &err) != POLAR_OK || polar_tokenizer_load(path, &a->tok, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto fail;
     }
     polar_model_info info;
@@ -89,7 +87,7 @@ int auto_open(const char *cmd, const char *model_path, int n_layers, const char 
         goto fail;
     }
     if (polar_program_parse(enc_program, info.arch.n_layers, 0, &a->prog, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto fail;
     }
     polar_session_opts so = {.max_ctx = MAX_QUESTION_TOKENS};
@@ -98,7 +96,7 @@ int auto_open(const char *cmd, const char *model_path, int n_layers, const char 
     a->op = malloc((size_t)a->D * 3 * sizeof *a->op);
     if (!a->h || !a->seg || !a->op || polar_session_create(a->enc, &a->prog, &so, &a->s, &err) != POLAR_OK) {
         if (!a->h || !a->seg || !a->op) snprintf(err.msg, sizeof err.msg, "out of memory");
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto fail;
     }
     /* The predictor runs where the encoder runs, or on the CPU when that GPU
@@ -121,7 +119,8 @@ int auto_predict(const char *cmd, auto_ctx *a, const char *question, const polar
     memset(tm, 0, sizeof *tm);
     polar_error err;
     int *ids = NULL, n_ids = 0, rc = 1;
-    if (polar_tokenize(a->tok, question, strlen(question), 0, 1, &ids, &n_ids, &err) != POLAR_OK) return fail(cmd, &err);
+    if (polar_tokenize(a->tok, question, strlen(question), 0, 1, &ids, &n_ids, &err) != POLAR_OK)
+        return fail_status(cmd, &err);
     if (n_ids > MAX_QUESTION_TOKENS) n_ids = MAX_QUESTION_TOKENS;
     if (n_ids == 0) {
         rc = fail_usage(cmd, "the question gives no tokens");
@@ -129,17 +128,17 @@ int auto_predict(const char *cmd, auto_ctx *a, const char *question, const polar
     }
     double t0 = polar_time_ms();
     if (polar_encode(a->s, ids, n_ids, a->h, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto done;
     }
     double t1 = polar_time_ms();
     if (polar_predict_logits(a->pred, a->h, n_ids, a->seg, a->op, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto done;
     }
     double t2 = polar_time_ms();
     if (polar_decode_programs(a->seg, a->op, a->D, opts, out, k, n_out, &err) != POLAR_OK) {
-        rc = fail(cmd, &err);
+        rc = fail_status(cmd, &err);
         goto done;
     }
     tm->encoder_ms = t1 - t0;

@@ -2,8 +2,8 @@
  * each backward accumulates (+=) into the gradients it is given, so an input
  * used twice (self-attention's q, k and v, a residual) just receives twice.
  * Single-threaded, but for the linear forward and attention without dropout
- * (below): the trainer runs one example per thread. f32 storage; the linear ops' products in
- * train_gemm.c, the rest vectorised with `omp simd`. */
+ * (below): the trainer runs one example per thread. f32 storage; the linear
+ * ops' products in train_gemm.c, the rest vectorised with `omp simd`. */
 #include <math.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -14,18 +14,22 @@
 
 #define PARALLEL_MIN_MACS (1 << 18) /* smaller products cost less than waking the threads */
 
+/* Inside an active parallel region (the trainer's, over examples) the ops
+ * below stay on the calling thread, nesting allowed or not. */
+static int in_parallel(void) {
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
 /* y[n, rows] = x[n, cols] . W[rows, cols]^T + b, the inputs split across the
- * OpenMP threads: the predictor's inference (one example) uses them all;
- * inside the trainer's parallel region over examples (or any active one)
- * this runs on the calling thread alone, nesting allowed or not. An output's
- * sum is the same whichever thread makes it. */
+ * OpenMP threads: the predictor's inference (one example) uses them all. An
+ * output's sum is the same whichever thread makes it. */
 void tr_linear_fwd(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols) {
     const tr_gemm *g = tr_gemm_active();
-    int in_parallel = 0;
-#ifdef _OPENMP
-    in_parallel = omp_in_parallel();
-#endif
-#pragma omp parallel if ((double)n * rows * cols >= PARALLEL_MIN_MACS && n > 1 && !in_parallel)
+#pragma omp parallel if ((double)n * rows * cols >= PARALLEL_MIN_MACS && n > 1 && !in_parallel())
     {
         int threads = 1, id = 0;
 #ifdef _OPENMP
@@ -123,16 +127,13 @@ void tr_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const fl
  * Q[nq, d], K and V [nk, d], P and Pd [heads, nq, nk]; Pd may be P when p == 0. */
 void tr_attn_fwd(float *ctx, float *P, float *Pd, const float *Q, const float *K, const float *V, int nq, int nk, int d,
                  int heads, float p, polar_rng *rng) {
-    int dh = d / heads, in_parallel = 0;
+    int dh = d / heads;
     float scale = 1.0f / sqrtf((float)dh), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-#ifdef _OPENMP
-    in_parallel = omp_in_parallel();
-#endif
     /* Without dropout the (head, query) rows are independent and the threads
      * share them (inference: one example, as tr_linear_fwd); dropout draws
      * its masks in row order, so training stays serial. */
 #pragma omp parallel for collapse(2) schedule(static) \
-    if (p == 0.0f && !in_parallel && (double)nq * nk * d >= PARALLEL_MIN_MACS)
+    if (p == 0.0f && !in_parallel() && (double)nq * nk * d >= PARALLEL_MIN_MACS)
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < nq; i++) {
             const float *q = Q + (size_t)i * d + (size_t)h * dh;
