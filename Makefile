@@ -37,7 +37,7 @@ else ifeq ($(CUDA_EMU),1)
 # tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
 BUILD   ?= build-emu
 CFLAGS  += -DPOLAR_CUDA -DPOLAR_CUDA_EMU -I$(EMU_DIR)/include
-LDLIBS  += -lstdc++
+LDLIBS  += -lstdc++ -fsanitize=alignment
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
@@ -102,9 +102,13 @@ ifeq ($(CUDA_EMU),1)
 # _FORTIFY_SOURCE off: its longjmp check rejects the jumps between fiber stacks.
 # -fno-strict-aliasing: the kernels read uint4 loads through uint16_t
 # pointers, which nvcc allows and g++ would otherwise be free to break.
+# -fsanitize=alignment: a vector load or store (float4, uint4) from an address
+# its type's alignment does not divide faults on a GPU; here it aborts with
+# the kernel's file and line (shared variables get only their declared
+# alignment, see alloc_with_redzones).
 CXX ?= g++
 EMU_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare \
-                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -I$(EMU_DIR)/include -Iinclude
+                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -fsanitize=alignment -fno-sanitize-recover=alignment -I$(EMU_DIR)/include -Iinclude
 .PRECIOUS: $(BUILD)/gen/%.cpp $(BUILD)/gen/%.cuh
 $(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
 	@mkdir -p $(dir $@)
@@ -219,7 +223,7 @@ EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
                     kernel_attention kernel_moe
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
-                   gpu_cache_consistency predictor_fused model_gguf_blocks
+                   gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)

@@ -330,6 +330,98 @@ static void predictor_fused(void) {
     }
 }
 
+/* Device and pinned host allocations so far: counted exactly under the
+ * emulation; on a GPU, device memory in use (MiB) stands in for the count. */
+static long device_allocations(void) {
+#ifdef POLAR_CUDA_EMU
+    return polar_cuda_emu_allocations();
+#else
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    return (long)((total - free_bytes) >> 20);
+#endif
+}
+
+/* One round of the calls no_alloc_per_step watches. */
+static void calls_after_load(polar_session *s, polar_batch *b, polar_predictor *pr, const polar_program *p,
+                             const int *prompt, const float *h, int T) {
+    polar_error err;
+    polar_gen_opts greedy = {.max_new = 8, .ignore_eos = 1};
+    polar_gen_opts sampled = {.max_new = 8, .ignore_eos = 1, .temperature = 0.8f, .top_p = 0.9f, .seed = 3};
+    int out[8], ids[3];
+    CHECK_OK(polar_session_set_program(s, &p[0], &err));
+    CHECK_OK(polar_generate(s, prompt, 40, &greedy, out, NULL, NULL, NULL, &err));
+    CHECK_OK(polar_session_set_program(s, &p[1], &err));
+    CHECK_OK(polar_generate(s, prompt, 7, &sampled, out, NULL, NULL, NULL, &err));
+    for (int i = 0; i < 3; i++) CHECK_OK(polar_decode_step(s, prompt[i], &err));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(polar_batch_add(b, &p[i % 2], prompt + i, 20 + 10 * i, i == 1 ? &sampled : &greedy, &ids[i], &err));
+    polar_batch_stats st;
+    for (int step = 0; step < 40 && polar_batch_running(b) > 0; step++) CHECK_OK(polar_batch_step(b, &st, &err));
+    CHECK(polar_batch_running(b) == 0, "the batch did not finish");
+    for (int i = 0; i < 3; i++) CHECK_OK(polar_batch_remove(b, ids[i], &err));
+    float seg[16], op[48];
+    for (int i = 0; i < 3; i++) CHECK_OK(polar_predict_logits(pr, h, T, seg, op, &err));
+}
+
+/* "Allocate at load time, never per token", on the GPU: once a session, a
+ * batch and a predictor are made, generating (greedy and sampled), program
+ * switches (graphs captured), a 40-token prefill (cuBLASLt, the grouped
+ * expert GEMM), decode steps, batch adds and steps with mixed programs and
+ * chunked prompts, and predictions allocate nothing. Under the emulation
+ * from the first call on; on a GPU from the second round (a kernel's first
+ * launch loads its module into device memory). */
+static void no_alloc_per_step(void) {
+    static const char *models[] = {GOLDEN_DIR "/llama", GOLDEN_DIR "/qwen2_moe"};
+#ifdef POLAR_CUDA_EMU
+    const int watched_round = 0;
+#else
+    const int watched_round = 1;
+#endif
+    for (int mi = 0; mi < 2; mi++) {
+        polar_error err;
+        polar_model *m = NULL;
+        CHECK_OK(polar_model_load(models[mi], &m, &err));
+        if (!m) continue;
+        polar_program p[2];
+        CHECK_OK(polar_program_parse("base", 4, 0, &p[0], &err));
+        CHECK_OK(polar_program_parse("0-1x2,3", 4, 0, &p[1], &err));
+        polar_session *s = NULL;
+        polar_session_opts so = {.max_ctx = 64, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
+        CHECK_OK(polar_session_create(m, &p[0], &so, &s, &err));
+        polar_batch_opts bo = {.max_seqs = 3, .max_ctx = 64, .max_program_len = 8, .step_tokens = 24,
+                               .device = POLAR_DEVICE_CUDA};
+        bo.kv_bytes = polar_batch_kv_bytes(m, &bo, 3, 8, 64);
+        polar_batch *b = NULL;
+        CHECK_OK(polar_batch_create(m, &bo, &b, &err));
+        pred_shape sh = {11, 128, 128, 64, 4, NULL};
+        char path[] = "/tmp/polar-cuda-alloc-pred.safetensors";
+        polar_predictor *pr = NULL;
+        CHECK(write_predictor_shape(path, &sh, NULL, NULL) == POLAR_OK, "write predictor");
+        CHECK_OK(polar_predictor_load(path, &pr, &err));
+        if (pr) CHECK_OK(polar_predictor_use_device(pr, POLAR_DEVICE_CUDA, &err));
+        int prompt[42];
+        for (int i = 0; i < 42; i++) prompt[i] = (i * 37 + 11) % 256;
+        float *h = malloc((size_t)33 * sh.dq * sizeof *h);
+        if (h) weight_value("H", (size_t)33 * sh.dq, 1.0, 0.0, h);
+        for (int round = 0; s && b && pr && h && round <= watched_round; round++) {
+            long before = device_allocations();
+            calls_after_load(s, b, pr, p, prompt, h, 33);
+            long after = device_allocations();
+            if (round != watched_round) continue;
+            CHECK(before > 0, "%s: the load made no allocation the count saw", models[mi]);
+            CHECK(after == before, "%s: %ld device or pinned allocations (MiB in use on a GPU) before the calls, %ld "
+                  "after", models[mi], before, after);
+        }
+        free(h);
+        polar_predictor_free(pr);
+        polar_batch_free(b);
+        polar_session_free(s);
+        for (int i = 0; i < 2; i++) polar_program_free(&p[i]);
+        polar_model_free(m);
+    }
+}
+
 /* Several threads on one GPU at once: one switches programs (each switch
  * captures or replays a decode graph) while one creates, uses and frees
  * sessions of another model and one uploads and runs predictors. With
@@ -527,6 +619,7 @@ int main(int argc, char **argv) {
     RUN_IF(model_moe_deterministic);
     RUN_IF(model_gguf_blocks);
     RUN_IF(predictor_fused);
+    RUN_IF(no_alloc_per_step);
     RUN_IF(graph_recapture);
     RUN_IF(greedy_stop);
     RUN_IF(shared_weights);

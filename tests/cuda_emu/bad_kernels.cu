@@ -55,6 +55,26 @@ __global__ void global_overflow_kernel(float *out, int n) {
     out[threadIdx.x + 1 == blockDim.x ? n : threadIdx.x] = 1.0f;
 }
 
+// Reads a float array as float4: the array is only float-aligned.
+__global__ void shared_vector_kernel(float *out) {
+    __shared__ float s[4 * WARP];
+    for (int i = threadIdx.x; i < 4 * WARP; i += blockDim.x) s[i] = (float)i;
+    __syncthreads();
+    float4 v = reinterpret_cast<const float4 *>(s)[threadIdx.x];
+    out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
+// Reads float4s from one float past a 256-byte aligned allocation.
+__global__ void global_vector_kernel(float *out) {
+    float4 v = reinterpret_cast<const float4 *>(out + 1)[threadIdx.x];
+    out[threadIdx.x] = v.x;
+}
+
+// Reads one float past the end of in (a 256-byte multiple): out[i] = in[i + 1].
+__global__ void global_overread_kernel(float *out, const float *in) {
+    out[threadIdx.x] = in[threadIdx.x + 1];
+}
+
 // Each lane passes its own tile pointer to a warp-wide WMMA load.
 __global__ void wmma_pointer_kernel(const __nv_bfloat16 *tiles) {
     using namespace nvcuda;
@@ -117,6 +137,9 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "dynamic_shared_overflow"))
         dynamic_shared_overflow_kernel<<<1, 32, n * sizeof(float), s>>>(out, n);
     else if (!__builtin_strcmp(which, "global_overflow")) global_overflow_kernel<<<1, n, 0, s>>>(out, n);
+    else if (!__builtin_strcmp(which, "shared_vector")) shared_vector_kernel<<<1, WARP, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "global_vector")) global_vector_kernel<<<1, WARP, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "global_overread")) global_overread_kernel<<<1, n, 0, s>>>(out, out + n);
     else if (!__builtin_strcmp(which, "wmma_pointer")) wmma_pointer_kernel<<<1, 32, 0, s>>>((const __nv_bfloat16 *)out);
     else if (!__builtin_strcmp(which, "grid_sync")) grid_sync_kernel<<<2, 32, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "racy")) racy_kernel<<<1, n, 0, s>>>(out);

@@ -27,6 +27,10 @@ cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()>
 // says why on stderr.
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what);
 
+// "cuda-emu: kernel K, block (..), thread (..)" for the GPU thread running
+// now ("kernel (none)" outside a kernel).
+void describe(char *buf, size_t size);
+
 // Whether to keep quiet about refused calls (POLAR_CUDA_EMU_QUIET=1): they
 // are said on stderr otherwise, the error code alone being terse.
 bool quiet();

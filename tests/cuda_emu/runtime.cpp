@@ -8,8 +8,11 @@
 // What it checks, as the real runtime or a GPU would refuse it:
 //  - cudaMalloc'd memory starts as 0xFF bytes (NaN floats, bf16 NaN, -1
 //    ints), so reading memory nobody wrote shows up in the tests' NaN
-//    checks; 256-byte redzones around each allocation are checked when it
-//    is freed (a write past its end aborts with the allocation's size);
+//    checks; each allocation ends, rounded up to 256 bytes as cudaMalloc
+//    rounds, at an inaccessible page, so a kernel reading or writing past it
+//    faults and the handler names the allocation and the GPU thread; the
+//    bytes before the start and the rounding are redzones checked when it is
+//    freed (a write there aborts with the allocation's size);
 //  - copies and memsets must lie inside one device allocation;
 //  - during a capture (thread-local or global mode) synchronous or
 //    allocating calls (cudaMalloc, cudaFree, cudaMemcpy, cudaMemset, host
@@ -20,10 +23,14 @@
 //  - launch configurations (block size, dynamic shared memory beyond the
 //    kernel's cudaFuncSetAttribute limit, a cooperative grid larger than can
 //    be resident).
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -62,10 +69,13 @@ const unsigned char ALLOC_REDZONE_BYTE = 0xB7;
 const int DEFAULT_DYNAMIC_SHARED = 48 << 10;
 const int OPTIN_SHARED = 227 << 10;
 
+// [raw, data): redzone; [data, data + bytes): the allocation; up to the next
+// multiple of 256: redzone; then one PROT_NONE page, the end of the mapping.
 struct allocation {
     size_t bytes;
     char *raw;
-    bool device; // false: pinned host memory
+    size_t map_bytes; // raw's mapping, the guard page included
+    bool device;      // false: pinned host memory
 };
 
 std::mutex state_lock; // the tables below
@@ -74,6 +84,7 @@ size_t device_used;
 std::set<emu_stream *> streams;
 std::map<const void *, int> max_dynamic_shared;
 thread_local cudaError_t last_error = cudaSuccess;
+std::atomic<long> allocations_made{0}; // polar_cuda_emu_allocations
 
 cudaError_t record(cudaError_t e) {
     if (e != cudaSuccess) last_error = e;
@@ -166,16 +177,44 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     return e != cudaSuccess ? e : check_range(src, bytes, src_dev, api, "source");
 }
 
+size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 void check_redzones(uintptr_t base, const allocation &a) {
-    for (size_t i = 0; i < ALLOC_REDZONE; i++)
-        if ((unsigned char)a.raw[i] != ALLOC_REDZONE_BYTE ||
-            (unsigned char)a.raw[ALLOC_REDZONE + a.bytes + i] != ALLOC_REDZONE_BYTE) {
-            bool before = (unsigned char)a.raw[i] != ALLOC_REDZONE_BYTE;
-            fprintf(stderr, "cuda-emu: the %zu-byte %s allocation at %p was written %s (a kernel or copy out of "
-                            "bounds)\n", a.bytes, a.device ? "device" : "pinned host", (void *)base,
-                    before ? "before its start" : "past its end");
+    const char *data = (const char *)base;
+    bool before = false, after = false;
+    for (const char *p = a.raw; p < data; p++) before |= (unsigned char)*p != ALLOC_REDZONE_BYTE;
+    for (size_t i = a.bytes; i < round256(a.bytes); i++) after |= (unsigned char)data[i] != ALLOC_REDZONE_BYTE;
+    if (before || after) {
+        fprintf(stderr, "cuda-emu: the %zu-byte %s allocation at %p was written %s (a kernel or copy out of "
+                        "bounds)\n", a.bytes, a.device ? "device" : "pinned host", (void *)base,
+                before ? "before its start" : "past its end");
+        abort();
+    }
+}
+
+// A fault in the guard page after an allocation: say whose, then die.
+void on_fault(int sig, siginfo_t *si, void *) {
+    uintptr_t at = (uintptr_t)si->si_addr;
+    if (state_lock.try_lock()) { // held: the fault is not a kernel's (nor ours to explain)
+        const allocation *hit = nullptr;
+        uintptr_t base = 0;
+        auto it = allocations.upper_bound(at);
+        if (it != allocations.begin()) {
+            --it;
+            uintptr_t guard = (uintptr_t)it->second.raw + it->second.map_bytes - (uintptr_t)sysconf(_SC_PAGESIZE);
+            if (at >= guard && at < (uintptr_t)it->second.raw + it->second.map_bytes) hit = &it->second, base = it->first;
+        }
+        if (hit) {
+            char head[256];
+            emu::describe(head, sizeof head);
+            fprintf(stderr, "%s: an access at byte %zu of the %zu-byte %s allocation at %p, past its end\n", head,
+                    (size_t)(at - base), hit->bytes, hit->device ? "device" : "pinned host", (void *)base);
+            fflush(stderr);
             abort();
         }
+        state_lock.unlock();
+    }
+    signal(sig, SIG_DFL); // the access faults again, now with the default action
 }
 
 cudaError_t allocate(void **ptr, size_t bytes, bool device) {
@@ -187,15 +226,32 @@ cudaError_t allocate(void **ptr, size_t bytes, bool device) {
         std::lock_guard<std::mutex> hold(state_lock);
         if (device && bytes > TOTAL_BYTES - device_used) return record(cudaErrorMemoryAllocation);
     }
-    char *raw = (char *)aligned_alloc(256, (bytes + 2 * ALLOC_REDZONE + 255) & ~(size_t)255);
-    if (!raw) return record(cudaErrorMemoryAllocation);
-    memset(raw, ALLOC_REDZONE_BYTE, ALLOC_REDZONE);
-    memset(raw + ALLOC_REDZONE, 0xff, bytes); // never written: NaN
-    memset(raw + ALLOC_REDZONE + bytes, ALLOC_REDZONE_BYTE, ALLOC_REDZONE);
+    static std::once_flag handler;
+    std::call_once(handler, [] {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_fault;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, nullptr);
+        sigaction(SIGBUS, &sa, nullptr);
+    });
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = round256(bytes);
+    const size_t body = (ALLOC_REDZONE + span + page - 1) / page * page, map_bytes = body + page;
+    void *map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return record(cudaErrorMemoryAllocation);
+    char *raw = (char *)map, *data = raw + body - span;
+    if (mprotect(raw + body, page, PROT_NONE)) {
+        munmap(map, map_bytes);
+        return record(cudaErrorMemoryAllocation);
+    }
+    memset(raw, ALLOC_REDZONE_BYTE, (size_t)(data - raw));
+    memset(data, 0xff, bytes); // never written: NaN
+    memset(data + bytes, ALLOC_REDZONE_BYTE, span - bytes);
     std::lock_guard<std::mutex> hold(state_lock);
-    allocations[(uintptr_t)(raw + ALLOC_REDZONE)] = allocation{bytes, raw, device};
+    allocations[(uintptr_t)data] = allocation{bytes, raw, map_bytes, device};
+    allocations_made++;
     if (device) device_used += bytes;
-    *ptr = raw + ALLOC_REDZONE;
+    *ptr = data;
     return cudaSuccess;
 }
 
@@ -216,7 +272,7 @@ cudaError_t release(void *ptr, bool device) {
         if (device) device_used -= a.bytes;
     }
     check_redzones((uintptr_t)ptr, a);
-    free(a.raw);
+    munmap(a.raw, a.map_bytes);
     return cudaSuccess;
 }
 
@@ -393,6 +449,8 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 }
 
 // ---------------------------------------------------------------- memory
+
+long polar_cuda_emu_allocations(void) { return allocations_made.load(); }
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) { return allocate(ptr, bytes, true); }
 cudaError_t cudaFree(void *ptr) { return release(ptr, true); }

@@ -280,23 +280,23 @@ void arrange(std::vector<T> &v) {
     else if (order_mode() == 2) std::shuffle(v.begin(), v.end(), order_rng());
 }
 
-void describe(char *buf, size_t size) {
-    fiber *f = me();
-    int n = snprintf(buf, size, "cuda-emu: kernel %s", now ? now->rec->name : "(none)");
-    if (f && n >= 0 && (size_t)n < size)
-        snprintf(buf + n, size - n, ", block (%u,%u,%u), thread (%u,%u,%u)", f->blk->block_idx.x,
-                 f->blk->block_idx.y, f->blk->block_idx.z, f->thread_idx.x, f->thread_idx.y, f->thread_idx.z);
-}
-
+// Aligned to align and (below 256) to no more: a GPU gives a shared variable
+// only its declared alignment, so a float array read as float4 must fault
+// here as it may there (the kernels are built with -fsanitize=alignment).
 char *alloc_with_redzones(size_t bytes, size_t align, char **data) {
-    if (align < 16) align = 16;
-    char *raw = (char *)malloc(bytes + 2 * REDZONE + align);
+    if (align < 1 || align > 256 || (align & (align - 1))) {
+        fprintf(stderr, "cuda-emu: shared memory alignment %zu: expected a power of two up to 256\n", align);
+        abort();
+    }
+    size_t total = bytes + 2 * REDZONE + 512;
+    char *raw = (char *)malloc(total);
     if (!raw) {
         fprintf(stderr, "cuda-emu: out of host memory for %zu bytes of shared memory\n", bytes);
         abort();
     }
-    char *d = (char *)(((uintptr_t)raw + REDZONE + align - 1) & ~(uintptr_t)(align - 1));
-    memset(raw, REDZONE_BYTE, bytes + 2 * REDZONE + align);
+    uintptr_t base = ((uintptr_t)raw + REDZONE + 255) & ~(uintptr_t)255;
+    char *d = (char *)(align < 256 ? base + align : base);
+    memset(raw, REDZONE_BYTE, total);
     memset(d, 0xff, bytes); // never-written shared memory reads as NaN
     *data = d;
     return raw;
@@ -420,6 +420,14 @@ void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
 }
 
 } // namespace
+
+void describe(char *buf, size_t size) {
+    fiber *f = me();
+    int n = snprintf(buf, size, "cuda-emu: kernel %s", now ? now->rec->name : "(none)");
+    if (f && n >= 0 && (size_t)n < size)
+        snprintf(buf + n, size - n, ", block (%u,%u,%u), thread (%u,%u,%u)", f->blk->block_idx.x,
+                 f->blk->block_idx.y, f->blk->block_idx.z, f->thread_idx.x, f->thread_idx.y, f->thread_idx.z);
+}
 
 // ------------------------------------------------------------ errors
 
