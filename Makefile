@@ -148,6 +148,9 @@ $(BUILD)/tests/test_cuda_emu: $(EMU_DIR)/test_emu.c tests/harness.h $(BUILD)/obj
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/$(EMU_DIR)/bad_kernels.o $(BUILD)/libpolar.a $(LDLIBS)
 
 $(BUILD)/tests/test_cuda $(BUILD)/tests/test_cuda_batch: tests/logit_compare.h
+# test_cuda counts the device and pinned allocations the library makes
+# (no_alloc_per_step) through the linker's wraps, on a GPU and emulated alike.
+$(BUILD)/tests/test_cuda: LDLIBS += -Wl,--wrap=cudaMalloc,--wrap=cudaMallocHost,--wrap=cudaHostAlloc
 
 # test_alloc replaces malloc to count allocations; under AddressSanitizer
 # (whose malloc that would replace) it counts the library's calls through

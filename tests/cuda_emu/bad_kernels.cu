@@ -75,6 +75,25 @@ __global__ void global_overread_kernel(float *out, const float *in) {
     out[threadIdx.x] = in[threadIdx.x + 1];
 }
 
+// Reads 16 KB before the start of in (a negative index gone wrong).
+__global__ void global_underread_kernel(float *out, const float *in) {
+    out[threadIdx.x] = in[(int)threadIdx.x - 4096];
+}
+
+// Correct: __align__(8) does not lower a float4's alignment, and the dynamic
+// shared memory starts as its declaration asks. out[0] = 1 when both hold
+// (and the float4 read did not fault), out[1] = the dynamic start mod 64.
+__global__ void aligned_shared_kernel(float *out) {
+    __shared__ __align__(8) float4 v[2];
+    extern __shared__ __align__(32) float dyn32[];
+    if (threadIdx.x == 0) v[1] = make_float4(1.0f, 2.0f, 3.0f, 4.0f);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        out[0] = v[1].x == 1.0f && (uintptr_t)dyn32 % 32 == 0 ? 1.0f : 0.0f;
+        out[1] = (float)((uintptr_t)dyn32 % 64);
+    }
+}
+
 // Each lane passes its own tile pointer to a warp-wide WMMA load.
 __global__ void wmma_pointer_kernel(const __nv_bfloat16 *tiles) {
     using namespace nvcuda;
@@ -140,6 +159,8 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "shared_vector")) shared_vector_kernel<<<1, WARP, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "global_vector")) global_vector_kernel<<<1, WARP, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "global_overread")) global_overread_kernel<<<1, n, 0, s>>>(out, out + n);
+    else if (!__builtin_strcmp(which, "global_underread")) global_underread_kernel<<<1, n, 0, s>>>(out, out);
+    else if (!__builtin_strcmp(which, "aligned_shared")) aligned_shared_kernel<<<1, WARP, 64, s>>>(out);
     else if (!__builtin_strcmp(which, "wmma_pointer")) wmma_pointer_kernel<<<1, 32, 0, s>>>((const __nv_bfloat16 *)out);
     else if (!__builtin_strcmp(which, "grid_sync")) grid_sync_kernel<<<2, 32, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "racy")) racy_kernel<<<1, n, 0, s>>>(out);

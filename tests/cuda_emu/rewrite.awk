@@ -10,7 +10,7 @@
 #   __shared__ [__align__(N)] T a[N], b;   (one or more lines)
 #     -> references to the block's own copies: T (&a)[N] = *static_cast<T (*)[N]>(emu::shared_var(...));
 #   extern __shared__ T s[];
-#     -> T *const s = static_cast<T *>(emu::dynamic_shared());
+#     -> T *const s = static_cast<T *>(emu::dynamic_shared(alignment));
 # A `static` __shared__ would be one copy for every block, wrong as soon as
 # two blocks are resident (a cooperative grid); shared_var gives each block
 # its own, between redzones. Lines stay one for one (a declaration over
@@ -48,6 +48,13 @@ function split_top(s, parts,    n, depth, i, c, start) {
     return n
 }
 
+# A variable's alignment: its type's, or a larger __align__(N) (a smaller one
+# does not lower it, in nvcc as in C++).
+function alignment(align, type) {
+    if (align == "") return "alignof(" type ")"
+    return "((size_t)(" align ") > alignof(" type ") ? (size_t)(" align ") : alignof(" type "))"
+}
+
 function emit_shared(text,    pos, pre, rest, semi, decl, post, align, n, parts, i, p, b, head, dims, name, type, a, out) {
     pos = index(text, "__shared__")
     pre = substr(text, 1, pos - 1)
@@ -66,7 +73,7 @@ function emit_shared(text,    pos, pre, rest, semi, decl, post, align, n, parts,
         name = substr(decl, RSTART, RLENGTH)
         sub(/[ \t]*\[.*/, "", name)
         type = trim(substr(decl, 1, RSTART - 1))
-        print pre type " *const " name " = static_cast<" type " *>(emu::dynamic_shared());" post
+        print pre type " *const " name " = static_cast<" type " *>(emu::dynamic_shared(" alignment(align, type) "));" post
         return
     }
     n = split_top(decl, parts)
@@ -85,7 +92,7 @@ function emit_shared(text,    pos, pre, rest, semi, decl, post, align, n, parts,
             name = head
         }
         if (type == "" || name !~ /^[A-Za-z_][A-Za-z0-9_]*$/) fail("cannot read the __shared__ declaration")
-        a = align != "" ? align : "alignof(" type ")"
+        a = alignment(align, type)
         out = out "static const emu::shared_site emu_site_" name " = {\"" name "\", __FILE__, __LINE__}; " \
               type (dims == "" ? " &" name : " (&" name ")" dims) " = *static_cast<" type \
               (dims == "" ? " *" : " (*)" dims) ">(emu::shared_var(&emu_site_" name ", sizeof(" type dims "), " a \

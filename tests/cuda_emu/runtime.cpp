@@ -8,11 +8,12 @@
 // What it checks, as the real runtime or a GPU would refuse it:
 //  - cudaMalloc'd memory starts as 0xFF bytes (NaN floats, bf16 NaN, -1
 //    ints), so reading memory nobody wrote shows up in the tests' NaN
-//    checks; each allocation ends, rounded up to 256 bytes as cudaMalloc
-//    rounds, at an inaccessible page, so a kernel reading or writing past it
-//    faults and the handler names the allocation and the GPU thread; the
-//    bytes before the start and the rounding are redzones checked when it is
-//    freed (a write there aborts with the allocation's size);
+//    checks; inaccessible pages (64 KB) lie before each allocation and
+//    right after its end rounded up to 256 bytes (cudaMalloc's alignment), so
+//    a kernel reading or writing past either end faults and the handler names
+//    the allocation and the GPU thread; the 256 bytes before the start and the
+//    rounding are redzones checked when it is freed (a write there aborts
+//    with the allocation's size);
 //  - copies and memsets must lie inside one device allocation;
 //  - during a capture (thread-local or global mode) synchronous or
 //    allocating calls (cudaMalloc, cudaFree, cudaMemcpy, cudaMemset, host
@@ -30,7 +31,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -69,14 +69,16 @@ const unsigned char ALLOC_REDZONE_BYTE = 0xB7;
 const int DEFAULT_DYNAMIC_SHARED = 48 << 10;
 const int OPTIN_SHARED = 227 << 10;
 
-// [raw, data): redzone; [data, data + bytes): the allocation; up to the next
-// multiple of 256: redzone; then one PROT_NONE page, the end of the mapping.
+// Its mapping: GUARD_BYTES PROT_NONE; redzone up to data; [data, data +
+// bytes) the allocation; redzone up to the next multiple of 256; GUARD_BYTES
+// PROT_NONE.
 struct allocation {
     size_t bytes;
-    char *raw;
-    size_t map_bytes; // raw's mapping, the guard page included
-    bool device;      // false: pinned host memory
+    char *map;
+    size_t map_bytes;
+    bool device; // false: pinned host memory
 };
+const size_t GUARD_BYTES = 64 << 10;
 
 std::mutex state_lock; // the tables below
 std::map<uintptr_t, allocation> allocations;
@@ -84,7 +86,6 @@ size_t device_used;
 std::set<emu_stream *> streams;
 std::map<const void *, int> max_dynamic_shared;
 thread_local cudaError_t last_error = cudaSuccess;
-std::atomic<long> allocations_made{0}; // polar_cuda_emu_allocations
 
 cudaError_t record(cudaError_t e) {
     if (e != cudaSuccess) last_error = e;
@@ -182,7 +183,7 @@ size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 void check_redzones(uintptr_t base, const allocation &a) {
     const char *data = (const char *)base;
     bool before = false, after = false;
-    for (const char *p = a.raw; p < data; p++) before |= (unsigned char)*p != ALLOC_REDZONE_BYTE;
+    for (const char *p = a.map + GUARD_BYTES; p < data; p++) before |= (unsigned char)*p != ALLOC_REDZONE_BYTE;
     for (size_t i = a.bytes; i < round256(a.bytes); i++) after |= (unsigned char)data[i] != ALLOC_REDZONE_BYTE;
     if (before || after) {
         fprintf(stderr, "cuda-emu: the %zu-byte %s allocation at %p was written %s (a kernel or copy out of "
@@ -192,29 +193,41 @@ void check_redzones(uintptr_t base, const allocation &a) {
     }
 }
 
-// A fault in the guard page after an allocation: say whose, then die.
+struct sigaction previous_segv, previous_bus;
+
+// A fault in an allocation's guard pages: say whose, then die. Any other
+// SIGSEGV or SIGBUS goes to the handler there was before.
 void on_fault(int sig, siginfo_t *si, void *) {
     uintptr_t at = (uintptr_t)si->si_addr;
-    if (state_lock.try_lock()) { // held: the fault is not a kernel's (nor ours to explain)
-        const allocation *hit = nullptr;
-        uintptr_t base = 0;
+    if (si->si_code > 0 && state_lock.try_lock()) { // a fault, not a signal sent; the lock held: not a kernel's
         auto it = allocations.upper_bound(at);
-        if (it != allocations.begin()) {
+        uintptr_t base = 0;
+        long offset = 0; // from the start; negative: before it
+        if (it != allocations.end() && at >= (uintptr_t)it->second.map &&
+            at < (uintptr_t)it->second.map + GUARD_BYTES)
+            base = it->first, offset = -(long)(it->first - at);
+        else if (it != allocations.begin()) {
             --it;
-            uintptr_t guard = (uintptr_t)it->second.raw + it->second.map_bytes - (uintptr_t)sysconf(_SC_PAGESIZE);
-            if (at >= guard && at < (uintptr_t)it->second.raw + it->second.map_bytes) hit = &it->second, base = it->first;
+            uintptr_t end = (uintptr_t)it->second.map + it->second.map_bytes;
+            if (at >= end - GUARD_BYTES && at < end) base = it->first, offset = (long)(at - it->first);
         }
-        if (hit) {
+        if (base) {
+            const allocation &a = it->second;
             char head[256];
             emu::describe(head, sizeof head);
-            fprintf(stderr, "%s: an access at byte %zu of the %zu-byte %s allocation at %p, past its end\n", head,
-                    (size_t)(at - base), hit->bytes, hit->device ? "device" : "pinned host", (void *)base);
+            if (offset < 0)
+                fprintf(stderr, "%s: an access %ld bytes before the start of the %zu-byte %s allocation at %p\n",
+                        head, -offset, a.bytes, a.device ? "device" : "pinned host", (void *)base);
+            else
+                fprintf(stderr, "%s: an access at byte %ld of the %zu-byte %s allocation at %p, past its end\n",
+                        head, offset, a.bytes, a.device ? "device" : "pinned host", (void *)base);
             fflush(stderr);
             abort();
         }
         state_lock.unlock();
     }
-    signal(sig, SIG_DFL); // the access faults again, now with the default action
+    sigaction(sig, sig == SIGBUS ? &previous_bus : &previous_segv, nullptr);
+    if (si->si_code <= 0) raise(sig); // a faulting access faults again, now under the previous handler
 }
 
 cudaError_t allocate(void **ptr, size_t bytes, bool device) {
@@ -224,7 +237,8 @@ cudaError_t allocate(void **ptr, size_t bytes, bool device) {
     if (e != cudaSuccess) return record(e);
     {
         std::lock_guard<std::mutex> hold(state_lock);
-        if (device && bytes > TOTAL_BYTES - device_used) return record(cudaErrorMemoryAllocation);
+        if (bytes > TOTAL_BYTES || (device && bytes > TOTAL_BYTES - device_used))
+            return record(cudaErrorMemoryAllocation);
     }
     static std::once_flag handler;
     std::call_once(handler, [] {
@@ -232,24 +246,23 @@ cudaError_t allocate(void **ptr, size_t bytes, bool device) {
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = on_fault;
         sa.sa_flags = SA_SIGINFO;
-        sigaction(SIGSEGV, &sa, nullptr);
-        sigaction(SIGBUS, &sa, nullptr);
+        sigaction(SIGSEGV, &sa, &previous_segv);
+        sigaction(SIGBUS, &sa, &previous_bus);
     });
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = round256(bytes);
-    const size_t body = (ALLOC_REDZONE + span + page - 1) / page * page, map_bytes = body + page;
-    void *map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) return record(cudaErrorMemoryAllocation);
-    char *raw = (char *)map, *data = raw + body - span;
-    if (mprotect(raw + body, page, PROT_NONE)) {
+    const size_t body = (ALLOC_REDZONE + span + page - 1) / page * page, map_bytes = GUARD_BYTES + body + GUARD_BYTES;
+    void *mapped = mmap(nullptr, map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapped == MAP_FAILED) return record(cudaErrorMemoryAllocation);
+    char *map = (char *)mapped, *rw = map + GUARD_BYTES, *data = rw + body - span;
+    if (mprotect(rw, body, PROT_READ | PROT_WRITE)) {
         munmap(map, map_bytes);
         return record(cudaErrorMemoryAllocation);
     }
-    memset(raw, ALLOC_REDZONE_BYTE, (size_t)(data - raw));
+    memset(rw, ALLOC_REDZONE_BYTE, (size_t)(data - rw));
     memset(data, 0xff, bytes); // never written: NaN
     memset(data + bytes, ALLOC_REDZONE_BYTE, span - bytes);
     std::lock_guard<std::mutex> hold(state_lock);
-    allocations[(uintptr_t)data] = allocation{bytes, raw, map_bytes, device};
-    allocations_made++;
+    allocations[(uintptr_t)data] = allocation{bytes, map, map_bytes, device};
     if (device) device_used += bytes;
     *ptr = data;
     return cudaSuccess;
@@ -272,7 +285,7 @@ cudaError_t release(void *ptr, bool device) {
         if (device) device_used -= a.bytes;
     }
     check_redzones((uintptr_t)ptr, a);
-    munmap(a.raw, a.map_bytes);
+    munmap(a.map, a.map_bytes);
     return cudaSuccess;
 }
 
@@ -449,8 +462,6 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 }
 
 // ---------------------------------------------------------------- memory
-
-long polar_cuda_emu_allocations(void) { return allocations_made.load(); }
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) { return allocate(ptr, bytes, true); }
 cudaError_t cudaFree(void *ptr) { return release(ptr, true); }

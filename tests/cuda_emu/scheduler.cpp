@@ -92,6 +92,8 @@ struct block_state : block_info {
     std::vector<shared_alloc> shared;
     size_t static_bytes;
     shared_alloc dynamic;
+    size_t dynamic_align; // its placement, fixed by the first dynamic_shared call (dynamic_placed)
+    bool dynamic_placed;
     std::vector<fiber *> fibers;
 };
 
@@ -280,22 +282,23 @@ void arrange(std::vector<T> &v) {
     else if (order_mode() == 2) std::shuffle(v.begin(), v.end(), order_rng());
 }
 
-// Aligned to align and (below 256) to no more: a GPU gives a shared variable
-// only its declared alignment, so a float array read as float4 must fault
-// here as it may there (the kernels are built with -fsanitize=alignment).
+// Aligned to align and to no more: a GPU gives a shared variable only its
+// declared alignment, so a float array read as float4 must fault here as it
+// may there (the kernels are built with -fsanitize=alignment).
 char *alloc_with_redzones(size_t bytes, size_t align, char **data) {
-    if (align < 1 || align > 256 || (align & (align - 1))) {
-        fprintf(stderr, "cuda-emu: shared memory alignment %zu: expected a power of two up to 256\n", align);
+    if (align < 1 || align > (64 << 10) || (align & (align - 1))) {
+        fprintf(stderr, "cuda-emu: shared memory alignment %zu: expected a power of two up to 64 KB\n", align);
         abort();
     }
-    size_t total = bytes + 2 * REDZONE + 512;
+    const size_t twice = 2 * align > 256 ? 2 * align : 256;
+    size_t total = bytes + 2 * REDZONE + 2 * twice;
     char *raw = (char *)malloc(total);
     if (!raw) {
         fprintf(stderr, "cuda-emu: out of host memory for %zu bytes of shared memory\n", bytes);
         abort();
     }
-    uintptr_t base = ((uintptr_t)raw + REDZONE + 255) & ~(uintptr_t)255;
-    char *d = (char *)(align < 256 ? base + align : base);
+    uintptr_t base = ((uintptr_t)raw + REDZONE + twice - 1) & ~(uintptr_t)(twice - 1);
+    char *d = (char *)(base + align); // a multiple of align, not of 2 * align
     memset(raw, REDZONE_BYTE, total);
     memset(d, 0xff, bytes); // never-written shared memory reads as NaN
     *data = d;
@@ -408,6 +411,8 @@ void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
     b->dynamic.site = nullptr;
     b->dynamic.bytes = now->rec->cfg.smem;
     b->dynamic.raw = alloc_with_redzones(b->dynamic.bytes, 16, &b->dynamic.data);
+    b->dynamic_align = 16;
+    b->dynamic_placed = false;
     b->fibers.assign(fibers, fibers + b->nthreads);
     for (unsigned t = 0; t < b->nthreads; t++) {
         fiber *f = fibers[t];
@@ -466,7 +471,23 @@ void *shared_var(const shared_site *site, size_t bytes, size_t align) {
     return a.data;
 }
 
-void *dynamic_shared() { return me()->blk->dynamic.data; }
+// The dynamic shared memory starts 16-byte aligned (and no more), or as its
+// extern __shared__ declaration asks: the first one a block reaches places
+// it, before any thread can have written it.
+void *dynamic_shared(size_t align) {
+    block_state *b = me()->blk;
+    if (align < 16) align = 16;
+    if (align != b->dynamic_align) {
+        if (b->dynamic_placed)
+            fail("extern __shared__ declarations aligned to %zu and to %zu bytes in one kernel: the emulation "
+                 "places the dynamic shared memory once", b->dynamic_align, align);
+        free(b->dynamic.raw);
+        b->dynamic.raw = alloc_with_redzones(b->dynamic.bytes, align, &b->dynamic.data);
+        b->dynamic_align = align;
+    }
+    b->dynamic_placed = true;
+    return b->dynamic.data;
+}
 
 // ------------------------------------------------------------ barriers
 

@@ -198,6 +198,11 @@ static void runtime_checks(void) {
     CHECK(emu_bad_launch("too_many_threads", d, 4, NULL) == cudaErrorInvalidConfiguration, "2048 threads");
     CHECK(emu_bad_launch("too_much_shared", d, 4, NULL) == cudaErrorInvalidValue, "64 KiB without the opt-in");
     CHECK(cudaGetLastError() == cudaSuccess, "launch errors are not sticky");
+    /* shared memory placed with its declared alignment: no more, no less */
+    CHECK(emu_bad_launch("aligned_shared", d, 4, NULL) == cudaSuccess, "aligned_shared launch");
+    cudaMemcpy(h, d, 2 * sizeof(float), cudaMemcpyDeviceToHost);
+    CHECK(h[0] == 1.0f && h[1] == 32.0f, "__align__: float4 read %g, dynamic shared memory at 32 + %g mod 64", h[0],
+          h[1] - 32.0f);
     cudaFree(d);
 }
 
@@ -327,6 +332,7 @@ static void detections(void) {
         {"dynamic_shared_overflow", "past the end of the dynamic shared memory"},
         {"global_overflow", "written past its end"},
         {"global_overread", "at byte 512 of the 512-byte device allocation"},
+        {"global_underread", "16384 bytes before the start of the 65536-byte device allocation"},
         {"wmma_pointer", "different pointers"},
         {"shared_vector", "misaligned address"},
         {"global_vector", "misaligned address"},

@@ -142,10 +142,6 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 /* kernels, as C sees them (C++ gets typed overloads in cuda_runtime.h) */
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value);
 
-/* Not CUDA, the emulation's own: how many device and pinned host
- * allocations have succeeded so far (tests check that steps make none). */
-long polar_cuda_emu_allocations(void);
-
 #ifdef __cplusplus
 }
 #endif

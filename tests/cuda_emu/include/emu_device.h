@@ -86,7 +86,7 @@ struct shared_site {
     int line;
 };
 void *shared_var(const shared_site *site, size_t bytes, size_t align);
-void *dynamic_shared();
+void *dynamic_shared(size_t align);
 
 void syncthreads();
 void grid_sync();
