@@ -37,7 +37,8 @@ else ifeq ($(CUDA_EMU),1)
 # tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
 BUILD   ?= build-emu
 CFLAGS  += -DPOLAR_CUDA -DPOLAR_CUDA_EMU -I$(EMU_DIR)/include
-LDLIBS  += -lstdc++ -fsanitize=alignment
+# -rdynamic: the emulation names a kernel launched by cudaLaunchKernelEx from its symbol.
+LDLIBS  += -lstdc++ -fsanitize=alignment -rdynamic -ldl
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
@@ -225,7 +226,7 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
                     kernel_attention kernel_moe
-EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture greedy_stop \
+EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off greedy_stop \
                    gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))

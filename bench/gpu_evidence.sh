@@ -7,7 +7,7 @@
 #   sh bench/gpu_evidence.sh OUT [COMMIT]
 # Overrides (empty skips; for a quick run or a CPU smoke test): DEVICE (cuda), PRESETS
 # ("llama-3.2-3b qwen2.5-3b qwen3-8b"), CTXS ("128 2048"), PREFILLS ("128 512"),
-# MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), BATCH (llama-3.2-1b; empty
+# MOE (qwen1.5-moe-a2.7b; empty to skip), PREDICTOR (1; 0 to skip), PDL_AB (1; 0 to skip), BATCH (llama-3.2-1b; empty
 # to skip) and BATCH_SIZES (1,8,32), GEN (64), REPS (3),
 # TEST (1: run make test-cuda), COMPARE (1: bench/compare_hf.py against transformers),
 # WORK (/tmp/polar-evidence: the checkpoints and predictor it writes).
@@ -59,8 +59,9 @@ bench() {
     shift
     if res=$("$BIN" bench --device "$DEVICE" --json "$@" 2>"$OUT/err.txt"); then
         extra=$(printf '%s\n' "$res" | sed -n 2p) # the predictor's line, when there is one
-        printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"polar bench --device %s --json %s","result":%s%s}\n' \
-            "$GPU" "$DRIVER" "$DATE" "$COMMIT" "$DEVICE" "$*" "$(printf '%s' "$res" | head -n 1)" \
+        printf '{"device":"%s","driver":"%s","date":"%s","commit":"%s","command":"%spolar bench --device %s --json %s","result":%s%s}\n' \
+            "$GPU" "$DRIVER" "$DATE" "$COMMIT" "${POLAR_CUDA_PDL:+POLAR_CUDA_PDL=$POLAR_CUDA_PDL }" "$DEVICE" "$*" \
+            "$(printf '%s' "$res" | head -n 1)" \
             "${extra:+,\"overhead\":$extra}" >>"$OUT/$name.jsonl"
         [ -n "$extra" ] && echo "  $name: $extra"
         printf '%s' "$res" | head -n 1 | sed 's/},{/}\n{/g' | grep -o '"program":"[^"]*".*"fraction_of_copy":[0-9.]*' |
@@ -95,6 +96,18 @@ for p in $PRESETS; do
     done
     for n in $PREFILLS; do bench prefill --preset "$p" --prompt-len "$n" --gen 1 --reps "$REPS"; done
 done
+# Each kernel launched to overlap the previous one (programmatic dependent
+# launch, the default from sm_90) against POLAR_CUDA_PDL=0: base-program
+# decode at the first context, alternated, in decode-pdl.jsonl. PDL_AB=0 skips.
+if [ "${PDL_AB:-1}" = 1 ]; then
+    for p in $PRESETS; do
+        for pdl in 0 1 0 1; do
+            if [ "$pdl" = 0 ]; then export POLAR_CUDA_PDL=0; else unset POLAR_CUDA_PDL; fi
+            bench decode-pdl --preset "$p" --prompt-len "${CTXS%% *}" --gen "$GEN" --reps "$REPS"
+        done
+        unset POLAR_CUDA_PDL
+    done
+fi
 if [ -n "$MOE" ]; then
     D=$(layers "$MOE")
     set -- $(programs "${D:-24}")

@@ -249,11 +249,15 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     /* non-blocking: another thread's legacy-stream copy must not join (and
      * break) this stream's graph capture */
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    int major = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = (cudaError_t)cuda_attention_prepare(a->head_dim);
     if (e != cudaSuccess) {
         cuda_state_free(c);
         return cuda_error(err, e, "device attributes and stream");
     }
+    const char *pdl = getenv("POLAR_CUDA_PDL");
+    c->queue = (cuda_queue){c->stream, major >= 9 && !(pdl && !strcmp(pdl, "0"))};
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
@@ -340,26 +344,32 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate) {
     if (T > DECODE_TOKENS) {
-        cuda_to_bf16(c->xb, x, (long)T * cols, c->stream);
+        cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
         if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->stream)) {
-            cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, c->stream);
+            cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
             return;
         }
     }
-    cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, c->stream);
+    cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, &c->queue);
 }
 
-/* act[T, F] = silu(x . gate^T) * (x . up^T): one fused GEMV for decode, two
- * GEMMs and the activation for a prefill chunk. */
-static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *w_gate, const bf16 *w_up, int T,
-                   int F, int cols) {
+/* act[T, F] = silu(xn . gate^T) * (xn . up^T), xn = x or, with norm, x's
+ * RMSNorm: one fused GEMV (the norm applied on the fly) for decode; the norm
+ * into c->xn, two GEMMs and the activation for a prefill chunk. */
+static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *norm, const bf16 *w_gate,
+                   const bf16 *w_up, int T, int F, int cols) {
+    float eps = (float)c->m->arch.rms_eps;
     if (T <= DECODE_TOKENS) {
-        cuda_matmul_swiglu(act, x, w_gate, w_up, T, F, cols, c->stream);
+        cuda_matmul_swiglu(act, x, norm, eps, w_gate, w_up, T, F, cols, &c->queue);
         return;
+    }
+    if (norm) {
+        cuda_rmsnorm(c->xn, x, norm, T, cols, eps, &c->queue);
+        x = c->xn;
     }
     cuda_mm(c, act, x, w_gate, NULL, T, F, cols, 0);
     cuda_mm(c, up, x, w_up, NULL, T, F, cols, 0);
-    cuda_swiglu(act, up, T * F, c->stream);
+    cuda_swiglu(act, up, T * F, &c->queue);
 }
 
 /* The MoE sublayer on c->xn, added to c->x: routing, the slots grouped by
@@ -368,7 +378,7 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
 static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, F = a->moe_ffn, k = a->top_k, E = a->n_experts, S = a->shared_ffn;
-    void *s = c->stream;
+    const cuda_queue *s = &c->queue;
     cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, E, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
     /* a prefill chunk on tensor cores (bf16 inputs), decode on the GEMV */
@@ -382,7 +392,7 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
         cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
     }
     if (w->sh_gate) {
-        mlp_in(c, c->gate, c->up, c->xn, w->sh_gate, w->sh_up, T, S, H);
+        mlp_in(c, c->gate, c->up, c->xn, NULL, w->sh_gate, w->sh_up, T, S, H);
         cuda_mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
     }
     cuda_moe_combine(c->x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->xn, w->sh_router, T, k,
@@ -396,7 +406,7 @@ static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) 
     cuda_kv_map sub = {.pos = map->pos + t0, .table = map->table + t0, .tables = map->tables};
     cuda_attention_decode(c->att + t0 * qd, c->q + t0 * qd, c->k_pool, c->v_pool, c->scores, sub, t1 - t0,
                           a->n_heads, a->n_kv_heads, a->head_dim, cuda_attention_splits(t1 - t0, a->n_kv_heads, c->sms),
-                          c->stream);
+                          &c->queue);
 }
 
 /* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
@@ -406,7 +416,7 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
     const polar_arch *a = &c->m->arch;
     int hd = a->head_dim;
     size_t qd = (size_t)a->n_heads * hd;
-    void *s = c->stream;
+    const cuda_queue *s = &c->queue;
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
                        a->n_kv_heads, hd, (float)a->rms_eps, s);
     if (map->run.pos0) {
@@ -435,23 +445,24 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
     float eps = (float)a->rms_eps;
-    void *s = c->stream;
-    cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
-    if (T <= DECODE_TOKENS) {
-        cuda_matmul_qkv(c->q, c->k, c->v, c->xn, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, T, qd, kvd, H, s);
+    const cuda_queue *s = &c->queue;
+    if (T <= DECODE_TOKENS) { /* the attention norm on the fly */
+        cuda_matmul_qkv(c->q, c->k, c->v, c->x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd,
+                        kvd, H, s);
     } else {
+        cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
         cuda_mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
         cuda_mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
         cuda_mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
     attend(c, w, T, map, runs, n_runs);
     cuda_mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);
-    cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
-    if (w->router) {
+    if (w->router) { /* the normed rows feed the router, the experts and the shared expert */
+        cuda_rmsnorm(c->xn, c->x, w->mlp_norm, T, H, eps, s);
         moe_forward(c, w, T);
         return;
     }
-    mlp_in(c, c->gate, c->up, c->xn, w->w_gate, w->w_up, T, a->ffn, H);
+    mlp_in(c, c->gate, c->up, c->x, w->mlp_norm, w->w_gate, w->w_up, T, a->ffn, H);
     cuda_mm(c, c->x, c->gate, w->w_down, NULL, T, H, a->ffn, 1);
 }
 
@@ -460,13 +471,31 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda
 static void forward_layers(cuda_state *c, const int *program, int n_program, int T, int first) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden;
-    cuda_embed(c->x, c->embed, c->tokens, T, H, c->stream);
+    cuda_embed(c->x, c->embed, c->tokens, T, H, &c->queue);
     for (int k = 0; k < n_program; k++) {
         cuda_kv_map map = {.run = {c->pos, c->tables + (size_t)k * c->max_blocks}};
         cuda_layer_forward(c, &c->layers[program[k]], T, &map, NULL, 0);
     }
     cuda_rmsnorm(c->xn + (size_t)first * H, c->x + (size_t)first * H, c->final_norm, T - first, H, (float)a->rms_eps,
-                 c->stream);
+                 &c->queue);
+}
+
+/* Captures the one-token step of this program: the forward, the head and
+ * the argmax fed back. */
+static cudaError_t capture_step(cuda_state *c, const int *program, int n_program, cudaGraphExec_t *exec) {
+    const polar_arch *a = &c->m->arch;
+    cudaGraph_t graph;
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return e;
+    forward_layers(c, program, n_program, 1, 0);
+    cuda_matmul(c->logits, c->xn, c->lm_head, NULL, 1, a->vocab, a->hidden, 0, &c->queue);
+    cuda_argmax_feed(c->tokens, (int *)c->ring, c->pos, c->step, c->logits, a->vocab, &c->queue);
+    e = cudaStreamEndCapture(c->stream, &graph);
+    if (e != cudaSuccess) return e;
+    e = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) *exec = NULL;
+    return e;
 }
 
 /* The one-token step as a graph for this program: the forward, the head,
@@ -487,21 +516,13 @@ static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program
     }
     if (slot->exec) cudaGraphExecDestroy(slot->exec);
     slot->exec = NULL;
-    const polar_arch *a = &c->m->arch;
-    cudaGraph_t graph;
-    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) return e;
-    forward_layers(c, program, n_program, 1, 0);
-    cuda_matmul(c->logits, c->xn, c->lm_head, NULL, 1, a->vocab, a->hidden, 0, c->stream);
-    cuda_argmax_feed(c->tokens, (int *)c->ring, c->pos, c->step, c->logits, a->vocab, c->stream);
-    e = cudaStreamEndCapture(c->stream, &graph);
-    if (e != cudaSuccess) return e;
-    e = cudaGraphInstantiate(&slot->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (e != cudaSuccess) {
-        slot->exec = NULL;
-        return e;
+    cudaError_t e = capture_step(c, program, n_program, &slot->exec);
+    if (e != cudaSuccess && c->queue.overlap) { /* graphs of a driver may not take overlapping launches */
+        (void)cudaGetLastError();
+        c->queue.overlap = 0;
+        e = capture_step(c, program, n_program, &slot->exec);
     }
+    if (e != cudaSuccess) return e;
     memcpy(slot->program, program, (size_t)n_program * sizeof(int));
     slot->n_program = n_program;
     slot->last_used = ++c->graph_clock;

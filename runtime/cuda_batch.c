@@ -259,17 +259,18 @@ static void issue(cuda_batch *d, const step_op *o) {
     int H = a->hidden, V = a->vocab, n = o->n;
     size_t Hs = (size_t)H;
     cudaStream_t s = c->stream;
+    const cuda_queue *q = &c->queue;
     switch ((op_kind)o->kind) {
     case OP_EMBED:
-        cuda_embed(d->x, c->embed, upload(d, o->at, (size_t)n), n, H, s);
+        cuda_embed(d->x, c->embed, upload(d, o->at, (size_t)n), n, H, q);
         break;
     case OP_PASS: {
         const int *r = upload(d, o->at, 3 * (size_t)n), *host = d->staging + o->at;
         cuda_kv_map map = {.pos = r + n, .table = r + 2 * n, .tables = c->tables};
         int n_runs = o->b ? find_runs(host + n, host + 2 * n, n, d->runs) : 0;
-        cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
+        cuda_copy_rows(c->x, d->x, NULL, r, n, H, q);
         cuda_layer_forward(c, &c->layers[o->a], n, &map, d->runs, n_runs);
-        cuda_copy_rows(d->x, c->x, r, NULL, n, H, s);
+        cuda_copy_rows(d->x, c->x, r, NULL, n, H, q);
         break;
     }
     case OP_COPY_ROWS:
@@ -291,20 +292,20 @@ static void issue(cuda_batch *d, const step_op *o) {
         break;
     case OP_FROM_START: {
         const int *r = upload(d, o->at, 2 * (size_t)n);
-        cuda_copy_rows(d->x, d->start, r, r + n, n, H, s);
+        cuda_copy_rows(d->x, d->start, r, r + n, n, H, q);
         break;
     }
     case OP_HEAD: {
         const int *r = upload(d, o->at, (size_t)n);
-        cuda_copy_rows(c->x, d->x, NULL, r, n, H, s);
-        cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, s);
+        cuda_copy_rows(c->x, d->x, NULL, r, n, H, q);
+        cuda_rmsnorm(c->xn, c->x, c->final_norm, n, H, (float)a->rms_eps, q);
         /* in slices of LOGIT_ROWS rows, as a session's head (a CPU batch
          * rounding like the GPU mirrors the slices) */
         for (int r0 = 0; r0 < n; r0 += LOGIT_ROWS) {
             int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
             cuda_mm(c, d->logits + (size_t)r0 * V, c->xn + (size_t)r0 * H, c->lm_head, NULL, k, V, H, 0);
         }
-        cuda_argmax_rows(d->ids, d->logits, n, V, s);
+        cuda_argmax_rows(d->ids, d->logits, n, V, q);
         if (cudaMemcpyAsync(d->host_ids, d->ids, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s) != cudaSuccess)
             d->failed = 1;
         for (int i = 0; i < n; i++)
@@ -380,9 +381,11 @@ static void run_recorded(cuda_batch *d) {
         int failed = d->failed; /* calls refused by a dead capture are no failure of the step */
         if (capture(d, lru) == cudaSuccess) {
             g = lru, d->ran_as = 1;
-        } else { /* not again: the calls go out one by one from now on */
+        } else { /* again without overlap (graphs of a driver may not take it), else never again */
             (void)cudaGetLastError();
-            d->failed = failed, d->graphs = 0;
+            d->failed = failed;
+            if (d->c->queue.overlap) d->c->queue.overlap = 0;
+            else d->graphs = 0;
         }
     }
     keep_calls(d, &d->last);

@@ -143,45 +143,59 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
 }
 
 /* The fused GEMVs (q/k/v in one launch with biases; gate/up with the SwiGLU
- * epilogue) against cpu_matmul + cpu_swiglu, T across the 8-token passes. */
+ * epilogue) against cpu_matmul + cpu_swiglu, T across the 8-token passes;
+ * each also with the RMSNorm applied on the fly, against cpu_rmsnorm first
+ * (the residual rows at a scale of 3, as a model's are not normed). Columns
+ * 60 take the scalar path (not a multiple of 8). */
 static void kernel_fused_gemv(void) {
-    static const int shapes[][3] = {{3072, 1024, 3072}, {2048, 256, 2048}, {96, 40, 72}}; /* q rows, kv rows, cols */
-    for (int sidx = 0; sidx < (quick ? 1 : 3); sidx++) {
+    static const int shapes[][3] = {{3072, 1024, 3072}, {2048, 256, 2048}, {96, 40, 72}, {64, 24, 60}};
+    for (int sidx = 0; sidx < (quick ? 1 : 4); sidx++) {
         int qr = shapes[sidx][0], kr = shapes[sidx][1], cols = shapes[sidx][2], F = 4 * cols;
         for (int T = 1; T <= 11; T += 5) {
-            bf16 *w[3] = {rand_weights((size_t)qr * cols, cols), rand_weights((size_t)kr * cols, cols),
-                          rand_weights((size_t)kr * cols, cols)};
-            bf16 *b[3] = {rand_weights(qr, 10), rand_weights(kr, 10), rand_weights(kr, 10)};
-            float *x = rand_floats((size_t)T * cols, 1), *want[3], *dy[3];
-            int rows[3] = {qr, kr, kr};
-            bf16 *dw[3], *db[3];
-            for (int i = 0; i < 3; i++) {
-                want[i] = malloc((size_t)T * rows[i] * 4);
-                cpu_matmul(want[i], x, w[i], b[i], T, rows[i], cols, 0, 2);
-                dw[i] = to_dev(w[i], (size_t)rows[i] * cols * 2), db[i] = to_dev(b[i], (size_t)rows[i] * 2);
-                dy[i] = dev_floats((size_t)T * rows[i]);
+            for (int normed = 0; normed < 2; normed++) {
+                const float eps = 1e-5f;
+                bf16 *w[3] = {rand_weights((size_t)qr * cols, cols), rand_weights((size_t)kr * cols, cols),
+                              rand_weights((size_t)kr * cols, cols)};
+                bf16 *b[3] = {rand_weights(qr, 10), rand_weights(kr, 10), rand_weights(kr, 10)};
+                bf16 *nw = malloc((size_t)cols * 2);
+                for (int i = 0; i < cols; i++) nw[i] = f32_to_bf16(1 + 0.2f * frand());
+                float *x = rand_floats((size_t)T * cols, normed ? 3 : 1), *xn = malloc((size_t)T * cols * 4);
+                for (int t = 0; t < T; t++)
+                    if (normed) cpu_rmsnorm(xn + (size_t)t * cols, x + (size_t)t * cols, nw, cols, eps);
+                    else memcpy(xn + (size_t)t * cols, x + (size_t)t * cols, (size_t)cols * 4);
+                float *want[3], *dy[3];
+                int rows[3] = {qr, kr, kr};
+                bf16 *dw[3], *db[3], *dnw = normed ? to_dev(nw, (size_t)cols * 2) : NULL;
+                for (int i = 0; i < 3; i++) {
+                    want[i] = malloc((size_t)T * rows[i] * 4);
+                    cpu_matmul(want[i], xn, w[i], b[i], T, rows[i], cols, 0, 2);
+                    dw[i] = to_dev(w[i], (size_t)rows[i] * cols * 2), db[i] = to_dev(b[i], (size_t)rows[i] * 2);
+                    dy[i] = dev_floats((size_t)T * rows[i]);
+                }
+                float *dx = to_dev(x, (size_t)T * cols * 4);
+                cuda_matmul_qkv(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], db[0], db[1], db[2], dnw, eps, T, qr, kr,
+                                cols, NULL);
+                for (int i = 0; i < 3; i++) {
+                    float *got = from_dev(dy[i], (size_t)T * rows[i]), d = max_rel(got, want[i], (size_t)T * rows[i]);
+                    CHECK(d < 1e-4f, "qkv part %d %dx%d T=%d normed %d: relative error %g", i, rows[i], cols, T,
+                          normed, d);
+                    free(got);
+                }
+                /* gate/up: F rows each */
+                bf16 *wg = rand_weights((size_t)F * cols, cols), *wu = rand_weights((size_t)F * cols, cols);
+                float *g = malloc((size_t)T * F * 4), *u = malloc((size_t)T * F * 4), *dact = dev_floats((size_t)T * F);
+                cpu_matmul(g, xn, wg, NULL, T, F, cols, 0, 2);
+                cpu_matmul(u, xn, wu, NULL, T, F, cols, 0, 2);
+                cpu_swiglu(g, u, T * F);
+                bf16 *dwg = to_dev(wg, (size_t)F * cols * 2), *dwu = to_dev(wu, (size_t)F * cols * 2);
+                cuda_matmul_swiglu(dact, dx, dnw, eps, dwg, dwu, T, F, cols, NULL);
+                float *got = from_dev(dact, (size_t)T * F), d = max_rel(got, g, (size_t)T * F);
+                CHECK(d < 1e-4f, "gate/up swiglu %dx%d T=%d normed %d: relative error %g", F, cols, T, normed, d);
+                free(got), free(g), free(u), free(wg), free(wu), free(x), free(xn), free(nw);
+                cudaFree(dact), cudaFree(dwg), cudaFree(dwu), cudaFree(dx), cudaFree(dnw);
+                for (int i = 0; i < 3; i++) free(w[i]), free(b[i]), free(want[i]), cudaFree(dw[i]), cudaFree(db[i]),
+                                            cudaFree(dy[i]);
             }
-            float *dx = to_dev(x, (size_t)T * cols * 4);
-            cuda_matmul_qkv(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], db[0], db[1], db[2], T, qr, kr, cols, NULL);
-            for (int i = 0; i < 3; i++) {
-                float *got = from_dev(dy[i], (size_t)T * rows[i]), d = max_rel(got, want[i], (size_t)T * rows[i]);
-                CHECK(d < 1e-4f, "qkv part %d %dx%d T=%d: relative error %g", i, rows[i], cols, T, d);
-                free(got);
-            }
-            /* gate/up: F rows each */
-            bf16 *wg = rand_weights((size_t)F * cols, cols), *wu = rand_weights((size_t)F * cols, cols);
-            float *g = malloc((size_t)T * F * 4), *u = malloc((size_t)T * F * 4), *dact = dev_floats((size_t)T * F);
-            cpu_matmul(g, x, wg, NULL, T, F, cols, 0, 2);
-            cpu_matmul(u, x, wu, NULL, T, F, cols, 0, 2);
-            cpu_swiglu(g, u, T * F);
-            bf16 *dwg = to_dev(wg, (size_t)F * cols * 2), *dwu = to_dev(wu, (size_t)F * cols * 2);
-            cuda_matmul_swiglu(dact, dx, dwg, dwu, T, F, cols, NULL);
-            float *got = from_dev(dact, (size_t)T * F), d = max_rel(got, g, (size_t)T * F);
-            CHECK(d < 1e-4f, "gate/up swiglu %dx%d T=%d: relative error %g", F, cols, T, d);
-            free(got), free(g), free(u), free(wg), free(wu), free(x);
-            cudaFree(dact), cudaFree(dwg), cudaFree(dwu), cudaFree(dx);
-            for (int i = 0; i < 3; i++) free(w[i]), free(b[i]), free(want[i]), cudaFree(dw[i]), cudaFree(db[i]),
-                                        cudaFree(dy[i]);
         }
     }
 }

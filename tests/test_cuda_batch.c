@@ -228,6 +228,19 @@ static void batch_capture_fails(void) {
           fig.captured, fig.replayed);
 }
 
+/* Every capture that records a launch made to overlap the previous kernel
+ * failing (POLAR_CUDA_EMU_BREAK_CAPTURE=overlap, a driver without
+ * programmatic edges in graphs): the batch captures again without overlap,
+ * and its graphs run, with the same results. */
+static void batch_overlap_capture_fails(void) {
+    setenv("POLAR_CUDA_EMU_BREAK_CAPTURE", "overlap", 1);
+    figures fig;
+    against_cpu("llama", &mixed_sc, &fig);
+    unsetenv("POLAR_CUDA_EMU_BREAK_CAPTURE");
+    CHECK(fig.captured > 0 && fig.replayed > 0, "%d graphs captured, %d steps replayed one: no graphs after the retry",
+          fig.captured, fig.replayed);
+}
+
 /* Every graph launch refused (POLAR_CUDA_EMU_BREAK_LAUNCH): the first
  * graph is captured, its launch fails, and that step and every later one go
  * out call by call (graphs off for the batch), with the same results. */
@@ -276,6 +289,7 @@ int main(int argc, char **argv) {
     RUN(batch_graphs_off);
 #ifdef POLAR_CUDA_EMU
     RUN(batch_capture_fails);
+    RUN(batch_overlap_capture_fails);
     RUN(batch_launch_fails);
 #endif
     RUN(batch_prefix_cache);

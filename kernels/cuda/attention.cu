@@ -58,7 +58,9 @@ static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, 
 
 __global__ void attention_split_kernel(float *part, const float *q, const bf16_bits *kc, const bf16_bits *vc,
                                        cuda_kv_map map, int n_heads, int n_kv, int hd, int splits) {
+    await_previous_kernel();
     int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, pos = kv_pos(map, t);
+    if (split * ATT_CHUNK > pos) return; // no keys: the merge reads only the splits that have some
     const int *table = kv_table(map, t);
     int group = n_heads / n_kv, kvd = n_kv * hd, stride = KV_STRIDE(hd);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
@@ -122,26 +124,31 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
 
 // The S partials of (token t, head h): each split's log-sum-exp weight
 // computed once, in shared memory, then a thread per output dimension sums
-// the splits in order with every split's load issued up front (a thread
-// used to recompute all S weights for its dimension, one dependent load at a
-// time). Splits past the token's last key chunk hold a sum of 0 and are
-// skipped, as before: the same operations in the same order, the same bits.
-__global__ void attention_merge_kernel(float *out, const float *part, int n_heads, int hd, int splits) {
+// the splits in order with every split's load issued up front. Only the
+// splits that hold keys are read: split s covers chunks s, s + S, ..., so
+// the first min(S, chunks up to the token's position) of them (at a
+// 128-token context and 64 splits, 4 of 64). The others, with no keys, write
+// nothing; they used to write a sum of 0 that this loop skipped, so the
+// same operations give the same bits.
+__global__ void attention_merge_kernel(float *out, const float *part, cuda_kv_map map, int n_heads, int hd,
+                                       int splits) {
+    await_previous_kernel();
     __shared__ float ms[ATT_MAX_SPLITS], ls[ATT_MAX_SPLITS], wgt[ATT_MAX_SPLITS], total;
-    int t = blockIdx.x, h = blockIdx.y;
+    int t = blockIdx.x, h = blockIdx.y, chunks = kv_pos(map, t) / ATT_CHUNK + 1;
+    int used = chunks < splits ? chunks : splits;
     size_t stride = (size_t)hd + 2;
     const float *p = part + ((size_t)t * n_heads + h) * splits * stride;
-    for (int k = threadIdx.x; k < splits; k += blockDim.x) ms[k] = p[k * stride], ls[k] = p[k * stride + 1];
+    for (int k = threadIdx.x; k < used; k += blockDim.x) ms[k] = p[k * stride], ls[k] = p[k * stride + 1];
     __syncthreads();
     if (threadIdx.x < WARP) {
         float m = -INFINITY;
-        for (int k = threadIdx.x; k < splits; k += WARP) m = fmaxf(m, ms[k]);
+        for (int k = threadIdx.x; k < used; k += WARP) m = fmaxf(m, ms[k]);
         m = warp_max(m);
-        for (int k = threadIdx.x; k < splits; k += WARP) wgt[k] = ls[k] > 0.0f ? expf(ms[k] - m) : 0.0f;
+        for (int k = threadIdx.x; k < used; k += WARP) wgt[k] = ls[k] > 0.0f ? expf(ms[k] - m) : 0.0f;
         __syncwarp();
         if (threadIdx.x == 0) {
             float l = 0.0f;
-            for (int k = 0; k < splits; k++)
+            for (int k = 0; k < used; k++)
                 if (ls[k] > 0.0f) l += ls[k] * wgt[k];
             total = l;
         }
@@ -150,7 +157,7 @@ __global__ void attention_merge_kernel(float *out, const float *part, int n_head
     for (int c = threadIdx.x; c < hd; c += blockDim.x) {
         float o = 0.0f;
 #pragma unroll 8
-        for (int k = 0; k < splits; k++) {
+        for (int k = 0; k < used; k++) {
             float v = p[k * stride + 2 + c];
             if (ls[k] > 0.0f) o += v * wgt[k];
         }
@@ -180,11 +187,11 @@ extern "C" size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, 
 
 extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                                       float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                      int splits, void *stream) {
+                                      int splits, const cuda_queue *queue) {
     if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
-    attention_split_kernel<<<dim3(T, n_kv, splits), 256, 0, st(stream)>>>(scratch, q, k_pool, v_pool, map, n_heads,
-                                                                           n_kv, head_dim, splits);
-    attention_merge_kernel<<<dim3(T, n_heads), 128, 0, st(stream)>>>(out, scratch, n_heads, head_dim, splits);
+    launch(queue, dim3(T, n_kv, splits), 256, 0, attention_split_kernel, scratch, q, k_pool, v_pool, map, n_heads,
+           n_kv, head_dim, splits);
+    launch(queue, dim3(T, n_heads), 128, 0, attention_merge_kernel, out, scratch, map, n_heads, head_dim, splits);
 }
 
 // ------------------------------------------------------------------ prefill
@@ -205,6 +212,7 @@ template <int RPW>
 __global__ void __launch_bounds__(PF_WARPS *WARP)
     attention_prefill_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, cuda_kv_run run,
                              int T, int n_heads, int n_kv, int hd) {
+    await_previous_kernel();
     extern __shared__ float smem[];
     const int PF_ROWS = PF_WARPS * RPW;
     int t0 = blockIdx.x * PF_ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
@@ -298,19 +306,14 @@ static int prefill_rows_per_warp(int T, int n_heads) {
 
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                                        cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
-                                       void *stream) {
+                                       const cuda_queue *queue) {
     int rpw = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp
                                                                              : prefill_rows_per_warp(T, n_heads);
     int rows = PF_WARPS * rpw;
     dim3 grid((T + rows - 1) / rows, n_heads);
     size_t smem = prefill_smem(rpw, head_dim);
-    if (rpw == 4)
-        attention_prefill_kernel<4><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
-                                                                                  n_heads, n_kv, head_dim);
-    else if (rpw == 2)
-        attention_prefill_kernel<2><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
-                                                                                  n_heads, n_kv, head_dim);
-    else
-        attention_prefill_kernel<1><<<grid, PF_WARPS * WARP, smem, st(stream)>>>(out, q, k_pool, v_pool, run, T,
-                                                                                  n_heads, n_kv, head_dim);
+    auto kernel = rpw == 4   ? attention_prefill_kernel<4>
+                  : rpw == 2 ? attention_prefill_kernel<2>
+                             : attention_prefill_kernel<1>;
+    launch(queue, grid, PF_WARPS * WARP, smem, kernel, out, q, k_pool, v_pool, run, T, n_heads, n_kv, head_dim);
 }

@@ -12,8 +12,40 @@
 #define WARP 32
 #define MAX_TOKENS_PER_PASS 8 // inputs one pass over a weight row serves
 
-// The stream a C caller passed as void *.
-static inline cudaStream_t st(void *s) { return (cudaStream_t)s; }
+// A queue's stream (NULL: the default stream).
+static inline cudaStream_t st(const cuda_queue *q) { return q ? (cudaStream_t)q->stream : (cudaStream_t)0; }
+
+// Programmatic dependent launch (sm_90 and later). A kernel launched by
+// launch() on a queue with overlap may be scheduled while the previous
+// kernel of the stream finishes, so its blocks are resident when that
+// kernel's last ones end: a decode step is some 200 short kernels, and on
+// an H100 the gaps between them took about a third of a step. What keeps
+// it correct: every kernel launch() starts calls await_previous_kernel()
+// first, before it reads or writes anything (the CUDA emulation fails a
+// thread that exits without it). The next kernel is let in only then, so
+// at most two grids hold the GPU.
+static __device__ __forceinline__ void await_previous_kernel() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();           // the previous kernel has finished, its writes visible
+    cudaTriggerProgrammaticLaunchCompletion(); // the next one may be scheduled
+#endif
+}
+
+// Launches kernel(args) on q's stream (grid, block, dynamic shared memory as
+// in the launch brackets), overlapping the previous kernel when q asks for
+// it. The kernel begins with await_previous_kernel(). A failed launch is the
+// last error (cudaGetLastError), as with the brackets.
+template <typename... P, typename... A>
+static inline void launch(const cuda_queue *q, dim3 grid, dim3 block, size_t smem, void (*kernel)(P...),
+                          A &&...args) {
+    cudaLaunchAttribute overlap[1];
+    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st(q);
+    cfg.attrs = overlap, cfg.numAttrs = q && q->overlap ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
 
 // Token t's position and block table, and the pool row of position j
 // under that table (cuda_kv_map, ops.h).
@@ -64,14 +96,23 @@ static __device__ __forceinline__ float block_sum(float v) {
 }
 
 // acc[r][t] += this lane's share of w_r[j..j+8) . xs[t][j..j+8) for the R
-// rows' 16-byte chunks p[r].
-template <int R>
-static __device__ __forceinline__ void dot8(float (*acc)[MAX_TOKENS_PER_PASS], const uint4 *p,
+// rows' 16-byte chunks p[r]. With NORM the inputs are normed on the fly:
+// ss[t] gathers x^2 and each x is scaled by its norm weight (nw, 8 bf16) as
+// loaded; the caller multiplies the dots by 1/rms (rms_scale).
+template <int R, bool NORM>
+static __device__ __forceinline__ void dot8(float (*acc)[MAX_TOKENS_PER_PASS], float *ss, const uint4 *p, uint4 nw,
                                             const float *const xs[MAX_TOKENS_PER_PASS], int n, int j) {
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
         float4 a = *(const float4 *)(xs[t] + j), b = *(const float4 *)(xs[t] + j + 4);
+        if (NORM) {
+            ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+            a.x *= __uint_as_float(nw.x << 16), a.y *= __uint_as_float(nw.x & 0xffff0000u);
+            a.z *= __uint_as_float(nw.y << 16), a.w *= __uint_as_float(nw.y & 0xffff0000u);
+            b.x *= __uint_as_float(nw.z << 16), b.y *= __uint_as_float(nw.z & 0xffff0000u);
+            b.z *= __uint_as_float(nw.w << 16), b.w *= __uint_as_float(nw.w & 0xffff0000u);
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float w0 = __uint_as_float(p[r].x << 16), w1 = __uint_as_float(p[r].x & 0xffff0000u);
@@ -88,11 +129,15 @@ static __device__ __forceinline__ void dot8(float (*acc)[MAX_TOKENS_PER_PASS], c
 // lane streams 16 bytes of each row per step, U steps' loads issued before
 // the first FMA so that U * R loads per lane are in flight (decode is bound
 // by how many bytes are in flight, not by arithmetic); every row is read
-// once for all n inputs.
-template <int R, int U>
-static __device__ __forceinline__ void rows_dots(float (*acc)[MAX_TOKENS_PER_PASS], const uint16_t *const *wr,
+// once for all n inputs. With NORM (norm: the RMSNorm weights, cols of
+// them) the inputs are the residual rows, normed as dot8 says, and ss[t]
+// holds this lane's share of sum x^2.
+template <int R, int U, bool NORM>
+static __device__ __forceinline__ void rows_dots(float (*acc)[MAX_TOKENS_PER_PASS], float *ss,
+                                                 const uint16_t *const *wr, const uint16_t *norm,
                                                  const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
                                                  int lane) {
+    const uint4 no_norm = {0, 0, 0, 0};
     if ((cols & 7) == 0) {
         const int step = WARP * 8;
         int j = lane * 8;
@@ -103,34 +148,48 @@ static __device__ __forceinline__ void rows_dots(float (*acc)[MAX_TOKENS_PER_PAS
 #pragma unroll
                 for (int r = 0; r < R; r++) p[u][r] = __ldcs((const uint4 *)(wr[r] + j + u * step));
 #pragma unroll
-            for (int u = 0; u < U; u++) dot8<R>(acc, p[u], xs, n, j + u * step);
+            for (int u = 0; u < U; u++)
+                dot8<R, NORM>(acc, ss, p[u], NORM ? *(const uint4 *)(norm + j + u * step) : no_norm, xs, n,
+                              j + u * step);
         }
         for (; j < cols; j += step) {
             uint4 p[R];
 #pragma unroll
             for (int r = 0; r < R; r++) p[r] = __ldcs((const uint4 *)(wr[r] + j));
-            dot8<R>(acc, p, xs, n, j);
+            dot8<R, NORM>(acc, ss, p, NORM ? *(const uint4 *)(norm + j) : no_norm, xs, n, j);
         }
     } else {
         for (int j = lane; j < cols; j += WARP) {
+            float nj = NORM ? bf(norm[j]) : 1.0f;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float wj = bf(wr[r][j]);
 #pragma unroll
                 for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
                     if (t >= n) break;
-                    acc[r][t] += wj * xs[t][j];
+                    acc[r][t] += wj * (NORM ? nj * xs[t][j] : xs[t][j]);
                 }
+            }
+#pragma unroll
+            for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+                if (!NORM || t >= n) break;
+                ss[t] += xs[t][j] * xs[t][j];
             }
         }
     }
+}
+
+// 1/rms of a token from the warp's lanes' shares of sum x^2 (every lane
+// gets it): the cpu_rmsnorm statistic.
+static __device__ __forceinline__ float rms_scale(float ss, int cols, float eps) {
+    return 1.0f / sqrtf(warp_sum(ss) / (float)cols + eps);
 }
 
 // One row: rows_dots with four steps in flight.
 static __device__ __forceinline__ void row_dots(float acc[MAX_TOKENS_PER_PASS], const uint16_t *wr,
                                                 const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
                                                 int lane) {
-    rows_dots<1, 4>((float (*)[MAX_TOKENS_PER_PASS])acc, &wr, xs, n, cols, lane);
+    rows_dots<1, 4, false>((float (*)[MAX_TOKENS_PER_PASS])acc, NULL, &wr, NULL, xs, n, cols, lane);
 }
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }

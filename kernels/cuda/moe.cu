@@ -28,6 +28,7 @@ static __device__ __forceinline__ bool ranks_before(float av, int ai, float bv, 
 }
 
 __global__ void topk_kernel(int *idx, float *weight, const float *logits, int T, int E, int k, int norm) {
+    await_previous_kernel();
     int lane = threadIdx.x % WARP, t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (t >= T) return;
     const float *lg = logits + (size_t)t * E;
@@ -68,10 +69,10 @@ __global__ void topk_kernel(int *idx, float *weight, const float *logits, int T,
 }
 
 extern "C" void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router, int T,
-                           int E, int H, int k, int norm, void *stream) {
-    cuda_matmul(logits, x, w_router, NULL, T, E, H, 0, stream);
+                           int E, int H, int k, int norm, const cuda_queue *queue) {
+    cuda_matmul(logits, x, w_router, NULL, T, E, H, 0, queue);
     const int warps = 8;
-    topk_kernel<<<(T + warps - 1) / warps, warps * WARP, 0, st(stream)>>>(idx, weight, logits, T, E, k, norm);
+    launch(queue, (T + warps - 1) / warps, warps * WARP, 0, topk_kernel, idx, weight, logits, T, E, k, norm);
 }
 
 // ------------------------------------------------------------------- grouping
@@ -91,6 +92,7 @@ extern "C" size_t cuda_moe_group_ints(int T, int k, int E) { return 2 + 2 * (siz
 static __device__ __forceinline__ int rank_in(unsigned mask, int lane) { return __popc(mask & ((1u << lane) - 1)); }
 
 __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E) {
+    await_previous_kernel();
     extern __shared__ int cursor[]; // [E]: counts, then each expert's next free place
     int lane = threadIdx.x, *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
     for (int e = lane; e < E; e += WARP) cursor[e] = 0;
@@ -133,8 +135,8 @@ __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E
     }
 }
 
-extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stream) {
-    moe_group_kernel<<<1, WARP, (size_t)E * sizeof(int), st(stream)>>>(groups, idx, T * k, E);
+extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, const cuda_queue *queue) {
+    launch(queue, 1, WARP, (size_t)E * sizeof(int), moe_group_kernel, groups, idx, T * k, E);
 }
 
 // --------------------------------------------------------------- expert GEMV
@@ -147,6 +149,7 @@ extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int E,
 
 __global__ void expert_gemv_kernel(float *y, const float *x, const bf16_bits *w, const int *groups, int E, int k,
                                    int rows, int cols, int x_per_slot, int swiglu) {
+    await_previous_kernel();
     if ((int)blockIdx.y >= groups[0]) return;
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, out_rows = swiglu ? rows / 2 : rows;
@@ -169,7 +172,7 @@ __global__ void expert_gemv_kernel(float *y, const float *x, const bf16_bits *w,
 #pragma unroll
             for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) gu[0][i] = gu[1][i] = 0.0f;
             const uint16_t *rows2[2] = {we + (size_t)r * cols, we + (size_t)(out_rows + r) * cols};
-            rows_dots<2, 2>(gu, rows2, xs, n, cols, lane);
+            rows_dots<2, 2, false>(gu, NULL, rows2, NULL, xs, n, cols, lane);
 #pragma unroll
             for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) g[i] = gu[0][i], u[i] = gu[1][i];
         } else {
@@ -185,11 +188,11 @@ __global__ void expert_gemv_kernel(float *y, const float *x, const bf16_bits *w,
 }
 
 extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k,
-                                   int E, int rows, int cols, int x_per_slot, int swiglu, void *stream) {
+                                   int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     int out_rows = swiglu ? rows / 2 : rows, chosen = T * k < E ? T * k : E;
     dim3 grid((out_rows + warps - 1) / warps, chosen);
-    expert_gemv_kernel<<<grid, threads, 0, st(stream)>>>(y, x, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+    launch(queue, grid, threads, 0, expert_gemv_kernel, y, x, w, groups, E, k, rows, cols, x_per_slot, swiglu);
 }
 
 // ------------------------------------------------------- expert GEMM (prefill)
@@ -209,6 +212,7 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
 __global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w,
                                                           const int *groups, int E, int k, int rows, int cols,
                                                           int x_per_slot, int swiglu) {
+    await_previous_kernel();
     using namespace nvcuda;
     if ((int)blockIdx.y >= groups[0]) return;
     __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_LD];
@@ -269,12 +273,12 @@ __global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_b
 }
 
 extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k,
-                                int E, int rows, int cols, int x_per_slot, int swiglu, void *stream) {
+                                int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue) {
     int out_rows = swiglu ? rows / 2 : rows;
     if (cols % 16 || out_rows % 16) return 0; // whole 16 x 16 tiles only
     int chosen = T * k < E ? T * k : E;
     dim3 grid((out_rows + EG_ROWS - 1) / EG_ROWS, chosen);
-    expert_gemm_kernel<<<grid, 128, 0, st(stream)>>>(y, xb, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+    launch(queue, grid, 128, 0, expert_gemm_kernel, y, xb, w, groups, E, k, rows, cols, x_per_slot, swiglu);
     return 1;
 }
 
@@ -284,6 +288,7 @@ extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *
 // sigmoid(xn[t] . gate_w) * shared[t] when there is a shared expert.
 __global__ void moe_combine_kernel(float *x, const float *y, const float *weight, const float *shared,
                                    const float *xn, const bf16_bits *gate_w, int k, int H) {
+    await_previous_kernel();
     int t = blockIdx.x;
     float sig = 0.0f;
     if (shared) {
@@ -300,6 +305,6 @@ __global__ void moe_combine_kernel(float *x, const float *y, const float *weight
 }
 
 extern "C" void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
-                                 const bf16_bits *gate_w, int T, int k, int H, void *stream) {
-    moe_combine_kernel<<<T, 256, 0, st(stream)>>>(x, y, weight, shared, xn, gate_w, k, H);
+                                 const bf16_bits *gate_w, int T, int k, int H, const cuda_queue *queue) {
+    launch(queue, T, 256, 0, moe_combine_kernel, x, y, weight, shared, xn, gate_w, k, H);
 }

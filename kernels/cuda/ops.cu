@@ -11,18 +11,21 @@
 // ------------------------------------------------------------------ embedding
 
 __global__ void embed_kernel(float *x, const bf16_bits *table, const int *tokens, int hidden) {
+    await_previous_kernel();
     const bf16_bits *row = table + (size_t)tokens[blockIdx.x] * hidden;
     float *out = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf(row[i]);
 }
 
-extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream) {
-    embed_kernel<<<T, 256, 0, st(stream)>>>(x, table, tokens, hidden);
+extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden,
+                           const cuda_queue *queue) {
+    launch(queue, T, 256, 0, embed_kernel, x, table, tokens, hidden);
 }
 
 // -------------------------------------------------------------------- rmsnorm
 
 __global__ void rmsnorm_kernel(float *out, const float *x, const bf16_bits *w, int n, float eps) {
+    await_previous_kernel();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -31,8 +34,9 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const bf16_bits *w, i
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = bf(w[i]) * (xr[i] * inv);
 }
 
-extern "C" void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps, void *stream) {
-    rmsnorm_kernel<<<T, 256, 0, st(stream)>>>(out, x, w, n, eps);
+extern "C" void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps,
+                             const cuda_queue *queue) {
+    launch(queue, T, 256, 0, rmsnorm_kernel, out, x, w, n, eps);
 }
 
 // --------------------------------------------------------------------- matmul
@@ -52,9 +56,16 @@ struct gemv_parts {
 // One warp per output row, the row read once per pass of up to 8 tokens;
 // blockIdx.y is the pass (tokens 8y..8y+7), so any T is one launch. ONE: a
 // decode step's single token, compiled apart so the unused token slots cost
-// no registers (more warps resident, more loads in flight).
-template <bool ONE>
-__global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, int T, int cols, int accumulate) {
+// no registers (more warps resident, more loads in flight). NORM: x holds
+// the residual rows and norm the RMSNorm weights, applied on the fly (each
+// warp sums x^2 over the row it reads anyway), so a decode step needs no
+// launch, and no pass over x, for the norm. Its sums take registers, so its
+// several-token variant keeps 2 steps in flight, not 4 (80 registers on
+// sm_90: three blocks a multiprocessor, as without the norm).
+template <bool ONE, bool NORM>
+__global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, const bf16_bits *norm, float eps,
+                                                   int T, int cols, int accumulate) {
+    await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= parts.rows) return;
@@ -63,16 +74,18 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
     int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
-    float acc[MAX_TOKENS_PER_PASS];
+    float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
 #pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = 0.0f;
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = ss[t] = 0.0f;
     const uint16_t *wr = part.w + (size_t)r * cols;
-    rows_dots<1, ONE ? 8 : 4>((float (*)[MAX_TOKENS_PER_PASS])acc, &wr, xs, n, cols, lane);
+    rows_dots<1, ONE ? 8 : NORM ? 2 : 4, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &wr, norm, xs, n, cols, lane);
     float b = part.bias ? bf(part.bias[r]) : 0.0f;
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
         float v = warp_sum(acc[t]);
+        if (NORM) v *= rms_scale(ss[t], cols, eps);
         if (lane == 0) {
             float *dst = &part.y[(size_t)(t0 + t) * part.rows + r];
             *dst = accumulate ? *dst + (v + b) : v + b;
@@ -82,57 +95,68 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
 
 static unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS); }
 
-static void gemv(gemv_parts parts, const float *x, int T, int cols, int accumulate, void *stream) {
+static void gemv(gemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
+                 const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((parts.rows + warps - 1) / warps, passes(T));
-    if (T == 1) gemv_kernel<true><<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
-    else gemv_kernel<false><<<grid, threads, 0, st(stream)>>>(parts, x, T, cols, accumulate);
+    auto kernel = norm ? (T == 1 ? gemv_kernel<true, true> : gemv_kernel<false, true>)
+                       : (T == 1 ? gemv_kernel<true, false> : gemv_kernel<false, false>);
+    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate);
 }
 
 extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
-                            int cols, int accumulate, void *stream) {
+                            int cols, int accumulate, const cuda_queue *queue) {
     gemv_parts parts = {{{y, w, bias, rows}}, 1, rows};
-    gemv(parts, x, T, cols, accumulate, stream);
+    gemv(parts, x, NULL, 0.0f, T, cols, accumulate, queue);
 }
 
 extern "C" void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, const bf16_bits *wq,
                                 const bf16_bits *wk, const bf16_bits *wv, const bf16_bits *bq, const bf16_bits *bk,
-                                const bf16_bits *bv, int T, int q_rows, int kv_rows, int cols, void *stream) {
+                                const bf16_bits *bv, const bf16_bits *norm, float eps, int T, int q_rows,
+                                int kv_rows, int cols, const cuda_queue *queue) {
     gemv_parts parts = {{{q, wq, bq, q_rows}, {k, wk, bk, kv_rows}, {v, wv, bv, kv_rows}}, 3, q_rows + 2 * kv_rows};
-    gemv(parts, x, T, cols, 0, stream);
+    gemv(parts, x, norm, eps, T, cols, 0, queue);
 }
 
 // act[t, r] = silu(x_t . gate_r) * (x_t . up_r): a warp streams row r of
-// both, their loads interleaved; blockIdx.y is the pass of 8 tokens. ONE: as
-// in gemv_kernel.
-template <bool ONE>
-__global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *w_gate,
-                                                          const bf16_bits *w_up, int T, int F, int cols) {
+// both, their loads interleaved; blockIdx.y is the pass of 8 tokens. ONE and
+// NORM: as in gemv_kernel.
+template <bool ONE, bool NORM>
+__global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm, float eps,
+                                                          const bf16_bits *w_gate, const bf16_bits *w_up, int T,
+                                                          int F, int cols) {
+    await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= F) return;
     int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
-    float gu[2][MAX_TOKENS_PER_PASS];
+    float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = 0.0f;
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = ss[t] = 0.0f;
     const uint16_t *rows[2] = {w_gate + (size_t)r * cols, w_up + (size_t)r * cols};
-    rows_dots<2, ONE ? 4 : 2>(gu, rows, xs, n, cols, lane);
+    rows_dots<2, ONE ? 4 : 2, NORM>(gu, ss, rows, norm, xs, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
         float gv = warp_sum(gu[0][t]), uv = warp_sum(gu[1][t]);
+        if (NORM) {
+            float inv = rms_scale(ss[t], cols, eps);
+            gv *= inv, uv *= inv;
+        }
         if (lane == 0) act[(size_t)(t0 + t) * F + r] = silu_mul(gv, uv);
     }
 }
 
-extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T,
-                                   int F, int cols, void *stream) {
+extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *norm, float eps,
+                                   const bf16_bits *w_gate, const bf16_bits *w_up, int T, int F, int cols,
+                                   const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((F + warps - 1) / warps, passes(T));
-    if (T == 1) gemv_swiglu_kernel<true><<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
-    else gemv_swiglu_kernel<false><<<grid, threads, 0, st(stream)>>>(act, x, w_gate, w_up, T, F, cols);
+    auto kernel = norm ? (T == 1 ? gemv_swiglu_kernel<true, true> : gemv_swiglu_kernel<false, true>)
+                       : (T == 1 ? gemv_swiglu_kernel<true, false> : gemv_swiglu_kernel<false, false>);
+    launch(queue, grid, threads, 0, kernel, act, x, norm, eps, w_gate, w_up, T, F, cols);
 }
 
 // ------------------------------------------------- q/k norm, RoPE, KV store
@@ -142,6 +166,7 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                      const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
                                      bf16_bits *v_pool, cuda_kv_map map, int n_heads, int n_kv, int hd, float eps) {
+    await_previous_kernel();
     int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos = kv_pos(map, t);
     int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
     const float *src = is_q ? q + ((size_t)t * n_heads + h) * hd : k + (size_t)t * kvd + (size_t)kvh * hd;
@@ -175,14 +200,15 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
 extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
                                    const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
                                    bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                   float eps, void *stream) {
+                                   float eps, const cuda_queue *queue) {
     int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
     dim3 grid(T, n_heads + n_kv);
-    qk_rope_store_kernel<<<grid, threads, 0, st(stream)>>>(q, k, v, q_norm, k_norm, inv_freq, k_pool, v_pool, map,
-                                                          n_heads, n_kv, head_dim, eps);
+    launch(queue, grid, threads, 0, qk_rope_store_kernel, q, k, v, q_norm, k_norm, inv_freq, k_pool, v_pool, map,
+           n_heads, n_kv, head_dim, eps);
 }
 
 __global__ void copy_rows_kernel(float *dst, const float *src, const int *dst_idx, const int *src_idx, int width) {
+    await_previous_kernel();
     int i = blockIdx.x;
     float *d = dst + (size_t)(dst_idx ? dst_idx[i] : i) * width;
     const float *s = src + (size_t)(src_idx ? src_idx[i] : i) * width;
@@ -190,23 +216,25 @@ __global__ void copy_rows_kernel(float *dst, const float *src, const int *dst_id
 }
 
 extern "C" void cuda_copy_rows(float *dst, const float *src, const int *dst_idx, const int *src_idx, int n, int width,
-                               void *stream) {
-    if (n > 0) copy_rows_kernel<<<n, 256, 0, st(stream)>>>(dst, src, dst_idx, src_idx, width);
+                               const cuda_queue *queue) {
+    if (n > 0) launch(queue, n, 256, 0, copy_rows_kernel, dst, src, dst_idx, src_idx, width);
 }
 
 // ------------------------------------------------------- GEMM helpers
 
 __global__ void to_bf16_kernel(bf16_bits *xb, const float *x, long n) {
+    await_previous_kernel();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) xb[i] = to_bf(x[i]);
 }
 
-extern "C" void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream) {
-    to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st(stream)>>>(xb, x, n);
+extern "C" void cuda_to_bf16(bf16_bits *xb, const float *x, long n, const cuda_queue *queue) {
+    launch(queue, (unsigned)((n + 255) / 256), 256, 0, to_bf16_kernel, xb, x, n);
 }
 
 __global__ void bias_residual_kernel(float *y, const float *acc, const bf16_bits *bias, int rows, long n,
                                      int accumulate) {
+    await_previous_kernel();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = acc[i] + (bias ? bf(bias[i % rows]) : 0.0f);
@@ -214,20 +242,21 @@ __global__ void bias_residual_kernel(float *y, const float *acc, const bf16_bits
 }
 
 extern "C" void cuda_bias_residual(float *y, const float *acc, const bf16_bits *bias, int T, int rows, int accumulate,
-                                   void *stream) {
+                                   const cuda_queue *queue) {
     long n = (long)T * rows;
-    bias_residual_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st(stream)>>>(y, acc, bias, rows, n, accumulate);
+    launch(queue, (unsigned)((n + 255) / 256), 256, 0, bias_residual_kernel, y, acc, bias, rows, n, accumulate);
 }
 
 // ----------------------------------------------------------- swiglu, argmax
 
 __global__ void swiglu_kernel(float *g, const float *u, int n) {
+    await_previous_kernel();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = silu_mul(g[i], u[i]);
 }
 
-extern "C" void cuda_swiglu(float *g, const float *u, int count, void *stream) {
-    swiglu_kernel<<<(count + 255) / 256, 256, 0, st(stream)>>>(g, u, count);
+extern "C" void cuda_swiglu(float *g, const float *u, int count, const cuda_queue *queue) {
+    launch(queue, (count + 255) / 256, 256, 0, swiglu_kernel, g, u, count);
 }
 
 // One block per row of n logits; each thread scans its share in ascending
@@ -237,6 +266,7 @@ extern "C" void cuda_swiglu(float *g, const float *u, int count, void *stream) {
 // copy in ring[*step % 2] (mapped host memory the host reads after the
 // step's event), and the position and step counters advance.
 __global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, int *pos, int *step) {
+    await_previous_kernel();
     logits += (size_t)blockIdx.x * n;
     out += blockIdx.x;
     __shared__ float best_v[1024];
@@ -280,16 +310,16 @@ __global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, i
     }
 }
 
-extern "C" void cuda_argmax(int *out, const float *logits, int n, void *stream) {
-    argmax_kernel<<<1, 1024, 0, st(stream)>>>(out, logits, n, NULL, NULL, NULL);
+extern "C" void cuda_argmax(int *out, const float *logits, int n, const cuda_queue *queue) {
+    launch(queue, 1, 1024, 0, argmax_kernel, out, logits, n, nullptr, nullptr, nullptr);
 }
 
-extern "C" void cuda_argmax_rows(int *out, const float *logits, int rows, int n, void *stream) {
-    argmax_kernel<<<rows, 1024, 0, st(stream)>>>(out, logits, n, NULL, NULL, NULL);
+extern "C" void cuda_argmax_rows(int *out, const float *logits, int rows, int n, const cuda_queue *queue) {
+    launch(queue, rows, 1024, 0, argmax_kernel, out, logits, n, nullptr, nullptr, nullptr);
 }
 
 extern "C" void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n,
-                                 void *stream) {
-    argmax_kernel<<<1, 1024, 0, st(stream)>>>(token, logits, n, ring, pos, step);
+                                 const cuda_queue *queue) {
+    launch(queue, 1, 1024, 0, argmax_kernel, token, logits, n, ring, pos, step);
 }
 

@@ -1,7 +1,7 @@
 /* CUDA kernels, entered from C. Each launcher mirrors a CPU reference in
  * kernels/cpu/ops.h (same inputs, same math: bf16 weights, f32 activations
- * and statistics) and runs on the given stream (a cudaStream_t). Pointers
- * are device pointers; nothing here synchronises. */
+ * and statistics) and runs on the given queue (NULL: the default stream).
+ * Pointers are device pointers; nothing here synchronises. */
 #ifndef POLAR_CUDA_OPS_H
 #define POLAR_CUDA_OPS_H
 
@@ -13,6 +13,15 @@ extern "C" {
 #endif
 
 typedef uint16_t bf16_bits;
+
+/* Where a launcher's kernels go: a stream (a cudaStream_t), and whether
+ * each may be scheduled while the previous kernel of the stream finishes
+ * (overlap: programmatic dependent launch, sm_90 and later; the kernels wait
+ * for it before touching memory, so results do not change). */
+typedef struct {
+    void *stream;
+    int overlap;
+} cuda_queue;
 
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
 #define CUDA_KV_BLOCK 16
@@ -40,33 +49,37 @@ typedef struct {
 } cuda_kv_map;
 
 /* x[T, hidden] = table[tokens[t], :] */
-void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, void *stream);
+void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, const cuda_queue *queue);
 
 /* out[T, n] = x / sqrt(mean(x^2) + eps) * w, row by row */
-void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps, void *stream);
+void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps, const cuda_queue *queue);
 
 /* y[T, rows] (=|+=) x[T, cols] . W[rows, cols]^T (+ bias): a warp per row,
  * 16-byte loads of W, up to 8 tokens per pass over a row. */
 void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows, int cols,
-                 int accumulate, void *stream);
+                 int accumulate, const cuda_queue *queue);
 
-/* q, k, v = x . Wq^T + bq, x . Wk^T + bk, x . Wv^T + bv in one launch
- * (biases may be NULL). */
+/* q, k, v = xn . Wq^T + bq, xn . Wk^T + bk, xn . Wv^T + bv in one launch
+ * (biases may be NULL), where xn = x, or with norm (RMSNorm weights[cols],
+ * 16-byte aligned) xn = cuda_rmsnorm(x, norm, eps) computed on the fly (the
+ * same math, the sums in another order). */
 void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, const bf16_bits *wq, const bf16_bits *wk,
-                     const bf16_bits *wv, const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv, int T,
-                     int q_rows, int kv_rows, int cols, void *stream);
+                     const bf16_bits *wv, const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv,
+                     const bf16_bits *norm, float eps, int T, int q_rows, int kv_rows, int cols,
+                     const cuda_queue *queue);
 
-/* act[T, F] = silu(x . Wgate^T) * (x . Wup^T): the MLP's first half, the
- * gate and up rows read by one warp, no intermediate written. */
-void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *w_gate, const bf16_bits *w_up, int T, int F,
-                        int cols, void *stream);
+/* act[T, F] = silu(xn . Wgate^T) * (xn . Up^T): the MLP's first half, the
+ * gate and up rows read by one warp, no intermediate written; xn as in
+ * cuda_matmul_qkv. */
+void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *norm, float eps, const bf16_bits *w_gate,
+                        const bf16_bits *w_up, int T, int F, int cols, const cuda_queue *queue);
 
 /* Per token (map as cuda_kv_map): optional per-head RMSNorm of q and k
  * (Qwen3), rotate-half RoPE at the token's position, then k and v written as
  * bf16 into the pool rows of that position. */
 void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm, const bf16_bits *k_norm,
                         const float *inv_freq, bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int T,
-                        int n_heads, int n_kv, int head_dim, float eps, void *stream);
+                        int n_heads, int n_kv, int head_dim, float eps, const cuda_queue *queue);
 
 /* Causal GQA attention of T tokens, each over its sequence's positions
  * 0..its own in the pool (head_dim <= 256). Decode (a few tokens, or a
@@ -81,7 +94,7 @@ size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, int head_di
 int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms multiprocessors */
 void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                            float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
-                           void *stream);
+                           const cuda_queue *queue);
 /* Once per process and head_dim before the first prefill: the prefill
  * kernel's shared-memory limit. Returns a cudaError_t (0: success).
  * rows_per_warp: query rows each warp of the prefill kernel owns (1, 2 or 4;
@@ -89,35 +102,35 @@ void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, 
 int cuda_attention_prepare(int head_dim);
 void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                             cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
-                            void *stream);
+                            const cuda_queue *queue);
 
 /* xb[n] = bf16(x[n]) (round to nearest even), for tensor-core GEMMs. */
-void cuda_to_bf16(bf16_bits *xb, const float *x, long n, void *stream);
+void cuda_to_bf16(bf16_bits *xb, const float *x, long n, const cuda_queue *queue);
 
 /* y[T, rows] = acc[T, rows] + bias (+ y when accumulate): the epilogue of a
  * GEMM that wrote acc. */
 void cuda_bias_residual(float *y, const float *acc, const bf16_bits *bias, int T, int rows, int accumulate,
-                        void *stream);
+                        const cuda_queue *queue);
 
 /* dst[dst_idx[i]] = src[src_idx[i]] for the n rows of width floats (a NULL
  * index is the identity): a batch's rows gathered for a layer pass and
  * scattered back. */
 void cuda_copy_rows(float *dst, const float *src, const int *dst_idx, const int *src_idx, int n, int width,
-                    void *stream);
+                    const cuda_queue *queue);
 
 /* g[T, n] = silu(g) * u */
-void cuda_swiglu(float *g, const float *u, int count, void *stream);
+void cuda_swiglu(float *g, const float *u, int count, const cuda_queue *queue);
 
 /* out[0] = argmax(logits[n]), the lowest index on ties */
-void cuda_argmax(int *out, const float *logits, int n, void *stream);
+void cuda_argmax(int *out, const float *logits, int n, const cuda_queue *queue);
 
 /* out[r] = argmax(logits[r, n]) for each of rows rows, as cuda_argmax */
-void cuda_argmax_rows(int *out, const float *logits, int rows, int n, void *stream);
+void cuda_argmax_rows(int *out, const float *logits, int rows, int n, const cuda_queue *queue);
 
 /* The same, fed back for greedy decoding without the host: token[0] = the
  * argmax, ring[*step % 2] = it too (host-mapped memory), then *pos and *step
  * advance by one. */
-void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n, void *stream);
+void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n, const cuda_queue *queue);
 
 /* MoE routing of T tokens from their normed states x[T, H] and the router
  * W[E, H], as cpu_route: the logits[T, E] (a scratch the caller provides)
@@ -125,12 +138,12 @@ void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *l
  * index on ties), renormalised when norm, written in ascending expert order:
  * idx[T, k], weight[T, k]. */
 void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router, int T, int E, int H,
-                int k, int norm, void *stream);
+                int k, int norm, const cuda_queue *queue);
 
 /* The T*k routed slots grouped by expert on the device (layout in moe.cu),
  * into groups of cuda_moe_group_ints(T, k, E) ints. */
 size_t cuda_moe_group_ints(int T, int k, int E);
-void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stream);
+void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, const cuda_queue *queue);
 
 /* Expert GEMV over the grouped slots, each chosen expert's rows read once
  * per 8 of its slots: for slot s = t*k + j routed to expert e,
@@ -138,19 +151,19 @@ void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, void *stre
  * (x_per_slot = 0) or x[s] (1). With swiglu, W[e] is the gate-then-up block
  * and y[s, rows/2] = silu(gate) * up. */
 void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k, int E,
-                        int rows, int cols, int x_per_slot, int swiglu, void *stream);
+                        int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue);
 
 /* The same on tensor cores for a prefill chunk: inputs xb in bf16 (rows as
  * x above), f32 accumulation. Returns 0 (launching nothing) unless cols and
  * the output rows are multiples of 16. */
 int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k, int E,
-                     int rows, int cols, int x_per_slot, int swiglu, void *stream);
+                     int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue);
 
 /* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order), plus, when shared is
  * not NULL, sigmoid(xn[t] . gate_w) * shared[t]: the MoE residual,
  * deterministic. */
 void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
-                      const bf16_bits *gate_w, int T, int k, int H, void *stream);
+                      const bf16_bits *gate_w, int T, int k, int H, const cuda_queue *queue);
 
 #ifdef __cplusplus
 }

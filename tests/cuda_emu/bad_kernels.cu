@@ -142,6 +142,26 @@ __global__ void add_one_kernel(float *out, int n) {
     if (i < n) out[i] += 1.0f;
 }
 
+// The same after waiting for the previous kernel, as a kernel launched to
+// overlap it must (add_one_kernel launched so is a fault).
+__global__ void awaiting_add_one_kernel(float *out, int n) {
+    cudaGridDependencySynchronize();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += 1.0f;
+}
+
+// kernel<<<...>>>(out, n) through cudaLaunchKernelEx with programmatic
+// stream serialization (launched to overlap the previous kernel).
+static void launch_overlapping(void (*kernel)(float *, int), float *out, int n, cudaStream_t s) {
+    cudaLaunchAttribute overlap[1];
+    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((n + 127) / 128), cfg.blockDim = dim3(128), cfg.stream = s;
+    cfg.attrs = overlap, cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, out, n);
+}
+
 extern "C" {
 
 // Each launches one kernel above on the legacy stream and returns
@@ -166,6 +186,8 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "racy")) racy_kernel<<<1, n, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "fixed")) fixed_kernel<<<1, n, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "add_one")) add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
+    else if (!__builtin_strcmp(which, "overlap_add_one")) launch_overlapping(awaiting_add_one_kernel, out, n, s);
+    else if (!__builtin_strcmp(which, "overlap_no_wait")) launch_overlapping(add_one_kernel, out, n, s);
     else if (!__builtin_strcmp(which, "too_many_threads")) add_one_kernel<<<1, 2048, 0, s>>>(out, n);
     else if (!__builtin_strcmp(which, "too_much_shared")) add_one_kernel<<<1, 32, 64 << 10, s>>>(out, n);
     else return -1;

@@ -14,7 +14,7 @@ struct launch_record {
     const char *name;
     launch_config cfg;
     std::function<void()> body; // the kernel called with copies of its arguments
-    bool cooperative;
+    bool cooperative, overlap;  // overlap: programmatic stream serialization (submit)
 };
 
 // Runs every block of the launch to completion (or aborts with what a GPU

@@ -36,6 +36,8 @@
 #include "emu_device.h"
 #include "emu_internal.h"
 
+dim3 blockDim, gridDim;
+
 namespace emu {
 
 thread_info *cur;
@@ -64,6 +66,7 @@ struct fiber : thread_info {
     uint64_t wait_gen;
     const char *wait_what;
     unsigned linear, lane, warp;
+    bool awaited; // called cudaGridDependencySynchronize
     size_t pos; // in the run order
     block_state *blk;
 };
@@ -341,6 +344,9 @@ void thread_exit(fiber *f) {
     uint64_t canary;
     memcpy(&canary, f->stack, sizeof canary);
     if (canary != CANARY) fail("the thread overflowed its %zu-byte fiber stack", STACK_BYTES);
+    if (now->rec->overlap && !f->awaited)
+        fail("the thread of a kernel launched to overlap the previous one (programmatic stream serialization) "
+             "exited without cudaGridDependencySynchronize: its reads and writes could race that kernel's");
     f->state = EXITED;
     b->exited++;
     w.exited |= 1u << f->lane;
@@ -420,6 +426,7 @@ void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
         f->block = b;
         f->blk = b;
         f->linear = t, f->lane = t % 32, f->warp = t / 32;
+        f->awaited = false;
         f->state = RUNNABLE;
     }
 }
@@ -503,6 +510,14 @@ void syncthreads() {
     }
     wait_for(f, &b->bar_gen, "__syncthreads");
 }
+
+// Launches run one after the other, so the previous kernel has finished:
+// only record that the thread waited (thread_exit checks it).
+void grid_dependency_sync() { me()->awaited = true; }
+
+void trigger_dependents() {} // scheduling the next launch early changes nothing here
+
+void unsupported_launch_attribute(int id) { fail("cudaLaunchKernelEx with launch attribute %d, not emulated", id); }
 
 void grid_sync() {
     fiber *f = me();
@@ -647,6 +662,7 @@ void execute(const launch_record &rec) {
     L.grid_threads = nblocks * nthreads;
     now = &L;
     cur_launch = &L;
+    blockDim = L.block_dim, gridDim = L.grid_dim;
     std::vector<unsigned> blocks(nblocks);
     for (unsigned i = 0; i < nblocks; i++) blocks[i] = i;
     arrange(blocks);

@@ -203,6 +203,13 @@ static void runtime_checks(void) {
     cudaMemcpy(h, d, 2 * sizeof(float), cudaMemcpyDeviceToHost);
     CHECK(h[0] == 1.0f && h[1] == 32.0f, "__align__: float4 read %g, dynamic shared memory at 32 + %g mod 64", h[0],
           h[1] - 32.0f);
+    /* cudaLaunchKernelEx, launched to overlap the previous kernel: runs with its arguments */
+    float before[4] = {1, 2, 5, 7}, after[4];
+    cudaMemcpy(d, before, sizeof before, cudaMemcpyHostToDevice);
+    CHECK(emu_bad_launch("overlap_add_one", d, 3, NULL) == cudaSuccess, "overlap_add_one launch");
+    cudaMemcpy(after, d, sizeof after, cudaMemcpyDeviceToHost);
+    CHECK(after[0] == 2 && after[1] == 3 && after[2] == 6 && after[3] == 7, "cudaLaunchKernelEx: %g %g %g %g",
+          after[0], after[1], after[2], after[3]);
     cudaFree(d);
 }
 
@@ -337,6 +344,8 @@ static void detections(void) {
         {"shared_vector", "misaligned address"},
         {"global_vector", "misaligned address"},
         {"grid_sync", "not launched with cudaLaunchCooperativeKernel"},
+        {"overlap_no_wait", "kernel add_one_kernel(float*, int), block (0,0,0), thread (0,0,0): the thread of a "
+                            "kernel launched to overlap the previous one"},
     };
     char out[8192];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

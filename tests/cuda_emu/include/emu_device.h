@@ -8,6 +8,7 @@
 //   kernel<<<grid, block, smem, stream>>>(args)
 // into
 //   emu::launcher(kernel, "kernel", emu::launch_config(grid, block, smem, stream))(args)
+// (cudaLaunchKernelEx is a template here, as in the real header)
 // and each __shared__ declaration into a reference to the block's own copy
 // (emu::shared_var), so no source file carries emulation macros.
 #ifndef POLAR_CUDA_EMU_DEVICE_H
@@ -112,8 +113,11 @@ struct launch_config {
 // Runs the launch now, or records it when its stream is capturing a graph
 // (body holds copies of the arguments, taken here, as a graph node does).
 // A bad configuration sets the last error; the return value is that error.
+// overlap: launched with programmatic stream serialization (cudaLaunchKernelEx),
+// so every thread must call cudaGridDependencySynchronize before it exits.
+// A null name is looked up from func's symbol.
 cudaError_t submit(const void *func, const char *name, const launch_config &cfg, std::function<void()> body,
-                   bool cooperative);
+                   bool cooperative, bool overlap = false);
 
 template <typename... P>
 struct launcher_t {
@@ -148,7 +152,49 @@ cudaError_t launch_cooperative(void (*kernel)(P...), const char *name, dim3 grid
 
 cudaError_t occupancy(int *blocks, const void *func, int block_size, size_t smem);
 
+// The device side of programmatic dependent launch: the launches already
+// run one after the other, so these only check the order the sources
+// promise (scheduler.cpp).
+void grid_dependency_sync();
+void trigger_dependents();
+[[noreturn]] void unsupported_launch_attribute(int id);
+
 } // namespace emu
+
+// cudaLaunchKernelEx and what it takes (the real header's names and values;
+// only programmatic stream serialization is understood).
+enum cudaLaunchAttributeID { cudaLaunchAttributeIgnore = 0, cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
+union cudaLaunchAttributeValue {
+    char pad[64];
+    unsigned int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    char pad[8 - sizeof(cudaLaunchAttributeID)];
+    cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned int numAttrs;
+};
+template <typename... P, typename... A>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config, void (*kernel)(P...), A &&...args) {
+    bool overlap = false;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        const cudaLaunchAttribute &a = config->attrs[i];
+        if (a.id == cudaLaunchAttributeProgrammaticStreamSerialization)
+            overlap = a.val.programmaticStreamSerializationAllowed != 0;
+        else if (a.id != cudaLaunchAttributeIgnore)
+            emu::unsupported_launch_attribute((int)a.id);
+    }
+    std::tuple<P...> params(std::forward<A>(args)...); // converted as a call converts them
+    return emu::submit((const void *)kernel, nullptr,
+                       emu::launch_config(config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream),
+                       [kernel, params]() { std::apply(kernel, params); }, false, overlap);
+}
 
 // Typed overloads of the runtime calls that take a kernel.
 template <typename F>
@@ -162,16 +208,21 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, F *func, 
 
 // --------------------------------------------------------- built-in indices
 
+// The running launch's dimensions (one launch runs at a time). Variables,
+// not macros as threadIdx is, so that cudaLaunchConfig_t's fields of these
+// names stay readable.
+extern dim3 blockDim, gridDim;
+
 #define threadIdx (::emu::cur->thread_idx)
 #define blockIdx (::emu::cur->block->block_idx)
-#define blockDim (::emu::cur_launch->block_dim)
-#define gridDim (::emu::cur_launch->grid_dim)
 #define warpSize 32
 
 // ------------------------------------------------------- barriers and warps
 
 static inline void __syncthreads() { emu::syncthreads(); }
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_op(emu::W_SYNC, mask, 0, 0, 32); }
+static inline void cudaGridDependencySynchronize() { emu::grid_dependency_sync(); }
+static inline void cudaTriggerProgrammaticLaunchCompletion() { emu::trigger_dependents(); }
 static inline void __threadfence() {}
 static inline void __threadfence_block() {}
 
