@@ -216,7 +216,7 @@ void cuda_state_free(cuda_state *c) {
         if (c->step_done[i]) cudaEventDestroy(c->step_done[i]);
     cuda_gemm_free(c->gemm);
     dev_free_all(&c->allocs);
-    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->queue.stream) cudaStreamDestroy(c->queue.stream);
     free(c);
 }
 
@@ -248,7 +248,9 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev);
     /* non-blocking: another thread's legacy-stream copy must not join (and
      * break) this stream's graph capture */
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    cudaStream_t stream = NULL;
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    c->queue.stream = stream;
     int major = 0;
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = (cudaError_t)cuda_attention_prepare(a->head_dim);
@@ -257,7 +259,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return cuda_error(err, e, "device attributes and stream");
     }
     const char *pdl = getenv("POLAR_CUDA_PDL");
-    c->queue = (cuda_queue){c->stream, major >= 9 && !(pdl && !strcmp(pdl, "0"))};
+    c->queue.overlap = major >= 9 && !(pdl && !strcmp(pdl, "0"));
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
@@ -300,8 +302,8 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the KV cache and workspaces");
     }
     if (shape->tables) {
-        e = cudaMemcpyAsync(c->tables, shape->tables, n_tables * sizeof(int), cudaMemcpyHostToDevice, c->stream);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        e = cudaMemcpyAsync(c->tables, shape->tables, n_tables * sizeof(int), cudaMemcpyHostToDevice, c->queue.stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->queue.stream);
         if (e != cudaSuccess) {
             cuda_state_free(c);
             return cuda_error(err, e, "copying the block tables");
@@ -345,7 +347,7 @@ void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 
              int accumulate) {
     if (T > DECODE_TOKENS) {
         cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
-        if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->stream)) {
+        if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
             return;
         }
@@ -485,12 +487,12 @@ static void forward_layers(cuda_state *c, const int *program, int n_program, int
 static cudaError_t capture_step(cuda_state *c, const int *program, int n_program, cudaGraphExec_t *exec) {
     const polar_arch *a = &c->m->arch;
     cudaGraph_t graph;
-    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    cudaError_t e = cudaStreamBeginCapture(c->queue.stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return e;
     forward_layers(c, program, n_program, 1, 0);
     cuda_matmul(c->logits, c->xn, c->lm_head, NULL, 1, a->vocab, a->hidden, 0, &c->queue);
     cuda_argmax_feed(c->tokens, (int *)c->ring, c->pos, c->step, c->logits, a->vocab, &c->queue);
-    e = cudaStreamEndCapture(c->stream, &graph);
+    e = cudaStreamEndCapture(c->queue.stream, &graph);
     if (e != cudaSuccess) return e;
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -533,12 +535,13 @@ static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program
 /* The first token and the position through pinned memory, the other
  * tokens straight from the caller's array. */
 static cudaError_t put_tokens(cuda_state *c, const int *tokens, int T, int pos) {
+    cudaStream_t s = c->queue.stream;
     c->staging[0] = tokens[0];
     c->staging[1] = pos;
-    cudaError_t e = cudaMemcpyAsync(c->tokens, &c->staging[0], sizeof(int), cudaMemcpyHostToDevice, c->stream);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(c->pos, &c->staging[1], sizeof(int), cudaMemcpyHostToDevice, c->stream);
+    cudaError_t e = cudaMemcpyAsync(c->tokens, &c->staging[0], sizeof(int), cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->pos, &c->staging[1], sizeof(int), cudaMemcpyHostToDevice, s);
     if (e == cudaSuccess && T > 1)
-        e = cudaMemcpyAsync(c->tokens + 1, tokens + 1, (size_t)(T - 1) * sizeof(int), cudaMemcpyHostToDevice, c->stream);
+        e = cudaMemcpyAsync(c->tokens + 1, tokens + 1, (size_t)(T - 1) * sizeof(int), cudaMemcpyHostToDevice, s);
     return e;
 }
 
@@ -553,35 +556,36 @@ polar_status cuda_forward(cuda_state *c, const int *program, int n_program, cons
     if (T == 1 && !all_logits && !hidden) {
         cudaGraphExec_t graph = NULL;
         e = decode_graph(c, program, n_program, &graph);
-        if (e == cudaSuccess) e = cudaGraphLaunch(graph, c->stream);
+        if (e == cudaSuccess) e = cudaGraphLaunch(graph, c->queue.stream);
         if (e != cudaSuccess) return cuda_error(err, e, "decode graph");
         if (last_logits)
-            e = cudaMemcpyAsync(last_logits, c->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+            e = cudaMemcpyAsync(last_logits, c->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost,
+                                c->queue.stream);
     } else {
         forward_layers(c, program, n_program, T, first);
         if (hidden)
-            e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+            e = cudaMemcpyAsync(hidden, c->xn, (size_t)T * H * sizeof(float), cudaMemcpyDeviceToHost, c->queue.stream);
         /* the head in slices of LOGIT_ROWS rows, each copied out before the next */
         for (int r0 = first; e == cudaSuccess && r0 < T && (all_logits || last_logits); r0 += LOGIT_ROWS) {
             int n = T - r0 < LOGIT_ROWS ? T - r0 : LOGIT_ROWS;
             cuda_mm(c, c->logits, c->xn + (size_t)r0 * H, c->lm_head, NULL, n, V, H, 0);
             if (all_logits)
                 e = cudaMemcpyAsync(all_logits + (size_t)r0 * V, c->logits, (size_t)n * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, c->stream);
+                                    cudaMemcpyDeviceToHost, c->queue.stream);
             if (e == cudaSuccess && last_logits && r0 + n == T)
                 e = cudaMemcpyAsync(last_logits, c->logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, c->stream);
+                                    cudaMemcpyDeviceToHost, c->queue.stream);
         }
     }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->queue.stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "forward");
 }
 
 /* Launch greedy step i: the graph, then the event the host waits on. */
 static cudaError_t launch_step(cuda_state *c, cudaGraphExec_t graph, int i) {
-    cudaError_t e = cudaGraphLaunch(graph, c->stream);
-    return e == cudaSuccess ? cudaEventRecord(c->step_done[i & 1], c->stream) : e;
+    cudaError_t e = cudaGraphLaunch(graph, c->queue.stream);
+    return e == cudaSuccess ? cudaEventRecord(c->step_done[i & 1], c->queue.stream) : e;
 }
 
 polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int token, int pos, int max_steps,
@@ -590,7 +594,7 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
     *n_steps = 0;
     if (max_steps < 1) return POLAR_OK;
     cudaError_t e = put_tokens(c, &token, 1, pos);
-    if (e == cudaSuccess) e = cudaMemsetAsync(c->step, 0, sizeof(int), c->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(c->step, 0, sizeof(int), c->queue.stream);
     cudaGraphExec_t graph = NULL;
     if (e == cudaSuccess) e = decode_graph(c, program, n_program, &graph);
     if (e == cudaSuccess) e = launch_step(c, graph, 0);
@@ -609,7 +613,7 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
         }
         if (i + 1 < max_steps) fed = id;
     }
-    cudaError_t e_sync = cudaStreamSynchronize(c->stream); /* nothing of ours still runs, even after an error */
+    cudaError_t e_sync = cudaStreamSynchronize(c->queue.stream); /* nothing of ours still runs, even after an error */
     if (e == cudaSuccess) e = e_sync;
     if (e != cudaSuccess) { /* steps 0..i-1 were accepted (their ids recorded) and appended */
         *n_steps = i;
@@ -619,8 +623,8 @@ polar_status cuda_greedy(cuda_state *c, const int *program, int n_program, int t
     if (!last_logits) return POLAR_OK;
     if (queued == *n_steps) { /* the last step run is the last one counted: its logits are on the device */
         e = cudaMemcpyAsync(last_logits, c->logits, (size_t)c->m->arch.vocab * sizeof(float), cudaMemcpyDeviceToHost,
-                            c->stream);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+                            c->queue.stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->queue.stream);
         return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying logits");
     }
     /* A wasted step overwrote them: run the last counted step again (the

@@ -218,7 +218,7 @@ static size_t stage_ints(cuda_batch *d, const int *const *parts, int n_parts, si
 
 /* The staged ints at..at+n to the same offset on the device; their address there. */
 static const int *upload(cuda_batch *d, size_t at, size_t n) {
-    if (cudaMemcpyAsync(d->ints + at, d->staging + at, n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
+    if (cudaMemcpyAsync(d->ints + at, d->staging + at, n * sizeof(int), cudaMemcpyHostToDevice, d->c->queue.stream) !=
         cudaSuccess)
         d->failed = 1;
     return d->ints + at;
@@ -227,14 +227,14 @@ static const int *upload(cuda_batch *d, size_t at, size_t n) {
 /* n f32 rows of the residual width, device to device. */
 static void copy_f32_rows(cuda_batch *d, float *dst, const float *src, int n) {
     size_t bytes = (size_t)n * d->c->m->arch.hidden * sizeof(float);
-    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->c->stream) != cudaSuccess) d->failed = 1;
+    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->c->queue.stream) != cudaSuccess) d->failed = 1;
 }
 
 /* Head row i's logits to the pinned host rows. */
 static cudaError_t row_to_host(cuda_batch *d, int i) {
     size_t V = (size_t)d->c->m->arch.vocab;
     return cudaMemcpyAsync(d->host_logits + (size_t)i * V, d->logits + (size_t)i * V, V * sizeof(float),
-                           cudaMemcpyDeviceToHost, d->c->stream);
+                           cudaMemcpyDeviceToHost, d->c->queue.stream);
 }
 
 /* The runs of more than DECODE_TOKENS tokens among T that are consecutive
@@ -258,7 +258,7 @@ static void issue(cuda_batch *d, const step_op *o) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, V = a->vocab, n = o->n;
     size_t Hs = (size_t)H;
-    cudaStream_t s = c->stream;
+    cudaStream_t s = c->queue.stream;
     const cuda_queue *q = &c->queue;
     switch ((op_kind)o->kind) {
     case OP_EMBED:
@@ -342,7 +342,7 @@ static void keep_calls(const cuda_batch *d, step_graph *g) {
 
 /* Capture the recorded calls into g and instantiate it. */
 static cudaError_t capture(cuda_batch *d, step_graph *g) {
-    cudaStream_t s = d->c->stream;
+    cudaStream_t s = d->c->queue.stream;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return e;
@@ -390,7 +390,7 @@ static void run_recorded(cuda_batch *d) {
     }
     keep_calls(d, &d->last);
     if (g) {
-        if (cudaGraphLaunch(g->exec, d->c->stream) == cudaSuccess) {
+        if (cudaGraphLaunch(g->exec, d->c->queue.stream) == cudaSuccess) {
             g->last_used = ++d->clock;
             d->ran_as++;
             return;
@@ -422,8 +422,8 @@ void cuda_batch_put_tables(cuda_batch *d, const int *tables, int offset, int n) 
     int *stage = d->table_staging + d->tables_used;
     memcpy(stage, tables, (size_t)n * sizeof(int));
     d->tables_used += (size_t)n;
-    if (cudaMemcpyAsync(d->c->tables + offset, stage, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, d->c->stream) !=
-        cudaSuccess)
+    if (cudaMemcpyAsync(d->c->tables + offset, stage, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
+                        d->c->queue.stream) != cudaSuccess)
         d->failed = 1;
 }
 
@@ -475,13 +475,13 @@ int cuda_batch_step_graph(const cuda_batch *d) { return d->ran_as; }
 
 polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
     cudaError_t e = row_to_host(d, i);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(d->c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(d->c->queue.stream);
     return e == cudaSuccess ? POLAR_OK : cuda_error(err, e, "copying a batch row's logits");
 }
 
 polar_status cuda_batch_finish(cuda_batch *d, polar_error *err) {
     if (!d->failed) run_recorded(d);
-    cudaError_t e = cudaStreamSynchronize(d->c->stream);
+    cudaError_t e = cudaStreamSynchronize(d->c->queue.stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     int failed = d->failed;
     d->used = 0, d->tables_used = 0, d->failed = 0, d->n_ops = 0;

@@ -73,8 +73,7 @@ struct cuda_state {
     int *staging;                /* pinned host [2]: the step's token and position */
     volatile int *ring;          /* mapped host [2]: the ids greedy steps chose */
     cudaEvent_t step_done[2];    /* recorded after each greedy step, by parity */
-    cudaStream_t stream;
-    cuda_queue queue;            /* the stream as the kernel launchers take it; overlap on sm_90 and later
+    cuda_queue queue;            /* its non-blocking stream (a cudaStream_t); overlap on sm_90 and later
                                   * unless POLAR_CUDA_PDL=0 (cuda_state_create) */
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
