@@ -459,14 +459,42 @@ static void kernel_attention(void) {
     }
 }
 
+/* The two tensor-core expert GEMMs of kernel_moe, each alone against the
+ * CPU on the inputs it was given (bf16-rounded x; the GPU's own gate/up
+ * outputs rounded for down): dact [T*k, F] and dy [T*k, H] on the device,
+ * slot s = t * k + j of expert idx[s]. Only the f32 sums' order differs. */
+static void expert_gemms_exact(const float *dact, const float *dy, const float *x, const bf16 *gu, const bf16 *down,
+                               const int *idx, int T, int k, int H, int F) {
+    size_t slots = (size_t)T * k;
+    float *act = from_dev(dact, slots * F), *y = from_dev(dy, slots * H), *want_act = malloc(slots * F * 4),
+          *want_y = malloc(slots * H * 4), *xr = malloc((size_t)H * 4), *gbuf = malloc((size_t)2 * F * 4);
+    for (size_t s = 0; s < slots; s++) {
+        memcpy(xr, x + s / k * H, (size_t)H * 4);
+        cpu_round_bf16(xr, H);
+        cpu_matmul(gbuf, xr, gu + (size_t)idx[s] * 2 * F * H, NULL, 1, 2 * F, H, 0, 1);
+        cpu_swiglu(gbuf, gbuf + F, F);
+        memcpy(want_act + s * F, gbuf, (size_t)F * 4);
+        memcpy(gbuf, act + s * F, (size_t)F * 4);
+        cpu_round_bf16(gbuf, F);
+        cpu_matmul(want_y + s * H, gbuf, down + (size_t)idx[s] * H * F, NULL, 1, H, F, 0, 1);
+    }
+    float da = max_rel(act, want_act, slots * F), dd = max_rel(y, want_y, slots * H);
+    CHECK(da < 1e-5f && dd < 1e-5f, "T %d k %d: expert GEMM gate/up %g, down %g against the CPU on its inputs", T, k,
+          da, dd);
+    free(act), free(y), free(want_act), free(want_y), free(xr), free(gbuf);
+}
+
 /* Router, grouping and grouped expert GEMVs against cpu_route and per-token
  * expert MLPs: Qwen1.5-MoE's 60 experts top 4 and Qwen3-MoE's 128 top 8, at
  * reduced widths, T = 1 (decode) to 40 (a prefill chunk); and 8 experts top
- * 2 over 120 tokens, so an expert gets ~30 slots (the GEMV's later passes of
- * 8 and the GEMM's later passes of 16, as in a real 512-token chunk). */
+ * 2 over 160 tokens, so an expert gets ~40 slots (the GEMV's later passes of
+ * 8 and the GEMM's later passes of 32, as in a real 512-token chunk), at
+ * hidden 176 (the GEMM's last 128-row block of down part empty, its last
+ * 64-column tile of gate/up 48 wide). The tensor-core GEMMs are also
+ * checked each alone against the CPU on the same bf16 inputs. */
 static void kernel_moe(void) {
     static const int shapes[][6] = {/* experts, top k, hidden, expert width, first T, T step */
-                                    {60, 4, 256, 96, 1, 13}, {128, 8, 128, 64, 1, 13}, {8, 2, 128, 96, 120, 1}};
+                                    {60, 4, 256, 96, 1, 13}, {128, 8, 128, 64, 1, 13}, {8, 2, 176, 96, 160, 1}};
     for (int sidx = 0; sidx < 3; sidx++) {
         int E = shapes[sidx][0], k = shapes[sidx][1], H = shapes[sidx][2], F = shapes[sidx][3];
         int T_first = shapes[sidx][4], T_last = T_first == 1 ? 40 : T_first, T_step = quick ? 39 : shapes[sidx][5];
@@ -519,6 +547,7 @@ static void kernel_moe(void) {
             float *got_tc = from_dev(dout, (size_t)T * H), dtc = max_rel(got_tc, want, (size_t)T * H);
             CHECK(tc && dtc < 1e-2f, "E %d k %d T %d: tensor-core expert GEMM %g", E, k, T, dtc);
             free(got_tc);
+            expert_gemms_exact(dact, dy, x, gu, down, want_idx, T, k, H, F);
             cudaFree(dxb);
             cudaFree(drouter), cudaFree(dgu), cudaFree(ddown), cudaFree(dx), cudaFree(dw), cudaFree(dact);
             cudaFree(dy), cudaFree(dout), cudaFree(didx), cudaFree(dgroups), cudaFree(dlogits);

@@ -199,86 +199,144 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
 //
 // The same product on tensor cores for a prefill chunk, where an expert has
 // many slots: bf16 inputs (xb, rounded like the cuBLASLt path), f32
-// accumulation. A block per (64 output rows, chosen expert); each of its 4
-// warps owns 16 rows and walks the expert's slots 16 at a time, the slots'
-// input rows gathered into shared memory KT columns at a time (rows padded
-// by 8 bf16 so the 16 rows of a fragment load fall in different banks).
+// accumulation. A block per (chosen expert, tile of EG_TILE_ROWS weight
+// rows: with swiglu 64 gate rows and the up rows of the same 64 outputs,
+// else 128 output rows), its 4 warps each owning two 16-row fragments of
+// the tile, walking the expert's slots EG_SLOTS at a time. A prefill chunk
+// reads every expert's weights (150 tokens at top 4 of 60 give an expert ~10
+// slots), so the kernel is bound by how many weight bytes are in flight:
+// the tile crosses to shared memory EG_KT columns at a time through
+// registers, each thread issuing its 16-byte loads of the next tile before
+// the tensor cores work on this one (16 KB in flight per block), in 128-byte
+// row pieces.
 
-#define EG_ROWS 64
-#define EG_SLOTS 16
-#define EG_KT 128
-#define EG_LD (EG_KT + 8)
+#define EG_TILE_ROWS 128
+#define EG_SLOTS 32
+#define EG_KT 64
+#define EG_LD (EG_KT + 8) // 144-byte rows: the 8 rows of a fragment load fall in different banks
+#define EG_THREADS 128
+#define EG_PIECES (EG_KT / 8)                              // 16-byte pieces in a tile row
+#define EG_W_LOADS (EG_TILE_ROWS * EG_PIECES / EG_THREADS) // 8 a thread
+#define EG_X_LOADS (EG_SLOTS * EG_PIECES / EG_THREADS)     // 2 a thread
+#define EG_ROW_STEP (EG_THREADS / EG_PIECES)               // tile rows between a thread's pieces
 
-__global__ void __launch_bounds__(128) expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w,
-                                                          const int *groups, int E, int k, int rows, int cols,
-                                                          int x_per_slot, int swiglu) {
+// Tile row tr -> the weight row it holds, or -1 past the outputs.
+template <bool SWIGLU> static __device__ __forceinline__ int eg_weight_row(int tr, int r_first, int out_rows) {
+    int half = EG_TILE_ROWS / 2, out = r_first + (SWIGLU ? tr % half : tr);
+    if (out >= out_rows) return -1;
+    return SWIGLU && tr >= half ? out_rows + out : out;
+}
+
+// A 16-byte piece of src at column c (zeros past cols or for a missing row).
+static __device__ __forceinline__ uint4 eg_piece(const bf16_bits *src, int c, int cols) {
+    return src && c < cols ? *(const uint4 *)(src + c) : make_uint4(0, 0, 0, 0);
+}
+
+template <bool SWIGLU>
+__global__ void __launch_bounds__(EG_THREADS)
+    expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int E, int k, int rows,
+                       int cols, int x_per_slot) {
     await_previous_kernel();
     using namespace nvcuda;
     if ((int)blockIdx.y >= groups[0]) return;
-    __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_LD];
-    __shared__ __align__(32) float cs[4][2][16 * 16];
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, out_rows = swiglu ? rows / 2 : rows;
-    int r0 = blockIdx.x * EG_ROWS + warp * 16, active = r0 < out_rows;
+    // ws: the weight tile [EG_TILE_ROWS, EG_LD]; after a pass's last tile,
+    // each warp's outputs [4][16 x 16] floats (16 KB of its 18 KB)
+    __shared__ __align__(32) __nv_bfloat16 ws[EG_TILE_ROWS * EG_LD];
+    __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_LD]; // the pass's slots' inputs, a row each
+    const int out_rows = SWIGLU ? rows / 2 : rows, block_rows = SWIGLU ? EG_TILE_ROWS / 2 : EG_TILE_ROWS;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, r_first = blockIdx.x * block_rows;
+    const int piece = threadIdx.x % EG_PIECES * 8, row0 = threadIdx.x / EG_PIECES;
+    // the warp's two fragments: with swiglu gate rows and their up rows
+    // (tile rows frag_tr, frag_tr + 64), else tile rows frag_tr, frag_tr + 16;
+    // fragment f's output rows start at out_first + 16 f
+    const int frag_tr = SWIGLU ? warp * 16 : warp * 32, frag_step = SWIGLU ? EG_TILE_ROWS / 2 : 16;
+    const int out_first = r_first + frag_tr;
     int e = groups[1 + blockIdx.y], begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
     const int *slots = groups + 2 + 2 * E;
-    const __nv_bfloat16 *we = (const __nv_bfloat16 *)w + (size_t)e * rows * cols;
+    const bf16_bits *we = w + (size_t)e * rows * cols, *wrow[EG_W_LOADS];
+#pragma unroll
+    for (int j = 0; j < EG_W_LOADS; j++) {
+        int r = eg_weight_row<SWIGLU>(row0 + j * EG_ROW_STEP, r_first, out_rows);
+        wrow[j] = r < 0 ? NULL : we + (size_t)r * cols;
+    }
     for (int b = begin; b < end; b += EG_SLOTS) {
         int n = end - b < EG_SLOTS ? end - b : EG_SLOTS;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_g, acc_u;
-        wmma::fill_fragment(acc_g, 0.0f);
-        wmma::fill_fragment(acc_u, 0.0f);
+        const bf16_bits *xrow[EG_X_LOADS];
+#pragma unroll
+        for (int j = 0; j < EG_X_LOADS; j++) {
+            int jj = row0 + j * EG_ROW_STEP, s = jj < n ? slots[b + jj] : 0;
+            xrow[j] = jj < n ? xb + (size_t)(x_per_slot ? s : s / k) * cols : NULL; // slots past n: zeros
+        }
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][EG_SLOTS / 16]; // [row frag][slot frag]
+#pragma unroll
+        for (int f = 0; f < 2; f++)
+#pragma unroll
+            for (int g = 0; g < EG_SLOTS / 16; g++) wmma::fill_fragment(acc[f][g], 0.0f);
+        uint4 wv[EG_W_LOADS], xv[EG_X_LOADS];
+#pragma unroll
+        for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], piece, cols);
+#pragma unroll
+        for (int j = 0; j < EG_X_LOADS; j++) xv[j] = eg_piece(xrow[j], piece, cols);
         for (int k0 = 0; k0 < cols; k0 += EG_KT) {
-            int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT;
-            __syncthreads(); // the previous tile is consumed
-            // 16-byte pieces of 8 columns (cols % 16 == 0, so kt is a
-            // multiple of 16 and every piece is aligned)
-            for (int i = threadIdx.x; i < EG_SLOTS * (EG_KT / 8); i += blockDim.x) {
-                int j = i / (EG_KT / 8), c = i % (EG_KT / 8) * 8;
-                if (c >= kt) continue;
-                uint4 v = make_uint4(0, 0, 0, 0); // slots past n read zeros
-                if (j < n) {
-                    int s = slots[b + j];
-                    v = *(const uint4 *)(xb + (size_t)(x_per_slot ? s : s / k) * cols + k0 + c);
-                }
-                *(uint4 *)(xs + j * EG_LD + c) = v;
-            }
+            int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT; // a multiple of 16 (cols % 16 == 0)
+            __syncthreads(); // every warp is done with the previous tile (or with its outputs in ws)
+#pragma unroll
+            for (int j = 0; j < EG_W_LOADS; j++) *(uint4 *)(ws + (row0 + j * EG_ROW_STEP) * EG_LD + piece) = wv[j];
+#pragma unroll
+            for (int j = 0; j < EG_X_LOADS; j++) *(uint4 *)(xs + (row0 + j * EG_ROW_STEP) * EG_LD + piece) = xv[j];
             __syncthreads();
-            if (!active) continue;
+            if (k0 + EG_KT < cols) { // the next tile's loads, in flight while the tensor cores work
+#pragma unroll
+                for (int j = 0; j < EG_W_LOADS; j++)
+                    wv[j] = eg_piece(wrow[j] ? wrow[j] + k0 + EG_KT : NULL, piece, cols - k0 - EG_KT);
+#pragma unroll
+                for (int j = 0; j < EG_X_LOADS; j++)
+                    xv[j] = eg_piece(xrow[j] ? xrow[j] + k0 + EG_KT : NULL, piece, cols - k0 - EG_KT);
+            }
             for (int kk = 0; kk < kt; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> xf;
-                wmma::load_matrix_sync(xf, xs + kk, EG_LD);
-                wmma::load_matrix_sync(a, we + (size_t)r0 * cols + k0 + kk, cols);
-                wmma::mma_sync(acc_g, a, xf, acc_g);
-                if (swiglu) {
-                    wmma::load_matrix_sync(a, we + (size_t)(out_rows + r0) * cols + k0 + kk, cols);
-                    wmma::mma_sync(acc_u, a, xf, acc_u);
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> xf[EG_SLOTS / 16];
+#pragma unroll
+                for (int g = 0; g < EG_SLOTS / 16; g++) wmma::load_matrix_sync(xf[g], xs + g * 16 * EG_LD + kk, EG_LD);
+#pragma unroll
+                for (int f = 0; f < 2; f++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                    wmma::load_matrix_sync(a, ws + (frag_tr + f * frag_step) * EG_LD + kk, EG_LD);
+#pragma unroll
+                    for (int g = 0; g < EG_SLOTS / 16; g++) wmma::mma_sync(acc[f][g], a, xf[g], acc[f][g]);
                 }
             }
         }
-        if (!active) continue;
-        // cs[slot][row]: slot j, row r0 + r; lanes walk rows, so 16 lanes
+        __syncthreads(); // ws is free: the warps' outputs go there
+        // cs[frag][slot][row] (16 rows of a slot contiguous), so 16 lanes
         // store 16 neighbouring floats of one slot's output row
-        wmma::store_matrix_sync(cs[warp][0], acc_g, 16, wmma::mem_col_major);
-        if (swiglu) wmma::store_matrix_sync(cs[warp][1], acc_u, 16, wmma::mem_col_major);
+        float *cs = (float *)ws + warp * 2 * (EG_SLOTS / 16) * 256;
+#pragma unroll
+        for (int f = 0; f < 2; f++)
+#pragma unroll
+            for (int g = 0; g < EG_SLOTS / 16; g++)
+                wmma::store_matrix_sync(cs + (f * (EG_SLOTS / 16) + g) * 256, acc[f][g], 16, wmma::mem_col_major);
         __syncwarp();
-        for (int i = lane; i < 16 * 16; i += WARP) {
-            int j = i / 16, r = i % 16;
-            if (j >= n || r0 + r >= out_rows) continue;
-            float v = swiglu ? silu_mul(cs[warp][0][i], cs[warp][1][i]) : cs[warp][0][i];
-            y[(size_t)slots[b + j] * out_rows + r0 + r] = v;
+        const int per_frag = EG_SLOTS * 16; // (slot, row) pairs of a row fragment
+        for (int i = lane; i < (SWIGLU ? 1 : 2) * per_frag; i += WARP) {
+            int f = i / per_frag, j = i % per_frag / 16, r = i % 16, row = out_first + 16 * f + r;
+            if (j >= n || row >= out_rows) continue;
+            float v = cs[f * per_frag + j * 16 + r];
+            if (SWIGLU) v = silu_mul(v, cs[per_frag + j * 16 + r]);
+            y[(size_t)slots[b + j] * out_rows + row] = v;
         }
-        __syncwarp();
     }
 }
 
 extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k,
                                 int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue) {
-    int out_rows = swiglu ? rows / 2 : rows;
+    int out_rows = swiglu ? rows / 2 : rows, block_rows = swiglu ? EG_TILE_ROWS / 2 : EG_TILE_ROWS;
     if (cols % 16 || out_rows % 16) return 0; // whole 16 x 16 tiles only
     int chosen = T * k < E ? T * k : E;
-    dim3 grid((out_rows + EG_ROWS - 1) / EG_ROWS, chosen);
-    launch(queue, grid, 128, 0, expert_gemm_kernel, y, xb, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+    dim3 grid((out_rows + block_rows - 1) / block_rows, chosen);
+    if (swiglu)
+        launch(queue, grid, EG_THREADS, 0, expert_gemm_kernel<true>, y, xb, w, groups, E, k, rows, cols, x_per_slot);
+    else
+        launch(queue, grid, EG_THREADS, 0, expert_gemm_kernel<false>, y, xb, w, groups, E, k, rows, cols, x_per_slot);
     return 1;
 }
 
