@@ -32,13 +32,16 @@ static polar_status time_run(polar_session *s, bench_run *r, const int *prompt, 
     return POLAR_OK;
 }
 
+/* launches: polar_session_cuda_launches (NULL on the CPU). */
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, double copy_gbps,
-                   const char *name, const char *device, const char *kv, int json) {
+                   const char *name, const char *device, const char *kv, const char *launches, int json) {
     const bench_run *base = &runs[0];
     if (json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
-               "\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"copy_gbps\":%.3f,\"runs\":[",
-               name, device, kv, polar_cpu_kernels(), threads, n_prompt, gen, D, copy_gbps);
+               "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"copy_gbps\":%.3f,"
+               "\"runs\":[",
+               name, device, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
+               launches ? "\"" : "", n_prompt, gen, D, copy_gbps);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
             double gbps = r->bytes / (r->decode_ms * 1e6);
@@ -54,8 +57,10 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
     }
     printf("model %s, %d layers, %s (%d CPU threads, %s kernels), KV %s, prompt %d tokens, %d decode steps (best of "
            "reps)\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt, gen);
-    printf("%s copy: %.2f GB/s (bytes read + written)\n\n", strcmp(device, "cuda") ? "memory" : "device-to-device",
+    printf("%s copy: %.2f GB/s (bytes read + written)\n", strcmp(device, "cuda") ? "memory" : "device-to-device",
            copy_gbps);
+    if (launches) printf("kernel launches: %s\n", launches);
+    printf("\n");
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
            "decode ms", "decode/s", "GB/s", "copy%", "vs base");
     for (int i = 0; i < n_runs; i++) {
@@ -275,7 +280,7 @@ int cmd_bench(int argc, char **argv) {
             }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), copy_gbps, name, polar_session_device(s),
-           polar_session_kv_type(s), json);
+           polar_session_kv_type(s), polar_session_cuda_launches(s), json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

@@ -65,8 +65,9 @@ static polar_status run_batch(polar_batch *b, const polar_program *progs, int n,
     return POLAR_OK;
 }
 
+/* launches: polar_batch_cuda_launches (NULL on the CPU). */
 static void report(const batch_run *runs, int n_runs, const char *name, int D, const bench_batch_opts *o,
-                   const char *kv, int threads) {
+                   const char *kv, const char *launches, int threads) {
     const char *device = o->cuda ? "cuda" : "cpu", *prompts = o->shared_prompt ? "shared" : "distinct";
     int gen = o->gen, n_prompt = o->n_prompt, json = o->json;
     double base_tok_s = 0;
@@ -76,6 +77,7 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, c
         printf("model %s, %d layers, %s (host: %d threads, %s kernels), KV %s, prompt %d tokens (%s), %d decode "
                "steps (best of reps)\n\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt,
                o->shared_prompt ? "one prompt shared by all sequences" : "each sequence its own", gen);
+        if (launches) printf("kernel launches: %s\n\n", launches);
         printf("%5s %-9s %11s %10s %9s %11s %8s %8s %9s\n", "batch", "programs", "prefill ms", "ms/step", "tok/s",
                "vs batch 1", "passes", "bound", "vs one");
     }
@@ -89,11 +91,12 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, c
         else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
-                   "\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,\"programs\":\"%s\","
+                   "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,\"programs\":\"%s\","
                    "\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
                    "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f,\"prefill_shared_entries\":%d}\n",
-                   name, device, kv, polar_cpu_kernels(), threads, n_prompt, prompts, gen, r->size,
+                   name, device, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
+                   launches ? "\"" : "", n_prompt, prompts, gen, r->size,
                    r->mixed ? "mixed" : "one", r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes,
                    r->bound, vs_one, r->graph_steps, r->shared_entries);
         else
@@ -170,7 +173,7 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_b
                 goto done;
             }
         }
-    report(runs, n_runs, name, D, o, polar_batch_kv_type(b), polar_batch_threads(b));
+    report(runs, n_runs, name, D, o, polar_batch_kv_type(b), polar_batch_cuda_launches(b), polar_batch_threads(b));
     if (!o->json && !o->programs_file)
         printf("\nmixed: the base program, then each sequence skipping or repeating one layer (alternately),\n"
                "the layers spread over the depth; one: every sequence runs %s.\n", o->program ? o->program : "base");

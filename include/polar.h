@@ -180,6 +180,13 @@ typedef struct {
 const char *polar_session_device(const polar_session *s);
 /* The type of its K/V rows: "f32", or "bf16" (kv_bf16, or on the GPU). */
 const char *polar_session_kv_type(const polar_session *s);
+/* On a GPU, how its kernels are launched: "overlapped" (each may start
+ * while the one before it finishes: programmatic dependent launch, compute
+ * capability 9.0 and later), or "serial: " and why (an older GPU,
+ * POLAR_CUDA_PDL=0 in the environment, or a driver that would not capture
+ * overlapping launches in a graph, which a session finds at its first
+ * decode graph and then goes on without). NULL on the CPU. */
+const char *polar_session_cuda_launches(const polar_session *s);
 
 /* The CPU kernels this process runs: "generic" (plain C), "avx2", "avx512"
  * or "neon", the best the CPU supports unless the environment variable
@@ -454,6 +461,10 @@ int polar_batch_running(const polar_batch *b);
 int polar_batch_threads(const polar_batch *b);
 /* The type of its K/V rows: "f32", or "bf16" (kv_bf16, or on the GPU). */
 const char *polar_batch_kv_type(const polar_batch *b);
+/* On a GPU, how its kernels are launched (polar_session_cuda_launches; a
+ * batch finds a driver's refusal at its first graph capture); NULL on the
+ * CPU. */
+const char *polar_batch_cuda_launches(const polar_batch *b);
 
 /* -------------------------------------------------------------- tokenizers */
 

@@ -45,6 +45,10 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
                                polar_error *err);
 void cuda_state_free(cuda_state *c);
 
+/* How c's kernels are launched (polar_session_cuda_launches); NULL without
+ * a state. */
+const char *cuda_state_launches(const cuda_state *c);
+
 /* Release a model's device weights (model_device.weights); polar_model_free
  * calls it once no session is left. */
 void cuda_weights_free(void *weights);
@@ -139,6 +143,9 @@ polar_status cuda_batch_finish(cuda_batch *d, polar_error *err);
 /* How the last step ran: 0 call by call, 1 a captured graph replayed, 2 a
  * graph captured from it and run. */
 int cuda_batch_step_graph(const cuda_batch *d);
+
+/* How the batch's kernels are launched (cuda_state_launches). */
+const char *cuda_batch_launches(const cuda_batch *d);
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);

@@ -387,6 +387,8 @@ int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
 const char *polar_batch_kv_type(const polar_batch *b) { return kv_pool_row_type(&b->pool); }
 
+const char *polar_batch_cuda_launches(const polar_batch *b) { return b->dev.ops->launches(b->dev.state); }
+
 /* Where q's start row of position pos is on the device (batch_device.h). */
 static int start_row(const polar_batch *b, const batch_seq *q, int pos) { return (int)(q - b->seqs) * b->max_ctx + pos; }
 

@@ -44,6 +44,9 @@ typedef struct {
     /* 0: the last step ran call by call; 1 a captured graph replayed; 2
      * captured from it. */
     int (*step_graph)(const void *d);
+    /* The GPU: how its kernels are launched (cuda_state_launches); the
+     * CPU: NULL. */
+    const char *(*launches)(const void *d);
     void (*free)(void *d);
 } batch_device_ops;
 

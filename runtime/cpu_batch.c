@@ -164,10 +164,15 @@ static int cpu_batch_graph(const void *state) {
     return 0;
 }
 
+static const char *cpu_batch_launches(const void *state) {
+    (void)state;
+    return NULL;
+}
+
 const batch_device_ops cpu_batch_ops = {
     .begin = cpu_batch_begin, .put_tables = cpu_batch_put_tables, .embed = cpu_batch_embed, .pass = cpu_batch_pass,
     .copy_rows = cpu_batch_copy_rows, .copy_kv = cpu_batch_copy_kv, .cache_keep = cpu_batch_cache_keep,
     .cache_take = cpu_batch_cache_take, .rows_from_start = cpu_batch_rows_from_start, .head = cpu_batch_head,
     .host_logits = cpu_batch_host_logits, .copy_logits = cpu_batch_copy_logits, .finish = cpu_batch_finish,
-    .step_graph = cpu_batch_graph, .free = cpu_batch_free,
+    .step_graph = cpu_batch_graph, .launches = cpu_batch_launches, .free = cpu_batch_free,
 };

@@ -28,6 +28,11 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
 
 void cuda_state_free(cuda_state *c) { (void)c; }
 
+const char *cuda_state_launches(const cuda_state *c) {
+    (void)c;
+    return NULL;
+}
+
 void cuda_weights_free(void *weights) { (void)weights; }
 
 polar_status cuda_forward(cuda_state *c, const int *program, int n_program, const int *tokens, int T, int pos,
@@ -220,6 +225,13 @@ void cuda_state_free(cuda_state *c) {
     free(c);
 }
 
+const char *cuda_state_launches(const cuda_state *c) { return c ? c->launches : NULL; }
+
+void cuda_state_overlap(cuda_state *c, int on) {
+    c->queue.overlap = on;
+    c->launches = on ? "overlapped" : "serial: the driver would not capture overlapping launches in a graph";
+}
+
 polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
                                polar_error *err) {
     *out = NULL;
@@ -260,6 +272,9 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     }
     const char *pdl = getenv("POLAR_CUDA_PDL");
     c->queue.overlap = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    c->launches = c->queue.overlap ? "overlapped"
+                  : major < 9     ? "serial: the GPU is older than compute capability 9.0"
+                                  : "serial: POLAR_CUDA_PDL=0";
     size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
     size_t F = (size_t)a->ffn, V = (size_t)a->vocab;
     if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
@@ -521,7 +536,7 @@ static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program
     cudaError_t e = capture_step(c, program, n_program, &slot->exec);
     if (e != cudaSuccess && c->queue.overlap) { /* graphs of a driver may not take overlapping launches */
         (void)cudaGetLastError();
-        c->queue.overlap = 0;
+        cuda_state_overlap(c, 0);
         e = capture_step(c, program, n_program, &slot->exec);
     }
     if (e != cudaSuccess) return e;

@@ -71,6 +71,10 @@ int cuda_batch_step_graph(const cuda_batch *d) {
     (void)d;
     return 0;
 }
+const char *cuda_batch_launches(const cuda_batch *d) {
+    (void)d;
+    return NULL;
+}
 
 #else
 
@@ -124,6 +128,7 @@ struct cuda_batch {
     unsigned char *want;   /* [head_rows] this step's head rows wanted on the host */
     int direct;            /* calls go out as they come: graphs off, or the step outgrew cap_ops */
     int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture or graph launch failed once */
+    int overlap_dropped;   /* overlapping launches turned off after a failed capture, to try without */
     step_graph last;       /* the previous step's calls (never a graph) */
     step_graph graph[STEP_GRAPHS];
     unsigned long clock;
@@ -384,8 +389,13 @@ static void run_recorded(cuda_batch *d) {
         } else { /* again without overlap (graphs of a driver may not take it), else never again */
             (void)cudaGetLastError();
             d->failed = failed;
-            if (d->c->queue.overlap) d->c->queue.overlap = 0;
-            else d->graphs = 0;
+            if (d->c->queue.overlap) {
+                cuda_state_overlap(d->c, 0);
+                d->overlap_dropped = 1;
+            } else {
+                d->graphs = 0;
+                if (d->overlap_dropped) cuda_state_overlap(d->c, 1); /* no capture works: overlap was not the cause */
+            }
         }
     }
     keep_calls(d, &d->last);
@@ -473,6 +483,8 @@ float *cuda_batch_host_logits(cuda_batch *d) { return d->host_logits; }
 
 int cuda_batch_step_graph(const cuda_batch *d) { return d->ran_as; }
 
+const char *cuda_batch_launches(const cuda_batch *d) { return cuda_state_launches(d->c); }
+
 polar_status cuda_batch_copy_logits(cuda_batch *d, int i, polar_error *err) {
     cudaError_t e = row_to_host(d, i);
     if (e == cudaSuccess) e = cudaStreamSynchronize(d->c->queue.stream);
@@ -518,11 +530,13 @@ static float *op_host_logits(void *d) { return cuda_batch_host_logits(d); }
 static polar_status op_copy_logits(void *d, int i, polar_error *err) { return cuda_batch_copy_logits(d, i, err); }
 static polar_status op_finish(void *d, polar_error *err) { return cuda_batch_finish(d, err); }
 static int op_step_graph(const void *d) { return cuda_batch_step_graph(d); }
+static const char *op_launches(const void *d) { return cuda_batch_launches(d); }
 static void op_free(void *d) { cuda_batch_free(d); }
 
 const batch_device_ops cuda_batch_ops = {
     .begin = op_begin, .put_tables = op_put_tables, .embed = op_embed, .pass = op_pass, .copy_rows = op_copy_rows,
     .copy_kv = op_copy_kv, .cache_keep = op_cache_keep, .cache_take = op_cache_take,
     .rows_from_start = op_rows_from_start, .head = op_head, .host_logits = op_host_logits,
-    .copy_logits = op_copy_logits, .finish = op_finish, .step_graph = op_step_graph, .free = op_free,
+    .copy_logits = op_copy_logits, .finish = op_finish, .step_graph = op_step_graph,
+    .launches = op_launches, .free = op_free,
 };

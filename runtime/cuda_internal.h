@@ -75,6 +75,7 @@ struct cuda_state {
     cudaEvent_t step_done[2];    /* recorded after each greedy step, by parity */
     cuda_queue queue;            /* its non-blocking stream (a cudaStream_t); overlap on sm_90 and later
                                   * unless POLAR_CUDA_PDL=0 (cuda_state_create) */
+    const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
@@ -86,6 +87,11 @@ struct cuda_state {
 };
 
 polar_status cuda_error(polar_error *err, cudaError_t e, const char *what);
+
+/* Overlapping launches off after a graph capture with them failed (the
+ * driver would not capture them, cuda_state_launches says), or on again
+ * when a capture without them failed as well (they were not the reason). */
+void cuda_state_overlap(cuda_state *c, int on);
 
 /* Device memory freed with the state; NULL when out of memory. */
 void *cuda_dev_alloc(cuda_state *c, size_t bytes);

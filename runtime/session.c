@@ -167,6 +167,8 @@ const char *polar_session_device(const polar_session *s) { return s && s->cuda ?
 
 const char *polar_session_kv_type(const polar_session *s) { return kv_pool_row_type(&s->pool); }
 
+const char *polar_session_cuda_launches(const polar_session *s) { return cuda_state_launches(s->cuda); }
+
 const char *polar_cpu_kernels(void) { return cpu_kernels_active()->name; }
 
 const float *polar_logits(const polar_session *s) { return s->has_logits ? s->logits : NULL; }

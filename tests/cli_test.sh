@@ -66,6 +66,9 @@ expect usage_bench_prompts 2 "--prompts wants distinct or shared" $P bench --arc
 expect_out bench_kv_bf16 '"kv":"bf16"' $P bench --arch llama --prompt-len 8 --gen 2 --reps 1 --kv bf16 --json
 expect_out bench_batch_kv_bf16 '"kv":"bf16"' $P bench --arch llama --batch 1,2 --prompt-len 5 --gen 2 --reps 1 --kv bf16 --json
 expect usage_kv 2 "--kv must be f32 or bf16, got 'f16'" $P bench --arch llama --kv f16
+# how GPU kernels are launched: nothing to say on the CPU
+expect_out bench_launches '"threads":1,"cuda_launches":null,"prompt_len":8' $P bench --arch llama --prompt-len 8 --gen 2 --reps 1 --threads 1 --json
+expect_out bench_batch_launches '"threads":1,"cuda_launches":null,"prompt_len":5' $P bench --arch llama --batch 1 --prompt-len 5 --gen 2 --reps 1 --threads 1 --json
 printf '0-3\n0-9\n' >"$D/batch_bad.txt"
 expect bench_batch_bad_file 1 "batch_bad.txt:2:" $P bench --arch llama --batch 2 --programs "$D/batch_bad.txt"
 expect usage_bench_programs 2 "--programs goes with --batch" $P bench --arch llama --programs "$D/batch_progs.txt"

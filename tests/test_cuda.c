@@ -240,13 +240,27 @@ static void overlap_off(void) {
         int want[10], got[10];
         polar_session *s = NULL;
         CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
-        if (s) CHECK_OK(polar_generate(s, prompt, 4, &go, want, NULL, NULL, NULL, &err));
+        if (s) {
+            CHECK_OK(polar_generate(s, prompt, 4, &go, want, NULL, NULL, NULL, &err));
+            /* a GPU before sm_90, or a driver refusing the capture: serial */
+            const char *how = polar_session_cuda_launches(s);
+            printf("  %s: kernel launches %s\n", texts[i], how ? how : "(none)");
+#ifdef POLAR_CUDA_EMU
+            CHECK(how && !strcmp(how, "overlapped"), "the emulated H100's launches: %s", how ? how : "NULL");
+#endif
+        }
         polar_session_free(s);
         for (int e = 0; e < n_env; e++) {
             setenv(env[e][0], env[e][1], 1);
             s = NULL;
             CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
-            if (s) CHECK_OK(polar_generate(s, prompt, 4, &go, got, NULL, NULL, NULL, &err));
+            if (s) {
+                CHECK_OK(polar_generate(s, prompt, 4, &go, got, NULL, NULL, NULL, &err));
+                /* the reason: the variable, or the refused capture */
+                const char *how = polar_session_cuda_launches(s), *want_why = e ? "driver" : "POLAR_CUDA_PDL=0";
+                CHECK(how && !strncmp(how, "serial: ", 8) && (strstr(how, want_why) || strstr(how, "older")),
+                      "%s=%s: launches \"%s\"", env[e][0], env[e][1], how ? how : "NULL");
+            }
             polar_session_free(s);
             unsetenv(env[e][0]);
             CHECK(!memcmp(want, got, sizeof want), "%s with %s=%s: tokens differ", texts[i], env[e][0], env[e][1]);

@@ -51,6 +51,7 @@ typedef struct {
     int followed; /* prompt tokens that followed a leader */
     long cached;  /* (token, entry) pairs found in the prefix cache */
     int captured, replayed; /* GPU steps captured as a graph, and replaying one */
+    const char *launches;   /* the GPU batch's polar_batch_cuda_launches at the end */
 } figures;
 
 /* The scenario on the GPU and on the rounding CPU in lockstep. */
@@ -148,10 +149,13 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
         }
     }
     CHECK(done == sc->n_req, "%s: %d of %d requests done in %d steps", arch, done, sc->n_req, steps);
+    fig->launches = polar_batch_cuda_launches(b[0]);
+    CHECK(fig->launches && !polar_batch_cuda_launches(b[1]), "launches: the GPU batch's %s, the CPU's %s",
+          fig->launches ? fig->launches : "NULL", polar_batch_cuda_launches(b[1]) ? "not NULL" : "NULL");
     printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed, %ld "
-           "pairs cached, %d graphs captured, %d steps replayed one: worst relative L2 %.1e, max diff %.2e\n", arch,
-           sc->n_req, steps, compared, fig->refused, fig->followed, fig->cached, fig->captured, fig->replayed, worst_rel,
-           worst_max);
+           "pairs cached, %d graphs captured, %d steps replayed one, launches %s: worst relative L2 %.1e, max diff "
+           "%.2e\n", arch, sc->n_req, steps, compared, fig->refused, fig->followed, fig->cached, fig->captured,
+           fig->replayed, fig->launches ? fig->launches : "NULL", worst_rel, worst_max);
     for (int r = 0; r < sc->n_req; r++) polar_program_free(&req[r].p);
     for (int i = 0; i < 2; i++) polar_batch_free(b[i]);
     polar_model_free(m);
@@ -218,7 +222,8 @@ static void batch_graphs_off(void) {
 
 #ifdef POLAR_CUDA_EMU
 /* Every capture failing (the emulation's POLAR_CUDA_EMU_BREAK_CAPTURE): the
- * steps go out call by call with the same results and none fails. */
+ * steps go out call by call with the same results and none fails; the
+ * retry without overlap failed too, so the launches overlap again. */
 static void batch_capture_fails(void) {
     setenv("POLAR_CUDA_EMU_BREAK_CAPTURE", "1", 1);
     figures fig;
@@ -226,6 +231,8 @@ static void batch_capture_fails(void) {
     unsetenv("POLAR_CUDA_EMU_BREAK_CAPTURE");
     CHECK(fig.captured == 0 && fig.replayed == 0, "%d graphs captured, %d steps replayed one, every capture failing",
           fig.captured, fig.replayed);
+    CHECK(fig.launches && !strcmp(fig.launches, "overlapped"), "launches %s: overlap blamed for captures that "
+          "fail without it too", fig.launches ? fig.launches : "NULL");
 }
 
 /* Every capture that records a launch made to overlap the previous kernel
@@ -239,6 +246,8 @@ static void batch_overlap_capture_fails(void) {
     unsetenv("POLAR_CUDA_EMU_BREAK_CAPTURE");
     CHECK(fig.captured > 0 && fig.replayed > 0, "%d graphs captured, %d steps replayed one: no graphs after the retry",
           fig.captured, fig.replayed);
+    CHECK(fig.launches && strstr(fig.launches, "serial: the driver"), "launches after the refused capture: %s",
+          fig.launches ? fig.launches : "NULL");
 }
 
 /* Every graph launch refused (POLAR_CUDA_EMU_BREAK_LAUNCH): the first
