@@ -21,9 +21,9 @@
 #define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
 
 // Load keys j0..j0+n-1 of one KV head, under the block table, into padded
-// shared tiles: 16-byte loads from the pool when head_dim % 8 == 0, stored as 2-byte halves (the
-// padded rows keep the lanes of the prefill kernel, one key each, on
-// different banks).
+// shared tiles (4-byte aligned): 16-byte loads from the pool when head_dim %
+// 8 == 0, stored as 4-byte pairs (the padded rows keep the lanes of the
+// prefill kernel, one key each, on different banks).
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
                                                     const bf16_bits *vc, const int *table, int j0, int n, int kvh,
                                                     int kvd, int hd) {
@@ -34,9 +34,9 @@ static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, 
             int j = i / per_row, c = (i % per_row) * 8;
             size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
             uint4 kk = *(const uint4 *)(kc + src), vv = *(const uint4 *)(vc + src);
-            const uint16_t *k8 = (const uint16_t *)&kk, *v8 = (const uint16_t *)&vv;
-#pragma unroll
-            for (int u = 0; u < 8; u++) ks[j * stride + c + u] = k8[u], vs[j * stride + c + u] = v8[u];
+            uint32_t *kd = (uint32_t *)(ks + j * stride + c), *vd = (uint32_t *)(vs + j * stride + c);
+            kd[0] = kk.x, kd[1] = kk.y, kd[2] = kk.z, kd[3] = kk.w;
+            vd[0] = vv.x, vd[1] = vv.y, vd[2] = vv.z, vd[3] = vv.w;
         }
         return;
     }
@@ -65,7 +65,7 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
     int group = n_heads / n_kv, kvd = n_kv * hd, stride = KV_STRIDE(hd);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
     size_t pstride = (size_t)hd + 2; // per (head, split): max, sum, output[hd]
-    __shared__ uint16_t ks[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)], vs[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)];
+    __shared__ __align__(4) uint16_t ks[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)], vs[ATT_CHUNK * KV_STRIDE(ATT_MAX_HD)];
     __shared__ float qs[ATT_GROUP_DIMS], os[ATT_GROUP_DIMS];
     __shared__ float sc[ATT_MAX_GROUP * ATT_CHUNK], run_max[ATT_MAX_GROUP], run_sum[ATT_MAX_GROUP],
         rescale[ATT_MAX_GROUP];
@@ -197,16 +197,26 @@ extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bit
 // ------------------------------------------------------------------ prefill
 //
 // A block per (tile of PF_WARPS * RPW tokens of one sequence's run, query
-// head): its queries in shared memory, then the keys up to its last token in tiles of ATT_CHUNK.
-// Each warp owns RPW query rows; lane j scores key j of the tile, the warp
-// keeps the row's running max and sum, and the output row lives in registers
-// (lane c holds dimensions c, c+32, ...). RPW trades parallelism for K/V
-// tile reuse: short prompts take 1 row per warp so that the grid fills the
-// GPU (at 4, a 128-token prompt had 1.5 blocks per H100 multiprocessor).
+// head): its queries in shared memory, then the keys up to its last token in
+// tiles of ATT_CHUNK. Each warp owns RPW query rows; lane j scores key j of
+// the tile for all of them at once (each pair of key dimensions read once
+// from shared memory for the RPW rows, the queries' pairs as broadcasts),
+// the warp keeps each row's running max and sum, and the output rows live in
+// registers (lane l holds dimension pairs 2l, 2l + 64, ...; each pair of a
+// value row read once for the RPW rows). The kernel is bound by shared-memory
+// reads: before 2026-11-25 each row read its key and value dimensions one
+// at a time, ~3x the instructions. Every sum runs in the order it did then.
+// RPW trades parallelism for K/V tile reuse: short prompts take 1 row per
+// warp so that the grid fills the GPU (at 4, a 128-token prompt had 1.5
+// blocks per H100 multiprocessor). head_dim is even (RoPE's pairs).
 
 #define PF_WARPS 4
 #define PF_MAX_RPW 4
-#define PF_DIMS_PER_LANE (ATT_MAX_HD / WARP)
+#define PF_PAIRS_PER_LANE (ATT_MAX_HD / (2 * WARP))
+
+// The two bf16 of a 32-bit word: the lower address first.
+static __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 template <int RPW>
 __global__ void __launch_bounds__(PF_WARPS *WARP)
@@ -219,20 +229,20 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, stride = KV_STRIDE(hd), pos0 = *run.pos0;
     const int *table = run.table;
     int rows = T - t0 < PF_ROWS ? T - t0 : PF_ROWS;
-    float *qs = smem;                                     // [PF_ROWS, hd], pre-scaled
-    uint16_t *ks = (uint16_t *)(qs + PF_ROWS * hd);       // [ATT_CHUNK, stride]
-    uint16_t *vs = ks + ATT_CHUNK * stride;               // [ATT_CHUNK, stride]
+    float *qs = smem;                               // [PF_ROWS, hd], pre-scaled
+    uint16_t *ks = (uint16_t *)(qs + PF_ROWS * hd); // [ATT_CHUNK, stride]
+    uint16_t *vs = ks + ATT_CHUNK * stride;         // [ATT_CHUNK, stride]
     float scale = 1.0f / sqrtf((float)hd);
     for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int r = i / hd, c = i % hd;
         qs[i] = q[((size_t)(t0 + r) * n_heads + h) * hd + c] * scale;
     }
-    float o[RPW][PF_DIMS_PER_LANE], m[RPW], l[RPW];
+    float o[RPW][2 * PF_PAIRS_PER_LANE], m[RPW], l[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < PF_DIMS_PER_LANE; d++) o[r][d] = 0.0f;
+        for (int d = 0; d < 2 * PF_PAIRS_PER_LANE; d++) o[r][d] = 0.0f;
     }
     int last = pos0 + t0 + rows - 1; // the block's last query position: keys beyond it are never needed
     for (int j0 = 0; j0 <= last; j0 += ATT_CHUNK) {
@@ -240,27 +250,58 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
         __syncthreads(); // the previous tile is consumed (and qs written, on the first pass)
         load_kv_tile(ks, vs, kc, vc, table, j0, n, kvh, kvd, hd);
         __syncthreads();
+        // the warp's rows with a key in this tile (a row past the block's, or
+        // whose tile is all in its future, skips it: the same for every lane)
+        bool active[RPW];
+        float s[RPW], p[RPW];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            int row = warp * RPW + r, qpos = pos0 + t0 + row;
-            if (row >= rows || j0 > qpos) continue; // the whole tile is in this row's future
-            float s = -INFINITY;
-            if (lane < n && j0 + lane <= qpos) {
-                s = 0.0f;
-                for (int c = 0; c < hd; c++) s += qs[row * hd + c] * bf(ks[lane * stride + c]);
+            int row = warp * RPW + r;
+            active[r] = row < rows && j0 <= pos0 + t0 + row;
+            s[r] = 0.0f, p[r] = 0.0f;
+        }
+        if (lane < n) {
+            const uint32_t *kr = (const uint32_t *)(ks + lane * stride);
+            for (int c = 0; c < hd; c += 2) {
+                uint32_t kk = kr[c / 2];
+                float k0 = bf_lo(kk), k1 = bf_hi(kk);
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    if (!active[r]) continue;
+                    float2 qq = *(const float2 *)(qs + (warp * RPW + r) * hd + c);
+                    s[r] += qq.x * k0;
+                    s[r] += qq.y * k1;
+                }
             }
-            float mn = fmaxf(m[r], warp_max(s));
-            float p = s == -INFINITY ? 0.0f : expf(s - mn), f = expf(m[r] - mn);
-            l[r] = l[r] * f + warp_sum(p);
+        }
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            if (!active[r]) continue;
+            float sr = lane < n && j0 + lane <= pos0 + t0 + warp * RPW + r ? s[r] : -INFINITY;
+            float mn = fmaxf(m[r], warp_max(sr));
+            p[r] = sr == -INFINITY ? 0.0f : expf(sr - mn);
+            float f = expf(m[r] - mn);
+            l[r] = l[r] * f + warp_sum(p[r]);
             m[r] = mn;
 #pragma unroll
-            for (int d = 0; d < PF_DIMS_PER_LANE; d++) o[r][d] *= f;
-            for (int j = 0; j < n; j++) {
-                float pj = __shfl_sync(0xffffffffu, p, j);
+            for (int d = 0; d < 2 * PF_PAIRS_PER_LANE; d++) o[r][d] *= f;
+        }
+        for (int j = 0; j < n; j++) {
+            float pj[RPW];
 #pragma unroll
-                for (int d = 0; d < PF_DIMS_PER_LANE; d++) {
-                    int c = lane + d * WARP;
-                    if (c < hd) o[r][d] += pj * bf(vs[j * stride + c]);
+            for (int r = 0; r < RPW; r++) pj[r] = active[r] ? __shfl_sync(0xffffffffu, p[r], j) : 0.0f;
+            const uint32_t *vr = (const uint32_t *)(vs + j * stride);
+#pragma unroll
+            for (int d = 0; d < PF_PAIRS_PER_LANE; d++) {
+                int c = 2 * lane + 2 * WARP * d;
+                if (c >= hd) continue;
+                uint32_t vv = vr[c / 2];
+                float v0 = bf_lo(vv), v1 = bf_hi(vv);
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    if (!active[r]) continue;
+                    o[r][2 * d] += pj[r] * v0;
+                    o[r][2 * d + 1] += pj[r] * v1;
                 }
             }
         }
@@ -271,9 +312,9 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
         if (row >= rows) continue;
         float *dst = out + ((size_t)(t0 + row) * n_heads + h) * hd;
 #pragma unroll
-        for (int d = 0; d < PF_DIMS_PER_LANE; d++) {
-            int c = lane + d * WARP;
-            if (c < hd) dst[c] = o[r][d] / l[r];
+        for (int d = 0; d < PF_PAIRS_PER_LANE; d++) {
+            int c = 2 * lane + 2 * WARP * d;
+            if (c < hd) *(float2 *)(dst + c) = make_float2(o[r][2 * d] / l[r], o[r][2 * d + 1] / l[r]);
         }
     }
 }
