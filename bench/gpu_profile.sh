@@ -1,6 +1,7 @@
 #!/bin/sh
 # Where the GPU time goes, per kernel, for the cases whose issue-10 targets
-# are missed: a dense decode step, the MoE forward, the predictor kernel.
+# are missed: a dense decode step, a dense 512-token prefill, the MoE
+# forward, the predictor kernel.
 # Nsight Compute with --clock-control none (the device's clocks left as
 # found) times each kernel alone, serialised, so small kernels read high
 # against graph replay: use the table to rank kernels, polar bench for
@@ -8,8 +9,8 @@
 # call builds it).
 #
 #   sh bench/gpu_profile.sh OUT
-# Overrides (empty skips): DECODE (llama-3.2-3b), MOE (qwen1.5-moe-a2.7b),
-# PREDICTOR (1; 0 skips), WORK (/tmp/polar-evidence: gpu_evidence.sh's
+# Overrides (empty skips): DECODE (llama-3.2-3b), PREFILL (llama-3.2-3b:
+# a 512-token prompt), MOE (qwen1.5-moe-a2.7b), PREDICTOR (1; 0 skips), WORK (/tmp/polar-evidence: gpu_evidence.sh's
 # predictor and encoder, made here when missing).
 # Writes OUT/NAME.csv (ncu --csv --page raw) and OUT/NAME.txt: per kernel
 # name, launches, total and mean us, DRAM GB read + written, GB/s; largest
@@ -17,6 +18,7 @@
 set -u
 OUT=${1:?usage: sh bench/gpu_profile.sh OUT}
 DECODE=${DECODE-llama-3.2-3b}
+PREFILL=${PREFILL-llama-3.2-3b}
 MOE=${MOE-qwen1.5-moe-a2.7b}
 PREDICTOR=${PREDICTOR:-1}
 WORK=${WORK:-/tmp/polar-evidence}
@@ -77,6 +79,10 @@ profile() {
 # A decode step at context 128 (plus its prefill and graph capture): the
 # per-layer kernels' launches are gen + 1 times the layers.
 [ -n "$DECODE" ] && profile decode "$BIN" bench --device cuda --preset "$DECODE" --prompt-len 128 --gen 3 --reps 1
+# A 512-token prefill (target: 50% of tensor-core peak; 21% on 2026-11-23,
+# and 2048 tokens took 8.7x as long as 512: the CUDA-core attention kernel
+# is the suspect), then one decode step.
+[ -n "$PREFILL" ] && profile prefill "$BIN" bench --device cuda --preset "$PREFILL" --prompt-len 512 --gen 1 --reps 1
 # The MoE preset's 150-token forward (target 15 ms) and two decode steps.
 [ -n "$MOE" ] && profile moe "$BIN" bench --device cuda --preset "$MOE" --prompt-len 150 --gen 2 --reps 1
 # The fused predictor kernel alone, T 256, D 36 (target 50 us): its 52+
