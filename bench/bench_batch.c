@@ -91,7 +91,8 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, c
         else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
-                   "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,\"programs\":\"%s\","
+                   "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,"
+                   "\"programs\":\"%s\","
                    "\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
                    "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f,\"prefill_shared_entries\":%d}\n",
