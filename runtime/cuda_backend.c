@@ -538,6 +538,7 @@ static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program
         (void)cudaGetLastError();
         cuda_state_overlap(c, 0);
         e = capture_step(c, program, n_program, &slot->exec);
+        if (e != cudaSuccess) cuda_state_overlap(c, 1); /* it fails without overlap too: not the cause */
     }
     if (e != cudaSuccess) return e;
     memcpy(slot->program, program, (size_t)n_program * sizeof(int));
