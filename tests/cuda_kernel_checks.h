@@ -397,6 +397,38 @@ static void kernel_kv_store(void) {
     free(tt.tables);
 }
 
+/* cpu_attention_head with the tensor-core prefill kernel's roundings: the
+ * scaled query and each probability exp(s - max) rounded to bf16; their sum
+ * and everything else in f32 (kf, vf: the pool's bf16 values as floats). */
+static void attention_head_tc(float *out, const float *q, const float *kf, const float *vf, const int *blocks, int pos,
+                              int h, int nh, int nkv, int hd, float *scores) {
+    int kvh = h / (nh / nkv);
+    size_t kvd = (size_t)nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd), qb[256], m = -INFINITY, l = 0;
+    for (int c = 0; c < hd; c++) qb[c] = bf16_to_f32(f32_to_bf16(q[(size_t)h * hd + c] * scale));
+    for (int j = 0; j <= pos; j++) {
+        const float *k = kf + ((size_t)blocks[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK) * kvd + kvh * hd;
+        float s = 0;
+        for (int c = 0; c < hd; c++) s += qb[c] * k[c];
+        scores[j] = s, m = fmaxf(m, s);
+    }
+    for (int c = 0; c < hd; c++) out[(size_t)h * hd + c] = 0;
+    for (int j = 0; j <= pos; j++) {
+        float p = expf(scores[j] - m), pb = bf16_to_f32(f32_to_bf16(p));
+        const float *v = vf + ((size_t)blocks[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK) * kvd + kvh * hd;
+        l += p;
+        for (int c = 0; c < hd; c++) out[(size_t)h * hd + c] += pb * v[c];
+    }
+    for (int c = 0; c < hd; c++) out[(size_t)h * hd + c] /= l;
+}
+
+/* ||a - b|| / ||b|| */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, w = 0;
+    for (size_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), w += (double)b[i] * b[i];
+    return w > 0 ? sqrt(d / w) : sqrt(d);
+}
+
 /* Both attention kernels against cpu_attention_head over the paged bf16
  * pool of two_tables: split-K decode per token (two sequences' tokens
  * interleaved, any T) and as a's run (a session's decode, T <= 8), the
@@ -436,6 +468,13 @@ static void kernel_attention(void) {
                                            tt.tables + table[per_token][t], pos[per_token][t], h, nh, nkv, hd, scores);
                 map[per_token] = map_upload(&md[per_token], &tt, per_token, T, pos0, pos[per_token], table[per_token]);
             }
+            /* the tensor-core kernel's rounding, for a run (head_dim a multiple of 16 up to 128) */
+            int tc = hd % 16 == 0 && hd <= 128;
+            float *want_tc = tc ? malloc(out_vals * 4) : NULL;
+            for (int t = 0; tc && t < T; t++)
+                for (int h = 0; h < nh; h++)
+                    attention_head_tc(want_tc + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kf, vf,
+                                      tt.tables + table[0][t], pos[0][t], h, nh, nkv, hd, scores);
             CHECK(cuda_attention_prepare(hd) == 0, "cuda_attention_prepare(%d)", hd);
             float *scratch = dev_floats(cuda_attention_scratch(T, nh, hd));
             for (int kind = 0; kind < 5; kind++) {
@@ -452,6 +491,20 @@ static void kernel_attention(void) {
                       kinds[kind], kind < 2 ? 0 : 1 << (kind - 2), nh, nkv, hd, T, pos0, d);
                 free(got);
             }
+            if (tc) { /* a probability may round the other way (2^-8 of it): the largest error bounded, the L2 tight */
+                cudaMemset(dout, 0xff, out_vals * 4);
+                cuda_attention_prefill(dout, dq, dk, dv, map[0].run, T, nh, nkv, hd, CUDA_ATTENTION_TENSOR_CORES, NULL);
+                float *got = from_dev(dout, out_vals), d = max_rel(got, want_tc, out_vals);
+                double l2 = rel_l2(got, want_tc, out_vals);
+                CHECK(d < 1e-2f && l2 < 1e-4, "attention prefill on tensor cores heads %d/%d hd %d T %d at %d: relative "
+                      "error %g, relative L2 %g", nh, nkv, hd, T, pos0, d, l2);
+                if (r == 5)
+                    printf("  tensor-core prefill heads %d/%d hd %d T %d at %d: against its rounding max %.1e L2 %.1e; "
+                           "against f32 max %.1e L2 %.1e\n", nh, nkv, hd, T, pos0, d, l2,
+                           max_rel(got, want[0], out_vals), rel_l2(got, want[0], out_vals));
+                free(got);
+            }
+            free(want_tc);
             for (int i = 0; i < 2; i++) map_free(&md[i]), free(want[i]), free(pos[i]), free(table[i]);
             cudaFree(scratch), cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
             free(q), free(kf), free(vf), free(scores), free(kb), free(vb), free(tt.tables);

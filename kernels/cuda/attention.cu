@@ -5,9 +5,11 @@
 //    cuda_kv_map): split-K flash decoding. The grid is fixed by the launch
 //    (not the position), so a captured graph serves every step.
 //  - prefill (one sequence's run of many tokens; a cuda_kv_run): a tiled
-//    flash-attention kernel, online softmax, no scratch.
+//    flash-attention kernel, online softmax, no scratch; for long runs a
+//    tensor-core kernel (bf16 queries and probabilities, see below).
 #include <cuda_runtime.h>
 #include <math.h>
+#include <mma.h>
 #include <stdint.h>
 
 #include "common.cuh"
@@ -319,6 +321,143 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     }
 }
 
+// ----------------------------------------------------- prefill, tensor cores
+//
+// Long runs: a block per (TC_WARPS * 16 tokens, query head), each warp 16
+// query rows through WMMA. The queries (scaled) are rounded to bf16 for
+// Q K^T, and the probabilities to bf16 for P V, f32 accumulation: the only
+// roundings beside the order of f32 sums. Two passes over the keys: the
+// first finds each row's maximum score, the second sums exp(s - max) in f32
+// and accumulates P V, so the output fragments are never rescaled (WMMA
+// hides which lane holds which row) and every probability is the CPU's
+// exp(s - max) before its rounding. Q K^T is computed twice; on tensor
+// cores that costs less than the CUDA-core kernel's one pass.
+
+#define TC_WARPS 2
+#define TC_KEYS 32
+#define TC_MAX_HD 128
+#define TC_MIN_TOKENS 256 // shorter runs: too few blocks to fill the GPU
+
+static __device__ __forceinline__ int tc_ld(int hd) { return hd + 8; } // bf16 rows: 16-byte multiples, banks spread
+
+// Keys (and values) j0..j0+n-1 of KV head kvh into [TC_KEYS, ld] bf16 tiles,
+// rows n.. zeros (so probabilities of 0 meet finite values).
+static __device__ __forceinline__ void tc_load_kv(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const bf16_bits *kc,
+                                                  const bf16_bits *vc, const int *table, int j0, int n, int kvh,
+                                                  int kvd, int hd) {
+    int per_row = hd / 8, ld = tc_ld(hd);
+    for (int i = threadIdx.x; i < TC_KEYS * per_row; i += blockDim.x) {
+        int j = i / per_row, c = i % per_row * 8;
+        uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
+        if (j < n) {
+            size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
+            kk = *(const uint4 *)(kc + src);
+            if (vs) vv = *(const uint4 *)(vc + src);
+        }
+        *(uint4 *)(ks + j * ld + c) = kk;
+        if (vs) *(uint4 *)(vs + j * ld + c) = vv;
+    }
+}
+
+static size_t prefill_tc_smem(int head_dim) {
+    return (size_t)(TC_WARPS * 16 + 2 * TC_KEYS) * (head_dim + 8) * 2 + (size_t)TC_WARPS * 16 * TC_KEYS * 4 +
+           (size_t)TC_WARPS * 16 * (TC_KEYS + 8) * 2;
+}
+
+__global__ void __launch_bounds__(TC_WARPS *WARP)
+    attention_prefill_tc_kernel(float *out, const float *q, const bf16_bits *kc, const bf16_bits *vc, cuda_kv_run run,
+                                int T, int n_heads, int n_kv, int hd) {
+    await_previous_kernel();
+    using namespace nvcuda;
+    extern __shared__ __align__(32) unsigned char tc_smem[];
+    const int ROWS = TC_WARPS * 16, ld = tc_ld(hd), pld = TC_KEYS + 8;
+    int t0 = blockIdx.x * ROWS, h = blockIdx.y, kvh = h / (n_heads / n_kv), kvd = n_kv * hd;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, pos0 = *run.pos0;
+    int rows = T - t0 < ROWS ? T - t0 : ROWS;
+    __nv_bfloat16 *qs = (__nv_bfloat16 *)tc_smem;                  // [ROWS, ld] q * scale
+    __nv_bfloat16 *ks = qs + ROWS * ld, *vs = ks + TC_KEYS * ld;   // [TC_KEYS, ld] each
+    float *ss = (float *)(vs + TC_KEYS * ld) + warp * 16 * TC_KEYS; // the warp's scores [16, TC_KEYS]
+    __nv_bfloat16 *ps = (__nv_bfloat16 *)((float *)(vs + TC_KEYS * ld) + TC_WARPS * 16 * TC_KEYS) + warp * 16 * pld;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
+        int r = i / hd, c = i % hd;
+        float v = r < rows ? q[((size_t)(t0 + r) * n_heads + h) * hd + c] * scale : 0.0f;
+        qs[r * ld + c] = __float2bfloat16_rn(v);
+    }
+    // lane pair (2 lr, 2 lr + 1): row lr of the warp's 16, keys half * 16 .. of a tile
+    int lr = lane / 2, half = lane % 2, row = warp * 16 + lr, qpos = pos0 + t0 + row, valid = row < rows;
+    int last = pos0 + t0 + rows - 1, warp_last = pos0 + t0 + (warp * 16 + 15 < rows ? warp * 16 + 15 : rows - 1);
+    int frags = hd / 16;
+    float m = -INFINITY, l = 0.0f;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[TC_MAX_HD / 16];
+#pragma unroll
+    for (int d = 0; d < TC_MAX_HD / 16; d++) wmma::fill_fragment(o[d], 0.0f);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int j0 = 0; j0 <= last; j0 += TC_KEYS) {
+            int n = last + 1 - j0 < TC_KEYS ? last + 1 - j0 : TC_KEYS;
+            __syncthreads(); // the previous tile is consumed (and qs written, on the first)
+            tc_load_kv(ks, pass ? vs : NULL, kc, vc, run.table, j0, n, kvh, kvd, hd);
+            __syncthreads();
+            if (warp * 16 >= rows || j0 > warp_last) continue; // nothing of this warp's (the same for its lanes)
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sc[TC_KEYS / 16];
+#pragma unroll
+            for (int g = 0; g < TC_KEYS / 16; g++) wmma::fill_fragment(sc[g], 0.0f);
+            for (int kk = 0; kk < hd; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::load_matrix_sync(a, qs + warp * 16 * ld + kk, ld);
+#pragma unroll
+                for (int g = 0; g < TC_KEYS / 16; g++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b; // K^T
+                    wmma::load_matrix_sync(b, ks + g * 16 * ld + kk, ld);
+                    wmma::mma_sync(sc[g], a, b, sc[g]);
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < TC_KEYS / 16; g++)
+                wmma::store_matrix_sync(ss + g * 16, sc[g], TC_KEYS, wmma::mem_row_major);
+            __syncwarp();
+            const float *sr = ss + lr * TC_KEYS + half * 16;
+            int jb = j0 + half * 16;
+            if (pass == 0) {
+                float mx = -INFINITY;
+                for (int u = 0; u < 16; u++)
+                    if (valid && jb + u <= qpos) mx = fmaxf(mx, sr[u]);
+                m = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
+            } else {
+                __nv_bfloat16 *pr = ps + lr * pld + half * 16;
+                for (int u = 0; u < 16; u++) {
+                    float p = valid && jb + u <= qpos ? expf(sr[u] - m) : 0.0f;
+                    l += p;
+                    pr[u] = __float2bfloat16_rn(p);
+                }
+                __syncwarp();
+                for (int kk = 0; kk < TC_KEYS; kk += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                    wmma::load_matrix_sync(a, ps + kk, pld);
+#pragma unroll
+                    for (int d = 0; d < TC_MAX_HD / 16; d++) {
+                        if (d >= frags) break;
+                        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+                        wmma::load_matrix_sync(b, vs + kk * ld + d * 16, ld);
+                        wmma::mma_sync(o[d], a, b, o[d]);
+                    }
+                }
+            }
+            __syncwarp(); // the scores and probabilities are read before the next tile's
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    __syncthreads(); // the K/V tiles are free: each warp's outputs [16, hd] go there
+    float *os = (float *)ks + warp * 16 * hd;
+#pragma unroll
+    for (int d = 0; d < TC_MAX_HD / 16; d++)
+        if (d < frags) wmma::store_matrix_sync(os + d * 16, o[d], hd, wmma::mem_row_major);
+    __syncwarp();
+    if (!valid) return;
+    float *dst = out + ((size_t)(t0 + row) * n_heads + h) * hd;
+    for (int c = half; c < hd; c += 2) dst[c] = os[lr * hd + c] / l;
+}
+
 static size_t prefill_smem(int rpw, int head_dim) {
     return (size_t)PF_WARPS * rpw * head_dim * sizeof(float) + 2 * (size_t)ATT_CHUNK * KV_STRIDE(head_dim) * 2;
 }
@@ -348,6 +487,13 @@ static int prefill_rows_per_warp(int T, int n_heads) {
 extern "C" void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                                        cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
                                        const cuda_queue *queue) {
+    int tc_fits = head_dim % 16 == 0 && head_dim <= TC_MAX_HD;
+    if (tc_fits && (rows_per_warp == CUDA_ATTENTION_TENSOR_CORES || (!rows_per_warp && T >= TC_MIN_TOKENS))) {
+        dim3 grid((T + TC_WARPS * 16 - 1) / (TC_WARPS * 16), n_heads);
+        launch(queue, grid, TC_WARPS * WARP, prefill_tc_smem(head_dim), attention_prefill_tc_kernel, out, q, k_pool,
+               v_pool, run, T, n_heads, n_kv, head_dim);
+        return;
+    }
     int rpw = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp
                                                                              : prefill_rows_per_warp(T, n_heads);
     int rows = PF_WARPS * rpw;

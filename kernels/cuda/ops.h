@@ -97,8 +97,12 @@ void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, 
                            const cuda_queue *queue);
 /* Once per process and head_dim before the first prefill: the prefill
  * kernel's shared-memory limit. Returns a cudaError_t (0: success).
- * rows_per_warp: query rows each warp of the prefill kernel owns (1, 2 or 4;
- * 0 chooses by T and n_heads, the tests force each). */
+ * rows_per_warp: query rows each warp of the CUDA-core prefill kernel owns
+ * (1, 2 or 4), or CUDA_ATTENTION_TENSOR_CORES: the tensor-core kernel
+ * (bf16 queries and probabilities; head_dim a multiple of 16 up to 128, else
+ * the CUDA-core one); 0 chooses by T, n_heads and head_dim (tensor cores
+ * from 256 tokens); the tests force each. */
+#define CUDA_ATTENTION_TENSOR_CORES 16
 int cuda_attention_prepare(int head_dim);
 void cuda_attention_prefill(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                             cuda_kv_run run, int T, int n_heads, int n_kv, int head_dim, int rows_per_warp,
