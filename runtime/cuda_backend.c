@@ -296,14 +296,12 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
          cudaEventCreateWithFlags(&c->step_done[1], cudaEventDisableTiming) == cudaSuccess;
     for (int i = 0; ok && i < GRAPH_CACHE; i++)
         ok = (c->graphs[i].program = malloc((size_t)cap_program * sizeof(int))) != NULL;
-    /* GEMM operands: any projection of a chunk, or a slice of the head */
-    size_t widest_in = H > q ? H : q, widest_out = H > q ? H : q;
+    /* GEMM inputs: any projection's of a chunk, or a slice of the head's */
+    size_t widest_in = H > q ? H : q;
     if (F > widest_in) widest_in = F;
-    if (F > widest_out) widest_out = F;
     if ((size_t)a->top_k * a->moe_ffn > widest_in) widest_in = (size_t)a->top_k * a->moe_ffn; /* expert inputs */
-    size_t acc_elems = C * widest_out > LOGIT_ROWS * V ? C * widest_out : LOGIT_ROWS * V;
     ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = cuda_dev_alloc(c, C * widest_in * sizeof(bf16))) &&
-         (c->acc = cuda_dev_alloc(c, acc_elems * 4));
+         (!a->qkv_bias || (c->acc = cuda_dev_alloc(c, C * (q > kv ? q : kv) * 4)));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         size_t groups = cuda_moe_group_ints(chunk, a->top_k, a->n_experts);
@@ -358,16 +356,22 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     return POLAR_OK;
 }
 
-void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
-             int accumulate) {
+void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
+                     int cols, int accumulate) {
     if (T > DECODE_TOKENS) {
-        cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
-        if (cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, c->queue.stream)) {
+        if (!bias && cuda_gemm_run(c->gemm, y, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
+        if (bias && cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
             return;
         }
     }
     cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, &c->queue);
+}
+
+void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
+             int accumulate) {
+    if (T > DECODE_TOKENS) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
+    cuda_mm_rounded(c, y, x, w, bias, T, rows, cols, accumulate);
 }
 
 /* act[T, F] = silu(xn . gate^T) * (xn . up^T), xn = x or, with norm, x's
@@ -385,7 +389,7 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
         x = c->xn;
     }
     cuda_mm(c, act, x, w_gate, NULL, T, F, cols, 0);
-    cuda_mm(c, up, x, w_up, NULL, T, F, cols, 0);
+    cuda_mm_rounded(c, up, x, w_up, NULL, T, F, cols, 0); /* the same x, already rounded */
     cuda_swiglu(act, up, T * F, &c->queue);
 }
 
@@ -469,8 +473,8 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda
     } else {
         cuda_rmsnorm(c->xn, c->x, w->attn_norm, T, H, eps, s);
         cuda_mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
-        cuda_mm(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0);
-        cuda_mm(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
+        cuda_mm_rounded(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0); /* the same xn, already rounded */
+        cuda_mm_rounded(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
     attend(c, w, T, map, runs, n_runs);
     cuda_mm(c, c->x, c->att, w->wo, NULL, T, H, qd, 1);

@@ -109,12 +109,12 @@ static int declined(cuda_gemm *g, gemm_plan *p) {
     return 0;
 }
 
-int cuda_gemm_run(cuda_gemm *g, float *acc, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
-                  void *stream) {
+int cuda_gemm_run(cuda_gemm *g, float *y, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
+                  int accumulate, void *stream) {
     gemm_plan *p = plan_for(g, rows, cols, T);
     if (p->failed) return g->warned ? 0 : declined(g, p);
-    const float alpha = 1.0f, beta = 0.0f;
-    if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, acc, p->c, acc, p->c, &p->algo,
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f; /* D = C = y, in place */
+    if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, &p->algo,
                        g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS) {
         /* inside a capture that already failed every call fails: not the shape's fault */
         enum cudaStreamCaptureStatus capture;

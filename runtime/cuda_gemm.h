@@ -9,8 +9,10 @@ typedef struct cuda_gemm cuda_gemm;
 cuda_gemm *cuda_gemm_create(void);
 void cuda_gemm_free(cuda_gemm *g);
 
-/* acc[T, rows] = xb[T, cols] . w[rows, cols]^T (bf16 in, f32 out); 0 on failure. */
-int cuda_gemm_run(cuda_gemm *g, float *acc, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
-                  void *stream);
+/* y[T, rows] (=, or += with accumulate) xb[T, cols] . w[rows, cols]^T (bf16
+ * in, f32 sums and out; the residual added in cuBLASLt's epilogue); 0 on
+ * failure, y untouched. */
+int cuda_gemm_run(cuda_gemm *g, float *y, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
+                  int accumulate, void *stream);
 
 #endif

@@ -78,7 +78,8 @@ struct cuda_state {
     const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
-    float *acc;                  /* [chunk, widest output] the GEMM's result before bias/residual */
+    float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
+                                  * (qkv_bias models only; other GEMMs write their output, residual included) */
     /* The decode step (one token, its argmax fed back) as captured graphs,
      * one per recently used program, so switching between a few programs
      * (a benchmark, the top-k programs of a prediction) captures each once. */
@@ -97,10 +98,14 @@ void cuda_state_overlap(cuda_state *c, int on);
 void *cuda_dev_alloc(cuda_state *c, size_t bytes);
 
 /* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
- * than DECODE_TOKENS tokens, the hand-written GEMV for fewer (and if
- * cuBLASLt declines a shape). */
+ * than DECODE_TOKENS tokens (x rounded to bf16 into c->xb first), the
+ * hand-written GEMV for fewer (and if cuBLASLt declines a shape). */
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate);
+/* The same for the next product of the same x: c->xb holds it rounded
+ * already (one conversion for q, k and v, or gate and up). */
+void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
+                     int cols, int accumulate);
 
 /* Tokens t0..t0+n-1 of a batch's pass that are consecutive positions of
  * one sequence (its block table at offset `table`): a prompt chunk, whose

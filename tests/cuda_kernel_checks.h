@@ -240,11 +240,28 @@ static void kernel_prefill_ops(void) {
     cuda_gemm *g = cuda_gemm_create();
     CHECK(g != NULL, "cuda_gemm_create");
     if (g) {
-        CHECK(cuda_gemm_run(g, dacc, dxb, dw, T, rows, hidden, NULL), "cuBLASLt declined %d x %d x %d", T, rows, hidden);
+        CHECK(cuda_gemm_run(g, dacc, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined %d x %d x %d", T, rows,
+              hidden);
         cuda_bias_residual(dy, dacc, db, T, rows, 1, NULL);
         got = from_dev(dy, (size_t)T * rows);
         float d = max_rel(got, ywant, (size_t)T * rows);
         CHECK(d < 1e-4f, "GEMM + bias + residual T %d: relative error %g", T, d);
+        free(got);
+        /* the residual in cuBLASLt's epilogue, in place: y += x . w^T; then y = x . w^T over NaNs */
+        memcpy(ywant, y, (size_t)T * rows * 4);
+        cpu_matmul(ywant, xr, w, NULL, T, rows, hidden, 1, 2);
+        cudaMemcpy(dy, y, (size_t)T * rows * 4, cudaMemcpyHostToDevice);
+        CHECK(cuda_gemm_run(g, dy, dxb, dw, T, rows, hidden, 1, NULL), "cuBLASLt declined accumulating");
+        got = from_dev(dy, (size_t)T * rows);
+        d = max_rel(got, ywant, (size_t)T * rows);
+        CHECK(d < 1e-4f, "GEMM += in place T %d: relative error %g", T, d);
+        free(got);
+        cpu_matmul(ywant, xr, w, NULL, T, rows, hidden, 0, 2);
+        cudaMemset(dy, 0xff, (size_t)T * rows * 4);
+        CHECK(cuda_gemm_run(g, dy, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined writing");
+        got = from_dev(dy, (size_t)T * rows);
+        d = max_rel(got, ywant, (size_t)T * rows);
+        CHECK(d < 1e-4f, "GEMM = over NaNs T %d: relative error %g", T, d);
         free(got);
         cuda_gemm_free(g);
     }
