@@ -11,7 +11,7 @@
 #
 # ROUNDS (3): alternations of each case. CASES: lines of polar bench
 # arguments (default below: decode at ctx 128 on two dense presets, the MoE
-# preset's 150-token forward and decode, a 512-token prefill). DEVICE
+# preset's 150-token forward and decode, 512- and 2048-token prefills). DEVICE
 # (cuda; cpu for a smoke test of this script). HEAD_COMMIT, BASE_COMMIT:
 # the commits to record where git cannot tell (a device machine gets no
 # .git). The base is built once, in /tmp/polar-ab-base (kept between calls
@@ -28,7 +28,8 @@ BASE_DIR=${BASE_DIR:-/tmp/polar-ab-base}
 CASES=${CASES:-"--preset llama-3.2-3b --prompt-len 128 --gen 64 --reps 3
 --preset qwen2.5-3b --prompt-len 128 --gen 64 --reps 3
 --preset qwen1.5-moe-a2.7b --prompt-len 150 --gen 16 --reps 3
---preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 3"}
+--preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 3
+--preset llama-3.2-3b --prompt-len 2048 --gen 1 --reps 3"}
 target=cuda bin=build-cuda/polar
 [ "$DEVICE" = cuda ] || target=all bin=build/polar
 mkdir -p "$OUT" "$BASE_DIR"
