@@ -227,9 +227,18 @@ void cuda_state_free(cuda_state *c) {
 
 const char *cuda_state_launches(const cuda_state *c) { return c ? c->launches : NULL; }
 
-void cuda_state_overlap(cuda_state *c, int on) {
-    c->queue.overlap = on;
-    c->launches = on ? "overlapped" : "serial: the driver would not capture overlapping launches in a graph";
+int cuda_state_capture_failed(cuda_state *c) {
+    (void)cudaGetLastError();
+    if (c->queue.overlap) { /* a driver may not capture overlapping launches: try without */
+        c->queue.overlap = 0, c->overlap_dropped = 1;
+        c->launches = "serial: the driver would not capture overlapping launches in a graph";
+        return 1;
+    }
+    if (c->overlap_dropped) { /* it fails without them too: they were not the reason */
+        c->queue.overlap = 1, c->overlap_dropped = 0;
+        c->launches = "overlapped";
+    }
+    return 0;
 }
 
 polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
@@ -538,11 +547,9 @@ static cudaError_t decode_graph(cuda_state *c, const int *program, int n_program
     if (slot->exec) cudaGraphExecDestroy(slot->exec);
     slot->exec = NULL;
     cudaError_t e = capture_step(c, program, n_program, &slot->exec);
-    if (e != cudaSuccess && c->queue.overlap) { /* graphs of a driver may not take overlapping launches */
-        (void)cudaGetLastError();
-        cuda_state_overlap(c, 0);
+    if (e != cudaSuccess && cuda_state_capture_failed(c)) {
         e = capture_step(c, program, n_program, &slot->exec);
-        if (e != cudaSuccess) cuda_state_overlap(c, 1); /* it fails without overlap too: not the cause */
+        if (e != cudaSuccess) cuda_state_capture_failed(c);
     }
     if (e != cudaSuccess) return e;
     memcpy(slot->program, program, (size_t)n_program * sizeof(int));

@@ -128,7 +128,6 @@ struct cuda_batch {
     unsigned char *want;   /* [head_rows] this step's head rows wanted on the host */
     int direct;            /* calls go out as they come: graphs off, or the step outgrew cap_ops */
     int graphs;            /* 0: POLAR_CUDA_GRAPHS=0, or a capture or graph launch failed once */
-    int overlap_dropped;   /* overlapping launches turned off after a failed capture, to try without */
     step_graph last;       /* the previous step's calls (never a graph) */
     step_graph graph[STEP_GRAPHS];
     unsigned long clock;
@@ -386,16 +385,9 @@ static void run_recorded(cuda_batch *d) {
         int failed = d->failed; /* calls refused by a dead capture are no failure of the step */
         if (capture(d, lru) == cudaSuccess) {
             g = lru, d->ran_as = 1;
-        } else { /* again without overlap (graphs of a driver may not take it), else never again */
-            (void)cudaGetLastError();
+        } else { /* again at the next step, without overlap if it was on; else never again */
             d->failed = failed;
-            if (d->c->queue.overlap) {
-                cuda_state_overlap(d->c, 0);
-                d->overlap_dropped = 1;
-            } else {
-                d->graphs = 0;
-                if (d->overlap_dropped) cuda_state_overlap(d->c, 1); /* no capture works: overlap was not the cause */
-            }
+            if (!cuda_state_capture_failed(d->c)) d->graphs = 0;
         }
     }
     keep_calls(d, &d->last);

@@ -76,6 +76,7 @@ struct cuda_state {
     cuda_queue queue;            /* its non-blocking stream (a cudaStream_t); overlap on sm_90 and later
                                   * unless POLAR_CUDA_PDL=0 (cuda_state_create) */
     const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
+    int overlap_dropped;         /* a failed capture turned overlap off (cuda_state_capture_failed) */
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
@@ -89,10 +90,11 @@ struct cuda_state {
 
 polar_status cuda_error(polar_error *err, cudaError_t e, const char *what);
 
-/* Overlapping launches off after a graph capture with them failed (the
- * driver would not capture them, cuda_state_launches says), or on again
- * when a capture without them failed as well (they were not the reason). */
-void cuda_state_overlap(cuda_state *c, int on);
+/* A graph capture on c's stream failed (its error cleared here): 1 when a
+ * capture is worth trying again, overlapping launches now off (a driver may
+ * not capture them; cuda_state_launches says so); 0 when not, and overlap on
+ * again if an earlier failure turned it off (it was not the reason). */
+int cuda_state_capture_failed(cuda_state *c);
 
 /* Device memory freed with the state; NULL when out of memory. */
 void *cuda_dev_alloc(cuda_state *c, size_t bytes);

@@ -391,7 +391,7 @@ static void kernel_kv_store(void) {
         int k_off = 0, v_same = 1, rows_set = 0;
         for (int t = 0; t < T; t++) {
             const int *tab = tt.tables + table[t];
-            size_t at = ((size_t)tab[pos[t] / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + pos[t] % CUDA_KV_BLOCK) * kvd;
+            size_t at = cpu_kv_row(tab, pos[t]) * kvd;
             for (int i = 0; i < kvd; i++) {
                 float kw = kwant[(size_t)t * kvd + i];
                 /* k went through f32 math in another order: at most one bf16 step apart */
@@ -424,7 +424,7 @@ static void attention_head_tc(float *out, const float *q, const float *kf, const
     float scale = 1.0f / sqrtf((float)hd), qb[256], m = -INFINITY, l = 0;
     for (int c = 0; c < hd; c++) qb[c] = bf16_to_f32(f32_to_bf16(q[(size_t)h * hd + c] * scale));
     for (int j = 0; j <= pos; j++) {
-        const float *k = kf + ((size_t)blocks[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK) * kvd + kvh * hd;
+        const float *k = kf + cpu_kv_row(blocks, j) * kvd + kvh * hd;
         float s = 0;
         for (int c = 0; c < hd; c++) s += qb[c] * k[c];
         scores[j] = s, m = fmaxf(m, s);
@@ -432,7 +432,7 @@ static void attention_head_tc(float *out, const float *q, const float *kf, const
     for (int c = 0; c < hd; c++) out[(size_t)h * hd + c] = 0;
     for (int j = 0; j <= pos; j++) {
         float p = expf(scores[j] - m), pb = bf16_to_f32(f32_to_bf16(p));
-        const float *v = vf + ((size_t)blocks[j / CUDA_KV_BLOCK] * CUDA_KV_BLOCK + j % CUDA_KV_BLOCK) * kvd + kvh * hd;
+        const float *v = vf + cpu_kv_row(blocks, j) * kvd + kvh * hd;
         l += p;
         for (int c = 0; c < hd; c++) out[(size_t)h * hd + c] += pb * v[c];
     }

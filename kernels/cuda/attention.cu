@@ -22,31 +22,39 @@
 #define ATT_MAX_SPLITS 64
 #define KV_STRIDE(hd) ((hd) + 2) // padded tile rows: lanes reading different keys hit different banks
 
-// Load keys j0..j0+n-1 of one KV head, under the block table, into padded
-// shared tiles (4-byte aligned): 16-byte loads from the pool when head_dim %
-// 8 == 0, stored as 4-byte pairs (the padded rows keep the lanes of the
-// prefill kernel, one key each, on different banks).
+// Load keys (and values, when vs) j0..j0+n-1 of one KV head, under the
+// block table, into shared tiles of `stride` bf16 a row (even, 4-byte
+// aligned), rows n..rows-1 zeroed: 16-byte loads from the pool when
+// head_dim % 8 == 0, stored as 4-byte pairs. The split-K and CUDA-core
+// prefill kernels pad rows to KV_STRIDE (the lanes of the prefill kernel,
+// one key each, on different banks) and fill only n; the tensor-core kernel
+// pads to 16-byte multiples and multiplies whole zeroed tiles.
 static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, const bf16_bits *kc,
-                                                    const bf16_bits *vc, const int *table, int j0, int n, int kvh,
-                                                    int kvd, int hd) {
-    int stride = KV_STRIDE(hd);
+                                                    const bf16_bits *vc, const int *table, int j0, int n, int rows,
+                                                    int kvh, int kvd, int hd, int stride) {
     if ((hd & 7) == 0) {
         int per_row = hd / 8;
-        for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+        for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
             int j = i / per_row, c = (i % per_row) * 8;
-            size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
-            uint4 kk = *(const uint4 *)(kc + src), vv = *(const uint4 *)(vc + src);
-            uint32_t *kd = (uint32_t *)(ks + j * stride + c), *vd = (uint32_t *)(vs + j * stride + c);
+            uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
+            if (j < n) {
+                size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
+                kk = *(const uint4 *)(kc + src);
+                if (vs) vv = *(const uint4 *)(vc + src);
+            }
+            uint32_t *kd = (uint32_t *)(ks + j * stride + c);
             kd[0] = kk.x, kd[1] = kk.y, kd[2] = kk.z, kd[3] = kk.w;
+            if (!vs) continue;
+            uint32_t *vd = (uint32_t *)(vs + j * stride + c);
             vd[0] = vv.x, vd[1] = vv.y, vd[2] = vv.z, vd[3] = vv.w;
         }
         return;
     }
-    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int j = i / hd, c = i % hd;
-        size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
-        ks[j * stride + c] = kc[src];
-        vs[j * stride + c] = vc[src];
+        size_t src = j < n ? kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c : 0;
+        ks[j * stride + c] = j < n ? kc[src] : 0;
+        if (vs) vs[j * stride + c] = j < n ? vc[src] : 0;
     }
 }
 
@@ -81,7 +89,7 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
         __syncthreads();
         for (int j0 = split * ATT_CHUNK; j0 <= pos; j0 += splits * ATT_CHUNK) {
             int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
-            load_kv_tile(ks, vs, kc, vc, table, j0, n, kvh, kvd, hd);
+            load_kv_tile(ks, vs, kc, vc, table, j0, n, n, kvh, kvd, hd, stride);
             __syncthreads();
             // a warp per (head, key): lanes split the head dimension
             for (int p = warp; p < ng * n; p += warps) {
@@ -250,7 +258,7 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
     for (int j0 = 0; j0 <= last; j0 += ATT_CHUNK) {
         int n = last + 1 - j0 < ATT_CHUNK ? last + 1 - j0 : ATT_CHUNK;
         __syncthreads(); // the previous tile is consumed (and qs written, on the first pass)
-        load_kv_tile(ks, vs, kc, vc, table, j0, n, kvh, kvd, hd);
+        load_kv_tile(ks, vs, kc, vc, table, j0, n, n, kvh, kvd, hd, stride);
         __syncthreads();
         // the warp's rows with a key in this tile (a row past the block's, or
         // whose tile is all in its future, skips it: the same for every lane)
@@ -340,25 +348,6 @@ __global__ void __launch_bounds__(PF_WARPS *WARP)
 
 static __device__ __forceinline__ int tc_ld(int hd) { return hd + 8; } // bf16 rows: 16-byte multiples, banks spread
 
-// Keys (and values) j0..j0+n-1 of KV head kvh into [TC_KEYS, ld] bf16 tiles,
-// rows n.. zeros (so probabilities of 0 meet finite values).
-static __device__ __forceinline__ void tc_load_kv(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const bf16_bits *kc,
-                                                  const bf16_bits *vc, const int *table, int j0, int n, int kvh,
-                                                  int kvd, int hd) {
-    int per_row = hd / 8, ld = tc_ld(hd);
-    for (int i = threadIdx.x; i < TC_KEYS * per_row; i += blockDim.x) {
-        int j = i / per_row, c = i % per_row * 8;
-        uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-        if (j < n) {
-            size_t src = kv_row(table, j0 + j) * kvd + (size_t)kvh * hd + c;
-            kk = *(const uint4 *)(kc + src);
-            if (vs) vv = *(const uint4 *)(vc + src);
-        }
-        *(uint4 *)(ks + j * ld + c) = kk;
-        if (vs) *(uint4 *)(vs + j * ld + c) = vv;
-    }
-}
-
 static size_t prefill_tc_smem(int head_dim) {
     return (size_t)(TC_WARPS * 16 + 2 * TC_KEYS) * (head_dim + 8) * 2 + (size_t)TC_WARPS * 16 * TC_KEYS * 4 +
            (size_t)TC_WARPS * 16 * (TC_KEYS + 8) * 2;
@@ -396,7 +385,8 @@ __global__ void __launch_bounds__(TC_WARPS *WARP)
         for (int j0 = 0; j0 <= last; j0 += TC_KEYS) {
             int n = last + 1 - j0 < TC_KEYS ? last + 1 - j0 : TC_KEYS;
             __syncthreads(); // the previous tile is consumed (and qs written, on the first)
-            tc_load_kv(ks, pass ? vs : NULL, kc, vc, run.table, j0, n, kvh, kvd, hd);
+            load_kv_tile((uint16_t *)ks, pass ? (uint16_t *)vs : NULL, kc, vc, run.table, j0, n, TC_KEYS, kvh, kvd,
+                         hd, ld); // pass 0 needs no values
             __syncthreads();
             if (warp * 16 >= rows || j0 > warp_last) continue; // nothing of this warp's (the same for its lanes)
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> sc[TC_KEYS / 16];

@@ -287,11 +287,9 @@ __global__ void __launch_bounds__(EG_THREADS)
             __syncthreads();
             if (k0 + EG_KT < cols) { // the next tile's loads, in flight while the tensor cores work
 #pragma unroll
-                for (int j = 0; j < EG_W_LOADS; j++)
-                    wv[j] = eg_piece(wrow[j] ? wrow[j] + k0 + EG_KT : NULL, piece, cols - k0 - EG_KT);
+                for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], k0 + EG_KT + piece, cols);
 #pragma unroll
-                for (int j = 0; j < EG_X_LOADS; j++)
-                    xv[j] = eg_piece(xrow[j] ? xrow[j] + k0 + EG_KT : NULL, piece, cols - k0 - EG_KT);
+                for (int j = 0; j < EG_X_LOADS; j++) xv[j] = eg_piece(xrow[j], k0 + EG_KT + piece, cols);
             }
             for (int kk = 0; kk < kt; kk += 16) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> xf[EG_SLOTS / 16];
