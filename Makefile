@@ -1,5 +1,6 @@
 # polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
 #        make cuda | make test-cuda (needs a GPU) | make test-cuda-emu (the CUDA code on the CPU)
+#        make test-cuda-race (its data races, ThreadSanitizer)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
 # toolkit). Nothing here needs Python.
@@ -24,7 +25,7 @@ CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu k
 CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
 EMU_DIR   := tests/cuda_emu
 EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp
-EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h
+EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h $(EMU_DIR)/race.h
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
@@ -35,10 +36,11 @@ CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 else ifeq ($(CUDA_EMU),1)
 # The CUDA backend built with the host C++ compiler against the emulation in
 # tests/cuda_emu (no GPU, no CUDA runtime library): see make test-cuda-emu.
-BUILD   ?= build-emu
+# RACE=1: the kernels built with ThreadSanitizer (see make test-cuda-race).
+BUILD   ?= $(if $(filter 1,$(RACE)),build-emu-race,build-emu)
 CFLAGS  += -DPOLAR_CUDA -DPOLAR_CUDA_EMU -I$(EMU_DIR)/include
 # -rdynamic: the emulation names a kernel launched by cudaLaunchKernelEx from its symbol.
-LDLIBS  += -lstdc++ -fsanitize=alignment -rdynamic -ldl
+LDLIBS  += -lstdc++ -fsanitize=alignment -rdynamic -ldl $(if $(filter 1,$(RACE)),-fsanitize=thread)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(EMU_SRC:%.cpp=$(BUILD)/obj/%.o)
 else ifeq ($(SAN),1)
 BUILD   ?= build-san
@@ -90,7 +92,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor $(BUILD)/tests/mkgguf
 
-.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu
+.PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu test-cuda-race
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 
 $(BUILD)/obj/%.o: %.c
@@ -109,7 +111,11 @@ ifeq ($(CUDA_EMU),1)
 # alignment, see alloc_with_redzones).
 CXX ?= g++
 EMU_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare \
-                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -fsanitize=alignment -fno-sanitize-recover=alignment -I$(EMU_DIR)/include -Iinclude
+                -U_FORTIFY_SOURCE -D_GNU_SOURCE -fno-strict-aliasing -fsanitize=alignment -fno-sanitize-recover=alignment -I$(EMU_DIR)/include -Iinclude \
+                $(if $(filter 1,$(RACE)),-DPOLAR_CUDA_EMU_RACE)
+# RACE=1: only the kernels are instrumented; the emulation's own bookkeeping
+# and the host code are no GPU thread's accesses (tests/cuda_emu/race.h).
+EMU_KERNEL_FLAGS := $(if $(filter 1,$(RACE)),-fsanitize=thread)
 .PRECIOUS: $(BUILD)/gen/%.cpp $(BUILD)/gen/%.cuh
 $(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
 	@mkdir -p $(dir $@)
@@ -119,7 +125,7 @@ $(BUILD)/gen/%.cuh: %.cuh $(EMU_DIR)/rewrite.awk
 	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
 $(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(CU_HDR) $(EMU_HDR)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_KERNEL_FLAGS) -Ikernels/cuda -c $< -o $@
 $(BUILD)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
@@ -229,6 +235,14 @@ EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off greedy_stop \
                    gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic
+# Data races (make test-cuda-race): make test runs the emulation's race
+# self-test and the faster kernel tests, when the C++ compiler's
+# ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
+RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_moe
+RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused
+RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_SMS=4
+TSAN_WORKS := echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o /tmp/polar-tsan-check 2>/dev/null \
+              && /tmp/polar-tsan-check && rm -f /tmp/polar-tsan-check
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
@@ -236,11 +250,16 @@ endif
 ifeq ($(EMU_IN_TEST),1)
 	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
+	@if $(TSAN_WORKS); then $(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda \
+	  build-emu-race/tests/test_cuda_emu; fi
 endif
-	@BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
+	@race=$$($(if $(EMU_IN_TEST),$(TSAN_WORKS) && echo build-emu-race,true)); \
+	  BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
 	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))" \
 	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_KERNEL_TESTS="$(EMU_KERNEL_TESTS)" \
-	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" sh tests/run.sh
+	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" \
+	  POLAR_CUDA_EMU_RACE=$$race POLAR_CUDA_EMU_RACE_TESTS="$(RACE_IN_TEST)" POLAR_CUDA_EMU_RACE_ENV="$(RACE_ENV)" \
+	  sh tests/run.sh
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -282,6 +301,20 @@ test-cuda-emu: deps
 	      ./build-emu/tests/test_cuda --quick $(or $(CUDA_EMU_TESTS),$(EMU_KERNEL_TESTS) $(EMU_MODEL_TESTS)) || rc=1; \
 	  done; exit $$rc
 
+# Data races in the CUDA kernels, on the CPU (tests/cuda_emu/race.h): the
+# emulation with ThreadSanitizer watching every GPU thread's accesses, ordered
+# only by launch boundaries, barriers, warp collectives and grid syncs, as on
+# a GPU. Shared and global memory alike (compute-sanitizer's racecheck sees
+# shared memory only). The emulation's self-test (each planted race caught,
+# its fixed twin not), then test_cuda's kernel tests (--quick). One OpenMP
+# thread: the CPU references' threads are no GPU threads. 4 multiprocessors
+# and a process per test: ThreadSanitizer's clocks grow with the fibers (GPU
+# threads) a process has made. Slow: about 8 minutes.
+test-cuda-race: deps
+	@$(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda build-emu-race/tests/test_cuda_emu
+	@rc=0; export $(RACE_ENV); ./build-emu-race/tests/test_cuda_emu || rc=1; \
+	  for t in $(RACE_TESTS); do ./build-emu-race/tests/test_cuda --quick $$t || rc=1; done; exit $$rc
+
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset
@@ -321,6 +354,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda build-neon build-emu
+	rm -rf build build-san build-fuzz build-cuda build-neon build-emu build-emu-race
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

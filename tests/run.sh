@@ -62,6 +62,22 @@ if [ -n "${POLAR_CUDA_EMU:-}" ]; then
         run "test_cuda_batch ($order)" env POLAR_CUDA_EMU_ORDER="$order" POLAR_CUDA_EMU_SMS=16 \
             OMP_WAIT_POLICY=passive "$POLAR_CUDA_EMU/tests/test_cuda_batch" --quick
     done
+    # Data races (tests/cuda_emu/race.h), when make test could build the
+    # kernels with ThreadSanitizer (POLAR_CUDA_EMU_RACE: that build): the
+    # emulation's race self-test, then some kernel tests (make
+    # test-cuda-race runs them all).
+    if [ -n "${POLAR_CUDA_EMU_RACE:-}" ]; then
+        echo "== the CUDA emulation with ThreadSanitizer: $POLAR_CUDA_EMU_RACE_TESTS"
+        # shellcheck disable=SC2086 # the variable holds assignments; the names are a list
+        run "test_cuda_emu (races)" env $POLAR_CUDA_EMU_RACE_ENV "$POLAR_CUDA_EMU_RACE/tests/test_cuda_emu"
+        # a process each: ThreadSanitizer's clocks keep every fiber a test made
+        for t in $POLAR_CUDA_EMU_RACE_TESTS; do
+            # shellcheck disable=SC2086
+            run "test_cuda $t (races)" env $POLAR_CUDA_EMU_RACE_ENV "$POLAR_CUDA_EMU_RACE/tests/test_cuda" --quick "$t"
+        done
+    else
+        echo "== the CUDA kernels' race check skipped: the C++ compiler's ThreadSanitizer does not build or run here"
+    fi
 fi
 run cli_test sh tests/cli_test.sh
 rm -f "$log"

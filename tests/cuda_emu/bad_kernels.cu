@@ -123,6 +123,35 @@ __global__ void fixed_kernel(float *out) {
     out[threadIdx.x] = flag;
 }
 
+// Races only ThreadSanitizer sees (make test-cuda-race, tests/cuda_emu/race.h):
+// lane i reads what lane i + 1 wrote to shared memory without __syncwarp
+// (with independent thread scheduling the lanes need not run in step).
+__global__ void warp_racy_kernel(float *out) {
+    __shared__ float v[WARP];
+    v[threadIdx.x] = (float)threadIdx.x;
+    out[threadIdx.x] = v[(threadIdx.x + 1) % WARP];
+}
+
+// The same with __syncwarp between: no race.
+__global__ void warp_fixed_kernel(float *out) {
+    __shared__ float v[WARP];
+    v[threadIdx.x] = (float)threadIdx.x;
+    __syncwarp();
+    out[threadIdx.x] = v[(threadIdx.x + 1) % WARP];
+}
+
+// Every block writes the same elements of out.
+__global__ void blocks_racy_kernel(float *out) { out[threadIdx.x] = (float)blockIdx.x; }
+
+// Launched to overlap the previous kernel, it reads out before waiting for
+// that kernel, which writes it.
+__global__ void early_read_kernel(float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = i < n ? out[i] : 0.0f;
+    cudaGridDependencySynchronize();
+    if (i < n) out[i] = v + 1.0f;
+}
+
 // A product of 16 x 16 bf16 tiles on WMMA: c = a b (row-major a, col-major b).
 __global__ void wmma_product_kernel(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
     using namespace nvcuda;
@@ -185,6 +214,13 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "grid_sync")) grid_sync_kernel<<<2, 32, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "racy")) racy_kernel<<<1, n, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "fixed")) fixed_kernel<<<1, n, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "warp_racy")) warp_racy_kernel<<<1, WARP, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "warp_fixed")) warp_fixed_kernel<<<1, WARP, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "blocks_racy")) blocks_racy_kernel<<<2, n, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "early_read")) {
+        add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
+        launch_overlapping(early_read_kernel, out, n, s);
+    }
     else if (!__builtin_strcmp(which, "add_one")) add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
     else if (!__builtin_strcmp(which, "overlap_add_one")) launch_overlapping(awaiting_add_one_kernel, out, n, s);
     else if (!__builtin_strcmp(which, "overlap_no_wait")) launch_overlapping(add_one_kernel, out, n, s);
@@ -192,6 +228,15 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "too_much_shared")) add_one_kernel<<<1, 32, 64 << 10, s>>>(out, n);
     else return -1;
     return (int)cudaGetLastError();
+}
+
+// Whether ThreadSanitizer watches the kernels (a RACE=1 build).
+int emu_race_checked(void) {
+#ifdef POLAR_CUDA_EMU_RACE
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 int emu_wmma_product(float *c, const void *a, const void *b) {

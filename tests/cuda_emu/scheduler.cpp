@@ -19,6 +19,8 @@
 //  - a fiber stack overflow (canary).
 // POLAR_CUDA_EMU_ORDER=forward|reverse|random picks the order in which the
 // runnable threads (and blocks) are resumed; results must not depend on it.
+// Built with POLAR_CUDA_EMU_RACE, ThreadSanitizer also watches the threads'
+// accesses, ordered only by what orders them on a GPU (race.h).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +37,7 @@
 
 #include "emu_device.h"
 #include "emu_internal.h"
+#include "race.h"
 
 dim3 blockDim, gridDim;
 
@@ -45,7 +48,13 @@ launch_info *cur_launch;
 
 namespace {
 
+#ifdef POLAR_CUDA_EMU_RACE
+const size_t STACK_BYTES = 512 << 10; // ThreadSanitizer's reports run on the fiber's stack
+const unsigned BLOCK_FIBER_SETS = 2;  // neighbouring blocks run on different fibers: their races show
+#else
 const size_t STACK_BYTES = 64 << 10;
+const unsigned BLOCK_FIBER_SETS = 1;
+#endif
 const size_t STACKS_PER_MAP = 64;
 const size_t REDZONE = 64;
 const unsigned char REDZONE_BYTE = 0xA5;
@@ -69,6 +78,7 @@ struct fiber : thread_info {
     bool awaited; // called cudaGridDependencySynchronize
     size_t pos; // in the run order
     block_state *blk;
+    void *tsan; // its ThreadSanitizer fiber (race.h), or NULL
 };
 
 struct warp_state {
@@ -98,13 +108,40 @@ struct block_state : block_info {
     size_t dynamic_align; // its placement, fixed by the first dynamic_shared call (dynamic_placed)
     bool dynamic_placed;
     std::vector<fiber *> fibers;
+    // race.h's happens-before objects, two per barrier (even and odd
+    // generations): __syncthreads, then each warp's collectives. Heap memory
+    // of this block alone: freeing it drops them, so no other block's
+    // threads are ordered through them.
+    char *sync;
 };
 
 struct launch_state : launch_info {
     const launch_record *rec;
     unsigned long long grid_threads, grid_arrived;
     uint64_t grid_gen;
+    char *grid_sync; // as block_state::sync, for grid sync
 };
+
+// race.h's happens-before objects of all launches: what preceded a launch
+// (its threads acquire it), what their threads did (the host acquires it).
+char launch_start, launch_end;
+
+char *new_sync(size_t n) {
+    race_ignore_begin();
+    char *p = (char *)malloc(n);
+    race_ignore_end();
+    if (!p) {
+        fprintf(stderr, "cuda-emu: out of host memory\n");
+        abort();
+    }
+    return p;
+}
+
+void free_sync(char *p) {
+    race_ignore_begin();
+    free(p);
+    race_ignore_end();
+}
 
 std::mutex device_lock; // one launch at a time, like one GPU's queue
 std::vector<fiber *> pool;
@@ -122,6 +159,8 @@ fiber *me() { return static_cast<fiber *>(cur); }
 
 void thread_exit(fiber *f);
 void fiber_loop(fiber *f);
+
+void *scheduler_tsan; // the ThreadSanitizer context of the thread running the launch (race.h)
 
 #if defined(__x86_64__) && !defined(POLAR_CUDA_EMU_UCONTEXT) // -DPOLAR_CUDA_EMU_UCONTEXT: the portable path
 // emu_switch(save, to): pushes the callee-saved registers, stores the stack
@@ -141,10 +180,15 @@ asm(".text\n"
 void *scheduler_sp;
 
 // Leaves fiber `from` for fiber `to`, or for the scheduler (to == NULL).
-void jump(fiber *from, fiber *to) { emu_switch(&from->sp, to ? to->sp : scheduler_sp); }
+void jump(fiber *from, fiber *to) {
+    race_switch(to ? to->tsan : scheduler_tsan);
+    emu_switch(&from->sp, to ? to->sp : scheduler_sp);
+}
 
 void resume(fiber *f) {
     cur = f;
+    scheduler_tsan = race_current();
+    race_switch(f->tsan);
     emu_switch(&scheduler_sp, f->sp);
     cur = nullptr;
 }
@@ -157,6 +201,7 @@ void fiber_start() { fiber_loop(me()); }
 fiber *create_fiber(char *stack) {
     fiber *f = new fiber();
     f->stack = stack;
+    f->tsan = race_new_fiber();
     memcpy(f->stack, &CANARY, sizeof CANARY);
     uintptr_t top = ((uintptr_t)stack + STACK_BYTES) & ~(uintptr_t)15;
     void **sp = (void **)top;
@@ -172,12 +217,18 @@ fiber *starting;
 jmp_buf creator_ctx;
 
 void jump(fiber *from, fiber *to) {
-    if (!_setjmp(from->ctx)) _longjmp(to ? to->ctx : scheduler_ctx, 1);
+    if (_setjmp(from->ctx)) return;
+    race_switch(to ? to->tsan : scheduler_tsan);
+    _longjmp(to ? to->ctx : scheduler_ctx, 1);
 }
 
 void resume(fiber *f) {
     cur = f;
-    if (!_setjmp(scheduler_ctx)) _longjmp(f->ctx, 1);
+    scheduler_tsan = race_current();
+    if (!_setjmp(scheduler_ctx)) {
+        race_switch(f->tsan);
+        _longjmp(f->ctx, 1);
+    }
     cur = nullptr;
 }
 
@@ -192,6 +243,7 @@ void fiber_entry() {
 fiber *create_fiber(char *stack) {
     fiber *f = new fiber();
     f->stack = stack;
+    f->tsan = race_new_fiber();
     memcpy(f->stack, &CANARY, sizeof CANARY);
     ucontext_t uc, back;
     getcontext(&uc);
@@ -239,9 +291,16 @@ void wait_for(fiber *f, const uint64_t *gen, const char *what) {
 }
 
 // Runs the launch's kernel as this thread, once per resume after an exit.
+// A kernel launched to overlap the previous one is ordered after what
+// preceded it only from its cudaGridDependencySynchronize on; until the
+// kernel itself starts (kernel_entry), the launch's own machinery reads its
+// arguments, which is no access of the kernel's.
 void fiber_loop(fiber *f) {
     for (;;) {
+        if (now->rec->overlap) race_ignore_begin();
+        else race_acquire(&launch_start);
         now->rec->body();
+        race_release(&launch_end);
         thread_exit(f);
         switch_away(f);
     }
@@ -295,6 +354,7 @@ char *alloc_with_redzones(size_t bytes, size_t align, char **data) {
     }
     const size_t twice = 2 * align > 256 ? 2 * align : 256;
     size_t total = bytes + 2 * REDZONE + 2 * twice;
+    race_ignore_begin(); // placing it is no GPU thread's access
     char *raw = (char *)malloc(total);
     if (!raw) {
         fprintf(stderr, "cuda-emu: out of host memory for %zu bytes of shared memory\n", bytes);
@@ -304,6 +364,7 @@ char *alloc_with_redzones(size_t bytes, size_t align, char **data) {
     char *d = (char *)(base + align); // a multiple of align, not of 2 * align
     memset(raw, REDZONE_BYTE, total);
     memset(d, 0xff, bytes); // never-written shared memory reads as NaN
+    race_ignore_end();
     *data = d;
     return raw;
 }
@@ -317,6 +378,12 @@ long redzone_damage(const shared_alloc &a) {
     return 0;
 }
 
+void free_shared(char *raw) {
+    race_ignore_begin();
+    free(raw);
+    race_ignore_end();
+}
+
 void check_and_free_shared(block_state *b) {
     for (auto &a : b->shared) {
         long d = redzone_damage(a);
@@ -324,7 +391,7 @@ void check_and_free_shared(block_state *b) {
             fail("block (%u,%u,%u): a write %ld bytes %s the __shared__ variable %s (%zu bytes, %s:%d)",
                  b->block_idx.x, b->block_idx.y, b->block_idx.z, d < 0 ? -d : d, d < 0 ? "before" : "past the end of",
                  a.site->name, a.bytes, a.site->file, a.site->line);
-        free(a.raw);
+        free_shared(a.raw);
     }
     b->shared.clear();
     if (b->dynamic.raw) {
@@ -333,9 +400,11 @@ void check_and_free_shared(block_state *b) {
             fail("block (%u,%u,%u): a write %ld bytes %s the dynamic shared memory (%zu bytes at launch)",
                  b->block_idx.x, b->block_idx.y, b->block_idx.z, d < 0 ? -d : d, d < 0 ? "before" : "past the end of",
                  b->dynamic.bytes);
-        free(b->dynamic.raw);
+        free_shared(b->dynamic.raw);
         b->dynamic.raw = nullptr;
     }
+    free_sync(b->sync);
+    b->sync = nullptr;
 }
 
 void thread_exit(fiber *f) {
@@ -408,6 +477,7 @@ void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
     b->exited = b->bar_arrived = 0;
     b->bar_gen = 0;
     b->warps.assign((b->nthreads + 31) / 32, warp_state());
+    b->sync = new_sync(2 + 2 * b->warps.size());
     for (size_t i = 0; i < b->warps.size(); i++) {
         unsigned lanes = b->nthreads - 32 * (unsigned)i;
         b->warps[i].present = lanes >= 32 ? 0xffffffffu : (1u << lanes) - 1;
@@ -467,7 +537,9 @@ void *shared_var(const shared_site *site, size_t bytes, size_t align) {
     a.site = site;
     a.bytes = bytes;
     a.raw = alloc_with_redzones(bytes, align, &a.data);
+    race_ignore_begin(); // the list's memory is no GPU thread's either
     b->shared.push_back(a);
+    race_ignore_end();
     b->static_bytes += bytes;
     if (b->static_bytes > STATIC_SHARED_LIMIT)
         fail("__shared__ %s (%s:%d) takes the block's static shared memory to %zu bytes, beyond the %zu allowed",
@@ -488,7 +560,7 @@ void *dynamic_shared(size_t align) {
         if (b->dynamic_placed)
             fail("extern __shared__ declarations aligned to %zu and to %zu bytes in one kernel: the emulation "
                  "places the dynamic shared memory once", b->dynamic_align, align);
-        free(b->dynamic.raw);
+        free_shared(b->dynamic.raw);
         b->dynamic.raw = alloc_with_redzones(b->dynamic.bytes, align, &b->dynamic.data);
         b->dynamic_align = align;
     }
@@ -503,17 +575,28 @@ void syncthreads() {
     block_state *b = f->blk;
     if (b->exited)
         fail("__syncthreads after %u threads of the block exited: they can never arrive", b->exited);
+    const char *sync = &b->sync[b->bar_gen & 1];
+    race_release(sync);
     if (++b->bar_arrived == b->nthreads) {
         b->bar_arrived = 0;
         b->bar_gen++;
-        return;
+    } else {
+        wait_for(f, &b->bar_gen, "__syncthreads");
     }
-    wait_for(f, &b->bar_gen, "__syncthreads");
+    race_acquire(sync);
+}
+
+void kernel_entry() {
+    if (now->rec->overlap) race_ignore_end(); // begun in fiber_loop
 }
 
 // Launches run one after the other, so the previous kernel has finished:
-// only record that the thread waited (thread_exit checks it).
-void grid_dependency_sync() { me()->awaited = true; }
+// record that the thread waited (thread_exit checks it), and from here on
+// order it after that kernel (race.h).
+void grid_dependency_sync() {
+    if (now->rec->overlap) race_acquire(&launch_start);
+    me()->awaited = true;
+}
 
 void trigger_dependents() {} // scheduling the next launch early changes nothing here
 
@@ -522,12 +605,15 @@ void unsupported_launch_attribute(int id) { fail("cudaLaunchKernelEx with launch
 void grid_sync() {
     fiber *f = me();
     if (!now->rec->cooperative) fail("grid sync in a kernel not launched with cudaLaunchCooperativeKernel");
+    const char *sync = &now->grid_sync[now->grid_gen & 1];
+    race_release(sync);
     if (++now->grid_arrived == now->grid_threads) {
         now->grid_arrived = 0;
         now->grid_gen++;
-        return;
+    } else {
+        wait_for(f, &now->grid_gen, "grid sync");
     }
-    wait_for(f, &now->grid_gen, "grid sync");
+    race_acquire(sync);
 }
 
 namespace {
@@ -615,6 +701,15 @@ void complete(warp_state &w) {
     }
 }
 
+// The warp's happens-before object for its pending collective (race.h).
+// Every collective orders the lanes it names, shuffles and votes included:
+// a lane cannot leave one before all have reached it, so a lane's write
+// after a reduction cannot overtake another lane's read before it (the
+// pattern of a warp's lane 0 storing what the warp reduced). The CUDA
+// guide promises memory ordering only for __syncwarp, but
+// compute-sanitizer's racecheck accepts these kernels too.
+const char *warp_sync(const fiber *f, const warp_state &w) { return &f->blk->sync[2 + 2 * f->warp + (w.gen & 1)]; }
+
 } // namespace
 
 uint64_t warp_op(warp_kind kind, unsigned mask, uint64_t value, int arg, int width) {
@@ -623,13 +718,18 @@ uint64_t warp_op(warp_kind kind, unsigned mask, uint64_t value, int arg, int wid
     w.in[f->lane] = value;
     w.arg[f->lane] = arg;
     w.width[f->lane] = width;
+    const char *sync = warp_sync(f, w);
+    race_release(sync);
     if (join(f, w, kind, mask)) {
+        race_acquire(sync); // the lanes' fragments, which a WMMA completion reads and writes
         complete(w);
+        race_release(sync);
         w.arrived = 0;
         w.gen++;
     } else {
         wait_for(f, &w.gen, kind_name(kind));
     }
+    race_acquire(sync);
     return w.out[f->lane];
 }
 
@@ -638,13 +738,18 @@ void warp_exchange(warp_kind kind, unsigned mask, void *mine, void (*done)(void 
     warp_state &w = f->blk->warps[f->warp];
     w.ptr[f->lane] = mine;
     w.complete = done;
+    const char *sync = warp_sync(f, w);
+    race_release(sync);
     if (join(f, w, kind, mask)) {
+        race_acquire(sync); // the lanes' fragments, which a WMMA completion reads and writes
         complete(w);
+        race_release(sync);
         w.arrived = 0;
         w.gen++;
     } else {
         wait_for(f, &w.gen, kind_name(kind));
     }
+    race_acquire(sync);
 }
 
 // ------------------------------------------------------------- launches
@@ -677,19 +782,34 @@ void execute(const launch_record &rec) {
             arrange(mine);
             order.insert(order.end(), mine.begin(), mine.end());
         }
+        L.grid_sync = new_sync(2);
+        race_release(&launch_start); // what the host, earlier launches and the setup did
         run_fibers(order);
+        race_acquire(&launch_end); // for the host, and before the blocks' memory is freed
+        free_sync(L.grid_sync);
         for (auto &b : states) check_and_free_shared(&b);
     } else {
-        grow_pool(nthreads);
+        // Blocks of this launch and the next ones run on rotating sets of
+        // fibers: a fiber's own accesses are ordered, so threads of nearby
+        // blocks, or of consecutive launches, must be different fibers for
+        // their races to show.
+        static unsigned next_set;
+        grow_pool((size_t)nthreads * BLOCK_FIBER_SETS);
         block_state b;
         std::vector<fiber *> order;
         for (unsigned i = 0; i < nblocks; i++) {
-            setup_block(&b, blocks[i], pool.data());
+            setup_block(&b, blocks[i], &pool[(size_t)(next_set++ % BLOCK_FIBER_SETS) * nthreads]);
+            // What the host and earlier launches did, and the setup. Not
+            // again for later blocks: the scheduler has not seen this
+            // launch's threads finish (launch_end), and passes on nothing of
+            // theirs.
+            if (i == 0) race_release(&launch_start);
             order = b.fibers;
             arrange(order);
             run_fibers(order);
             check_and_free_shared(&b);
         }
+        race_acquire(&launch_end);
     }
     now = nullptr;
     cur_launch = nullptr;

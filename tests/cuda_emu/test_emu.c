@@ -17,6 +17,7 @@
 
 int emu_bad_launch(const char *which, float *out, int n, void *stream);
 int emu_wmma_product(float *c, const void *a, const void *b);
+int emu_race_checked(void);
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static float frand(void) {
@@ -355,6 +356,7 @@ static void detections(void) {
         CHECK(st != 0 && strstr(out, cases[i][1]) && (!by_emu || strstr(out, "cuda-emu")),
               "%s: status %d, expected a message with \"%s\", got: %s", cases[i][0], st, cases[i][1], out);
     }
+    if (emu_race_checked()) return; /* ThreadSanitizer aborts the racy kernel: see races */
     /* a missing barrier shows as a difference between thread orders */
     char fwd[256], rev[256], fixed_rev[256];
     run_case("racy", "forward", fwd, sizeof fwd);
@@ -362,6 +364,33 @@ static void detections(void) {
     run_case("fixed", "random", fixed_rev, sizeof fixed_rev);
     CHECK(strstr(fwd, "ones 64") && !strstr(rev, "ones 64"), "the racy kernel gave %s forward and %s reversed", fwd, rev);
     CHECK(strstr(fixed_rev, "ones 64") != NULL, "the fixed kernel gave %s in random order", fixed_rev);
+}
+
+/* Under ThreadSanitizer (make test-cuda-race): each race is reported, in
+ * every thread order, and its fixed twin is not. */
+static void races(void) {
+    static const char *racy[][2] = {
+        {"racy", "racy_kernel"},               /* shared memory, no __syncthreads */
+        {"warp_racy", "warp_racy_kernel"},     /* shared memory, no __syncwarp */
+        {"blocks_racy", "blocks_racy_kernel"}, /* two blocks write one element */
+        {"early_read", "early_read_kernel"},   /* read before cudaGridDependencySynchronize */
+    };
+    static const char *fixed[] = {"fixed", "warp_fixed", "overlap_add_one"};
+    static const char *orders[] = {"forward", "reverse", "random"};
+    char out[16384];
+    for (size_t o = 0; o < 3; o++) {
+        for (size_t i = 0; i < sizeof racy / sizeof racy[0]; i++) {
+            int st = run_case(racy[i][0], orders[o], out, sizeof out);
+            CHECK(st == 66 && strstr(out, "ThreadSanitizer: data race") && strstr(out, racy[i][1]),
+                  "%s (%s order): status %d, expected a data race in %s, got: %.2000s", racy[i][0], orders[o], st,
+                  racy[i][1], out);
+        }
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+            int st = run_case(fixed[i], orders[o], out, sizeof out);
+            CHECK(st == 0 && !strstr(out, "ThreadSanitizer"), "%s (%s order): status %d, got: %.2000s", fixed[i],
+                  orders[o], st, out);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -373,5 +402,9 @@ int main(int argc, char **argv) {
     RUN(runtime_checks);
     RUN(graph_capture_rules);
     RUN(detections);
+    if (emu_race_checked()) {
+        setenv("TSAN_OPTIONS", "halt_on_error=1:exitcode=66", 1); /* for the children */
+        RUN(races);
+    }
     TEST_EXIT();
 }

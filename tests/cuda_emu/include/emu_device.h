@@ -118,6 +118,9 @@ struct launch_config {
 // A null name is looked up from func's symbol.
 cudaError_t submit(const void *func, const char *name, const launch_config &cfg, std::function<void()> body,
                    bool cooperative, bool overlap = false);
+// Called by a launch's body as the kernel starts, once its arguments are
+// copied: ThreadSanitizer checks the kernel's own accesses from here on.
+void kernel_entry();
 
 template <typename... P>
 struct launcher_t {
@@ -127,7 +130,10 @@ struct launcher_t {
     // The kernel's own parameter types, so arguments convert as in a call.
     void operator()(P... args) const {
         auto k = kernel;
-        submit((const void *)k, name, cfg, [=]() { k(args...); }, false);
+        submit((const void *)k, name, cfg, [=]() {
+            kernel_entry();
+            k(args...);
+        }, false);
     }
 };
 template <typename... P>
@@ -139,7 +145,10 @@ template <typename... P, size_t... I>
 cudaError_t launch_cooperative_args(void (*kernel)(P...), const char *name, const launch_config &cfg, void **args,
                                     std::index_sequence<I...>) {
     std::tuple<P...> params(*static_cast<P *>(args[I])...);
-    return submit((const void *)kernel, name, cfg, [kernel, params]() { std::apply(kernel, params); }, true);
+    return submit((const void *)kernel, name, cfg, [kernel, params]() {
+        kernel_entry();
+        std::apply(kernel, params);
+    }, true);
 }
 // cudaLaunchCooperativeKernel((void *)kernel, ...), rewritten by the build
 // so that the argument array can be unpacked with the kernel's types.
@@ -193,7 +202,12 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config, void (*kernel)(
     std::tuple<P...> params(std::forward<A>(args)...); // converted as a call converts them
     return emu::submit((const void *)kernel, nullptr,
                        emu::launch_config(config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream),
-                       [kernel, params]() { std::apply(kernel, params); }, false, overlap);
+                       [kernel, params]() {
+                           auto k = kernel; // copied before the kernel starts: see kernel_entry
+                           std::tuple<P...> mine = params;
+                           emu::kernel_entry();
+                           std::apply(k, mine);
+                       }, false, overlap);
 }
 
 // Typed overloads of the runtime calls that take a kernel.

@@ -1,0 +1,54 @@
+// CUDA emulation: data-race detection by ThreadSanitizer (make
+// test-cuda-race builds the kernels with -fsanitize=thread and the
+// emulation with POLAR_CUDA_EMU_RACE). Each GPU thread's fiber is a TSan
+// fiber, switched without implying any order; the only happens-before
+// edges are the ones a GPU gives: the launch boundaries (a kernel launched to
+// overlap the previous one: from its cudaGridDependencySynchronize on),
+// __syncthreads, grid sync and the warp collectives (see warp_sync in
+// scheduler.cpp).
+// Two GPU threads touching the same byte of shared or global memory, one
+// of them writing, with none of these between them, is a reported race.
+//
+// The emulation's own code (scheduler, runtime) is not instrumented: its
+// bookkeeping is not a GPU thread's access. What it does to memory a
+// kernel sees (placing shared memory) it does with accesses ignored.
+#ifndef POLAR_CUDA_EMU_RACE_H
+#define POLAR_CUDA_EMU_RACE_H
+
+#ifdef POLAR_CUDA_EMU_RACE
+#include <sanitizer/tsan_interface.h>
+
+extern "C" void AnnotateIgnoreReadsBegin(const char *file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char *file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char *file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char *file, int line);
+
+namespace emu {
+inline void *race_new_fiber() { return __tsan_create_fiber(0); }
+inline void *race_current() { return __tsan_get_current_fiber(); }
+// Right before the stack switch to the fiber `to`.
+inline void race_switch(void *to) { __tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync); }
+inline void race_release(const void *sync) { __tsan_release(const_cast<void *>(sync)); }
+inline void race_acquire(const void *sync) { __tsan_acquire(const_cast<void *>(sync)); }
+inline void race_ignore_begin() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+}
+inline void race_ignore_end() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+}
+} // namespace emu
+#else
+namespace emu {
+inline void *race_new_fiber() { return nullptr; }
+inline void *race_current() { return nullptr; }
+inline void race_switch(void *) {}
+inline void race_release(const void *) {}
+inline void race_acquire(const void *) {}
+inline void race_ignore_begin() {}
+inline void race_ignore_end() {}
+} // namespace emu
+#endif
+
+#endif
