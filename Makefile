@@ -239,7 +239,7 @@ EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_mo
 # self-test and the faster kernel tests, when the C++ compiler's
 # ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
 RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_moe
-RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused
+RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused overlap_off
 RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_SMS=4
 TSAN_WORKS := echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o /tmp/polar-tsan-check 2>/dev/null \
               && /tmp/polar-tsan-check && rm -f /tmp/polar-tsan-check
@@ -306,10 +306,12 @@ test-cuda-emu: deps
 # only by launch boundaries, barriers, warp collectives and grid syncs, as on
 # a GPU. Shared and global memory alike (compute-sanitizer's racecheck sees
 # shared memory only). The emulation's self-test (each planted race caught,
-# its fixed twin not), then test_cuda's kernel tests (--quick). One OpenMP
+# its fixed twin not), then test_cuda's kernel tests (--quick), the fused
+# predictor, and overlap_off (whole decode steps of launches that overlap
+# the previous one: no kernel touches memory before its wait). One OpenMP
 # thread: the CPU references' threads are no GPU threads. 4 multiprocessors
 # and a process per test: ThreadSanitizer's clocks grow with the fibers (GPU
-# threads) a process has made. Slow: about 8 minutes.
+# threads) a process has made. Slow: about 11 minutes.
 test-cuda-race: deps
 	@$(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda build-emu-race/tests/test_cuda_emu
 	@rc=0; export $(RACE_ENV); ./build-emu-race/tests/test_cuda_emu || rc=1; \
