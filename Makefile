@@ -240,9 +240,9 @@ EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_mo
 # ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
 RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_moe
 RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused overlap_off
-RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_SMS=4
-TSAN_WORKS := echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o /tmp/polar-tsan-check 2>/dev/null \
-              && /tmp/polar-tsan-check && rm -f /tmp/polar-tsan-check
+RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_SMS=4 POLAR_CUDA_EMU_ORDER=random
+TSAN_WORKS := t=$$(mktemp) && { echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o $$t 2>/dev/null \
+              && $$t; }; rc=$$?; rm -f $$t; [ $$rc -eq 0 ]
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
 ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
@@ -309,10 +309,15 @@ test-cuda-emu: deps
 # its fixed twin not), then test_cuda's kernel tests (--quick), the fused
 # predictor, and overlap_off (whole decode steps of launches that overlap
 # the previous one: no kernel touches memory before its wait). One OpenMP
-# thread: the CPU references' threads are no GPU threads. 4 multiprocessors
-# and a process per test: ThreadSanitizer's clocks grow with the fibers (GPU
-# threads) a process has made. Slow: about 11 minutes.
+# thread: the host code is not instrumented, but ThreadSanitizer still sees
+# its memcpy/memset, and not libgomp's synchronisation. 4 multiprocessors
+# and a process per test: gcc 12's ThreadSanitizer stops at 8128 fibers
+# (GPU threads), and its clocks grow with those a process has made. Blocks
+# in shuffled order (see BLOCK_FIBER_SETS in scheduler.cpp). Slow: about 11
+# minutes.
 test-cuda-race: deps
+	@if ! { $(TSAN_WORKS); }; then echo "make test-cuda-race: $(CXX) -fsanitize=thread does not build or run here (libtsan)"; \
+	  exit 1; fi
 	@$(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda build-emu-race/tests/test_cuda_emu
 	@rc=0; export $(RACE_ENV); ./build-emu-race/tests/test_cuda_emu || rc=1; \
 	  for t in $(RACE_TESTS); do ./build-emu-race/tests/test_cuda --quick $$t || rc=1; done; exit $$rc

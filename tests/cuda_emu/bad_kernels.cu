@@ -143,6 +143,9 @@ __global__ void warp_fixed_kernel(float *out) {
 // Every block writes the same elements of out.
 __global__ void blocks_racy_kernel(float *out) { out[threadIdx.x] = (float)blockIdx.x; }
 
+// Each block writes its own elements: no race.
+__global__ void blocks_fixed_kernel(float *out) { out[blockIdx.x * blockDim.x + threadIdx.x] = (float)blockIdx.x; }
+
 // Launched to overlap the previous kernel, it reads out before waiting for
 // that kernel, which writes it.
 __global__ void early_read_kernel(float *out, int n) {
@@ -217,9 +220,10 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "warp_racy")) warp_racy_kernel<<<1, WARP, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "warp_fixed")) warp_fixed_kernel<<<1, WARP, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "blocks_racy")) blocks_racy_kernel<<<2, n, 0, s>>>(out);
-    else if (!__builtin_strcmp(which, "early_read")) {
+    else if (!__builtin_strcmp(which, "blocks_fixed")) blocks_fixed_kernel<<<2, n, 0, s>>>(out);
+    else if (!__builtin_strcmp(which, "early_read") || !__builtin_strcmp(which, "overlap_wait")) {
         add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
-        launch_overlapping(early_read_kernel, out, n, s);
+        launch_overlapping(which[0] == 'e' ? early_read_kernel : awaiting_add_one_kernel, out, n, s);
     }
     else if (!__builtin_strcmp(which, "add_one")) add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
     else if (!__builtin_strcmp(which, "overlap_add_one")) launch_overlapping(awaiting_add_one_kernel, out, n, s);

@@ -50,7 +50,11 @@ namespace {
 
 #ifdef POLAR_CUDA_EMU_RACE
 const size_t STACK_BYTES = 512 << 10; // ThreadSanitizer's reports run on the fiber's stack
-const unsigned BLOCK_FIBER_SETS = 2;  // neighbouring blocks run on different fibers: their races show
+// Neighbouring blocks run on different fibers, so their races show. Blocks
+// an even distance apart in run order share fibers, whose history orders
+// the later one after the earlier one's barriers: the race runs shuffle the
+// block order so that those pairs vary.
+const unsigned BLOCK_FIBER_SETS = 2;
 #else
 const size_t STACK_BYTES = 64 << 10;
 const unsigned BLOCK_FIBER_SETS = 1;
@@ -137,7 +141,8 @@ char *new_sync(size_t n) {
     return p;
 }
 
-void free_sync(char *p) {
+// Frees what new_sync or alloc_with_redzones made, unseen as they made it.
+void free_unseen(char *p) {
     race_ignore_begin();
     free(p);
     race_ignore_end();
@@ -378,12 +383,6 @@ long redzone_damage(const shared_alloc &a) {
     return 0;
 }
 
-void free_shared(char *raw) {
-    race_ignore_begin();
-    free(raw);
-    race_ignore_end();
-}
-
 void check_and_free_shared(block_state *b) {
     for (auto &a : b->shared) {
         long d = redzone_damage(a);
@@ -391,7 +390,7 @@ void check_and_free_shared(block_state *b) {
             fail("block (%u,%u,%u): a write %ld bytes %s the __shared__ variable %s (%zu bytes, %s:%d)",
                  b->block_idx.x, b->block_idx.y, b->block_idx.z, d < 0 ? -d : d, d < 0 ? "before" : "past the end of",
                  a.site->name, a.bytes, a.site->file, a.site->line);
-        free_shared(a.raw);
+        free_unseen(a.raw);
     }
     b->shared.clear();
     if (b->dynamic.raw) {
@@ -400,10 +399,10 @@ void check_and_free_shared(block_state *b) {
             fail("block (%u,%u,%u): a write %ld bytes %s the dynamic shared memory (%zu bytes at launch)",
                  b->block_idx.x, b->block_idx.y, b->block_idx.z, d < 0 ? -d : d, d < 0 ? "before" : "past the end of",
                  b->dynamic.bytes);
-        free_shared(b->dynamic.raw);
+        free_unseen(b->dynamic.raw);
         b->dynamic.raw = nullptr;
     }
-    free_sync(b->sync);
+    free_unseen(b->sync);
     b->sync = nullptr;
 }
 
@@ -560,7 +559,7 @@ void *dynamic_shared(size_t align) {
         if (b->dynamic_placed)
             fail("extern __shared__ declarations aligned to %zu and to %zu bytes in one kernel: the emulation "
                  "places the dynamic shared memory once", b->dynamic_align, align);
-        free_shared(b->dynamic.raw);
+        free_unseen(b->dynamic.raw);
         b->dynamic.raw = alloc_with_redzones(b->dynamic.bytes, align, &b->dynamic.data);
         b->dynamic_align = align;
     }
@@ -712,24 +711,36 @@ const char *warp_sync(const fiber *f, const warp_state &w) { return &f->blk->syn
 
 } // namespace
 
+namespace {
+
+// The calling lane's part of a collective whose inputs it has set: the last
+// lane to arrive completes it for all (a WMMA completion reads and writes
+// the lanes' fragments, so it acquires first and releases after), the
+// others wait for that.
+void collective(fiber *f, warp_state &w, warp_kind kind, unsigned mask) {
+    const char *sync = warp_sync(f, w);
+    race_release(sync);
+    if (join(f, w, kind, mask)) {
+        race_acquire(sync);
+        complete(w);
+        race_release(sync);
+        w.arrived = 0;
+        w.gen++;
+        return;
+    }
+    wait_for(f, &w.gen, kind_name(kind));
+    race_acquire(sync);
+}
+
+} // namespace
+
 uint64_t warp_op(warp_kind kind, unsigned mask, uint64_t value, int arg, int width) {
     fiber *f = me();
     warp_state &w = f->blk->warps[f->warp];
     w.in[f->lane] = value;
     w.arg[f->lane] = arg;
     w.width[f->lane] = width;
-    const char *sync = warp_sync(f, w);
-    race_release(sync);
-    if (join(f, w, kind, mask)) {
-        race_acquire(sync); // the lanes' fragments, which a WMMA completion reads and writes
-        complete(w);
-        race_release(sync);
-        w.arrived = 0;
-        w.gen++;
-    } else {
-        wait_for(f, &w.gen, kind_name(kind));
-    }
-    race_acquire(sync);
+    collective(f, w, kind, mask);
     return w.out[f->lane];
 }
 
@@ -738,18 +749,7 @@ void warp_exchange(warp_kind kind, unsigned mask, void *mine, void (*done)(void 
     warp_state &w = f->blk->warps[f->warp];
     w.ptr[f->lane] = mine;
     w.complete = done;
-    const char *sync = warp_sync(f, w);
-    race_release(sync);
-    if (join(f, w, kind, mask)) {
-        race_acquire(sync); // the lanes' fragments, which a WMMA completion reads and writes
-        complete(w);
-        race_release(sync);
-        w.arrived = 0;
-        w.gen++;
-    } else {
-        wait_for(f, &w.gen, kind_name(kind));
-    }
-    race_acquire(sync);
+    collective(f, w, kind, mask);
 }
 
 // ------------------------------------------------------------- launches
@@ -786,7 +786,7 @@ void execute(const launch_record &rec) {
         race_release(&launch_start); // what the host, earlier launches and the setup did
         run_fibers(order);
         race_acquire(&launch_end); // for the host, and before the blocks' memory is freed
-        free_sync(L.grid_sync);
+        free_unseen(L.grid_sync);
         for (auto &b : states) check_and_free_shared(&b);
     } else {
         // Blocks of this launch and the next ones run on rotating sets of

@@ -375,7 +375,7 @@ static void races(void) {
         {"blocks_racy", "blocks_racy_kernel"}, /* two blocks write one element */
         {"early_read", "early_read_kernel"},   /* read before cudaGridDependencySynchronize */
     };
-    static const char *fixed[] = {"fixed", "warp_fixed", "overlap_add_one"};
+    static const char *fixed[] = {"fixed", "warp_fixed", "blocks_fixed", "overlap_wait"};
     static const char *orders[] = {"forward", "reverse", "random"};
     char out[16384];
     for (size_t o = 0; o < 3; o++) {

@@ -119,7 +119,8 @@ struct launch_config {
 cudaError_t submit(const void *func, const char *name, const launch_config &cfg, std::function<void()> body,
                    bool cooperative, bool overlap = false);
 // Called by a launch's body as the kernel starts, once its arguments are
-// copied: ThreadSanitizer checks the kernel's own accesses from here on.
+// copied: in a launch made to overlap the previous one, ThreadSanitizer
+// checks the kernel's own accesses from here on, not the launch's.
 void kernel_entry();
 
 template <typename... P>
