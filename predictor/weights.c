@@ -107,35 +107,39 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
     }
     pred_ref refs[PRED_TENSORS];
     int n = st == POLAR_OK ? pred_tensor_refs(p, refs) : 0;
+    /* Every tensor is checked before the storage its shapes imply is
+     * allocated: a header that lies about one shape fails on it, not in malloc. */
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
-    if (p) p->storage_floats = total;
-    if (st == POLAR_OK && !(p->storage = malloc(total * sizeof(float))))
-        st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && st == POLAR_OK; i++) {
+        const st_tensor *t = st_find(&f, refs[i].name);
+        int dims = refs[i].cols ? 2 : 1;
+        if (!t)
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: predictor tensor '%s' is missing", path, refs[i].name);
+        else if (t->ndim != dims || t->shape[0] != refs[i].rows || (dims == 2 && t->shape[1] != refs[i].cols))
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' does not fit D %d, d %d, d_q %d, ff %d", path,
+                            refs[i].name, p->D, p->d, p->dq, p->ff);
+        else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)", path,
+                            refs[i].name, st_dtype_name(t->dtype));
+        total += (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
+    }
+    if (st == POLAR_OK) {
+        p->storage_floats = total;
+        if (!(p->storage = malloc(total * sizeof(float)))) st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
+    }
     float *next = p ? p->storage : NULL;
     for (int i = 0; i < n && st == POLAR_OK; i++) {
         const st_tensor *t = st_find(&f, refs[i].name);
         size_t count = (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
-        int dims = refs[i].cols ? 2 : 1;
-        if (!t) {
-            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: predictor tensor '%s' is missing", path, refs[i].name);
-        } else if (t->ndim != dims || t->shape[0] != refs[i].rows || (dims == 2 && t->shape[1] != refs[i].cols)) {
-            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' does not fit D %d, d %d, d_q %d, ff %d", path,
-                            refs[i].name, p->D, p->d, p->dq, p->ff);
-        } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
-            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)", path,
-                            refs[i].name, st_dtype_name(t->dtype));
-        } else {
-            const unsigned char *src = t->data;
-            for (size_t k = 0; k < count; k++) {
-                uint16_t h;
-                if (t->dtype == ST_F32) memcpy(&next[k], src + 4 * k, 4);
-                else if ((memcpy(&h, src + 2 * k, 2), t->dtype == ST_BF16)) next[k] = bf16_to_f32(h);
-                else next[k] = f16_to_f32(h);
-            }
-            *refs[i].dst = next;
-            next += count;
+        const unsigned char *src = t->data;
+        for (size_t k = 0; k < count; k++) {
+            uint16_t h;
+            if (t->dtype == ST_F32) memcpy(&next[k], src + 4 * k, 4);
+            else if ((memcpy(&h, src + 2 * k, 2), t->dtype == ST_BF16)) next[k] = bf16_to_f32(h);
+            else next[k] = f16_to_f32(h);
         }
+        *refs[i].dst = next;
+        next += count;
     }
     st_close(&f);
     if (st != POLAR_OK) {

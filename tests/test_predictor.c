@@ -116,6 +116,11 @@ static void predictor_bad_weights(void) {
     write_predictor(path, 12, DQ, NULL, "cross_attn.out_proj.weight");
     CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "does not fit D 12, d 256"),
           "mismatched tensor: %s", err.msg);
+    /* ff is read from layer 0's linear1: the other tensors then disagree */
+    write_predictor(path, 12, DQ, NULL, "layer_encoder.layers.0.linear1.weight");
+    CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_FORMAT &&
+              strstr(err.msg, "'layer_encoder.layers.0.linear1.bias' does not fit D 12, d 256, d_q 1024, ff 1025"),
+          "ff from a widened tensor: %s", err.msg);
     write_predictor(path, 12, DQ, "layer_embedding.weight", NULL);
     CHECK(polar_predictor_load(path, &p, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "layer_embedding.weight"),
           "no layer embedding: %s", err.msg);
