@@ -25,8 +25,9 @@ extern "C" void AnnotateIgnoreWritesEnd(const char *file, int line);
 
 namespace emu {
 // A new fiber starts ordered after all its creator has seen, so fibers are
-// made from a "factory" fiber that never synchronises with anything: a GPU
-// thread is ordered after earlier launches by the launch edges alone.
+// made from a "factory" fiber that does nothing else: it has seen only what
+// the host did before the first launch, and a GPU thread is ordered after
+// earlier launches by the launch edges alone.
 inline void *race_new_fiber() {
     static void *factory = __tsan_create_fiber(0);
     void *self = __tsan_get_current_fiber();
