@@ -240,7 +240,7 @@ EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_mo
 # ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
 RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_moe
 RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused overlap_off
-RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_SMS=4 POLAR_CUDA_EMU_ORDER=random
+RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_ORDER=random
 TSAN_WORKS := t=$$(mktemp) && { echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o $$t 2>/dev/null \
               && $$t; }; rc=$$?; rm -f $$t; [ $$rc -eq 0 ]
 test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
@@ -311,10 +311,10 @@ test-cuda-emu: deps
 # the previous one: no kernel touches memory before its wait). One OpenMP
 # thread: the host code is not instrumented, but ThreadSanitizer still sees
 # its memcpy/memset, and not libgomp's synchronisation. 4 multiprocessors
-# and a process per test: gcc 12's ThreadSanitizer stops at 8128 fibers
-# (GPU threads), and its clocks grow with those a process has made. Blocks
-# in shuffled order (see BLOCK_FIBER_SETS in scheduler.cpp). Slow: about 11
-# minutes.
+# (the race build's default) and a process per test: gcc 12's
+# ThreadSanitizer stops at 8128 fibers (GPU threads), and its clocks grow
+# with those a process has made. Blocks in shuffled order (see
+# BLOCK_FIBER_SETS in scheduler.cpp). Slow: about 11 minutes.
 test-cuda-race: deps
 	@if ! { $(TSAN_WORKS); }; then echo "make test-cuda-race: $(CXX) -fsanitize=thread does not build or run here (libtsan)"; \
 	  exit 1; fi

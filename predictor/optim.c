@@ -25,11 +25,9 @@ static void fill_normal(float *x, size_t n, polar_rng *r) {
     }
 }
 
-static size_t ref_count(const pred_ref *r) { return (size_t)r->rows * (size_t)(r->cols ? r->cols : 1); }
-
 /* PyTorch's defaults for each tensor of the reference module. */
 static void init_tensor(const pred_ref *r, float *x, polar_rng *rng) {
-    size_t n = ref_count(r);
+    size_t n = pred_ref_count(r);
     const char *nm = r->name;
     if (strstr(nm, "norm") && strstr(nm, "weight")) {
         for (size_t i = 0; i < n; i++) x[i] = 1.0f;
@@ -57,7 +55,7 @@ static polar_status alloc_predictor(const polar_predictor_shape *s, polar_predic
     if (!p) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     p->D = s->n_layers, p->d = s->d_model, p->dq = s->input_dim, p->heads = s->heads, p->ff = s->ff;
     int n = pred_tensor_refs(p, refs);
-    for (int i = 0; i < n; i++) p->storage_floats += ref_count(&refs[i]);
+    for (int i = 0; i < n; i++) p->storage_floats += pred_ref_count(&refs[i]);
     if (!(p->storage = calloc(p->storage_floats, sizeof(float)))) {
         size_t want = p->storage_floats;
         free(p);
@@ -66,7 +64,7 @@ static polar_status alloc_predictor(const polar_predictor_shape *s, polar_predic
     float *next = p->storage;
     for (int i = 0; i < n; i++) {
         *refs[i].dst = next;
-        next += ref_count(&refs[i]);
+        next += pred_ref_count(&refs[i]);
     }
     *out = p;
     return POLAR_OK;

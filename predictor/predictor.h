@@ -42,6 +42,7 @@ typedef struct {
     int rows, cols;
 } pred_ref;
 int pred_tensor_refs(polar_predictor *p, pred_ref *r); /* fills PRED_TENSORS entries for p's shape */
+static inline size_t pred_ref_count(const pred_ref *r) { return (size_t)r->rows * (size_t)(r->cols ? r->cols : 1); }
 
 /* A string of a safetensors file's __metadata__ into out (cap bytes,
  * truncated); 0 when the header has none under key. */

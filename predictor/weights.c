@@ -106,12 +106,13 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
                             p->heads);
     }
     pred_ref refs[PRED_TENSORS];
+    const st_tensor *found[PRED_TENSORS];
     int n = st == POLAR_OK ? pred_tensor_refs(p, refs) : 0;
     /* Every tensor is checked before the storage its shapes imply is
      * allocated: a header that lies about one shape fails on it, not in malloc. */
     size_t total = 0;
     for (int i = 0; i < n && st == POLAR_OK; i++) {
-        const st_tensor *t = st_find(&f, refs[i].name);
+        const st_tensor *t = found[i] = st_find(&f, refs[i].name);
         int dims = refs[i].cols ? 2 : 1;
         if (!t)
             st = polar_fail(err, POLAR_ERR_FORMAT, "%s: predictor tensor '%s' is missing", path, refs[i].name);
@@ -121,16 +122,16 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
         else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
             st = polar_fail(err, POLAR_ERR_FORMAT, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)", path,
                             refs[i].name, st_dtype_name(t->dtype));
-        total += (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
+        total += pred_ref_count(&refs[i]);
     }
     if (st == POLAR_OK) {
         p->storage_floats = total;
         if (!(p->storage = malloc(total * sizeof(float)))) st = polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     }
-    float *next = p ? p->storage : NULL;
+    float *next = st == POLAR_OK ? p->storage : NULL;
     for (int i = 0; i < n && st == POLAR_OK; i++) {
-        const st_tensor *t = st_find(&f, refs[i].name);
-        size_t count = (size_t)refs[i].rows * (size_t)(refs[i].cols ? refs[i].cols : 1);
+        const st_tensor *t = found[i];
+        size_t count = pred_ref_count(&refs[i]);
         const unsigned char *src = t->data;
         for (size_t k = 0; k < count; k++) {
             uint16_t h;

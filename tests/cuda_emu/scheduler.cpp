@@ -709,10 +709,6 @@ void complete(warp_state &w) {
 // compute-sanitizer's racecheck accepts these kernels too.
 const char *warp_sync(const fiber *f, const warp_state &w) { return &f->blk->sync[2 + 2 * f->warp + (w.gen & 1)]; }
 
-} // namespace
-
-namespace {
-
 // The calling lane's part of a collective whose inputs it has set: the last
 // lane to arrive completes it for all (a WMMA completion reads and writes
 // the lanes' fragments, so it acquires first and releases after), the
