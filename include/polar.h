@@ -44,6 +44,9 @@ const char *polar_status_name(polar_status s);
 
 typedef struct polar_model polar_model;
 
+/* RoPE frequency scaling, as transformers' rope_type names it. */
+enum { POLAR_ROPE_DEFAULT = 0, POLAR_ROPE_LLAMA3, POLAR_ROPE_LINEAR, POLAR_ROPE_YARN };
+
 /* The architecture of a model: what config.json says, normalised. */
 typedef struct {
     char arch[16];          /* "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe" */
@@ -56,9 +59,14 @@ typedef struct {
     int vocab;
     int max_pos;            /* max_position_embeddings */
     double rope_theta;
-    int rope_llama3;        /* 1: llama3 frequency scaling below is in force */
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    int rope_original_max_pos;
+    int rope_type;          /* POLAR_ROPE_*: the frequency scaling in force, with the fields below */
+    double rope_factor;     /* llama3, linear (inv_freq / factor), yarn */
+    double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_original_max_pos;       /* llama3, yarn: the pretraining context */
+    double rope_beta_fast, rope_beta_slow; /* yarn: rotations over that context bounding the ramp
+                                            * (config.json's defaults: 32, 1) */
+    int rope_truncate;               /* yarn: the ramp's ends rounded out to whole dimensions (default 1) */
+    double rope_attention_factor;    /* yarn: cos and sin times this; 0: 0.1 ln(factor) + 1 */
     double rms_eps;
     int tied_embeddings;    /* lm_head shares the token embedding */
     int qkv_bias;           /* q/k/v projections carry a bias (Qwen2) */

@@ -85,9 +85,66 @@ static polar_status add_eos(const cfg *c, const json_value *v, polar_arch *a) {
     return POLAR_OK;
 }
 
+/* llama3's fields: factor, low/high_freq_factor, original context. */
+static polar_status parse_llama3(const cfg *c, const json_value *rs, polar_arch *a) {
+    double orig = 0;
+    polar_status st;
+    if ((st = get_num(c, rs, "factor", 8.0, 0.0, &a->rope_factor)) != POLAR_OK ||
+        (st = get_num(c, rs, "low_freq_factor", 1.0, 0.0, &a->rope_low_freq_factor)) != POLAR_OK ||
+        (st = get_num(c, rs, "high_freq_factor", 4.0, 0.0, &a->rope_high_freq_factor)) != POLAR_OK ||
+        (st = get_num(c, rs, "original_max_position_embeddings", 8192.0, 0.0, &orig)) != POLAR_OK)
+        return st;
+    if (a->rope_high_freq_factor <= a->rope_low_freq_factor)
+        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: llama3 rope needs high_freq_factor > low_freq_factor", c->what);
+    a->rope_original_max_pos = (int)orig;
+    return POLAR_OK;
+}
+
+/* YaRN's fields as transformers reads them: original context (default
+ * max_position_embeddings), factor (default max_position_embeddings over
+ * it), beta_fast/beta_slow (32/1 when absent or 0), truncate (true), and the
+ * attention factor: given, else mscale over mscale_all_dim when both are
+ * non-zero, else (0 here) 0.1 ln(factor) + 1. */
+static polar_status parse_yarn(const cfg *c, const json_value *rs, polar_arch *a) {
+    double orig = 0, mscale = 0, mscale_all = 0;
+    polar_status st;
+    if ((st = get_num(c, rs, "original_max_position_embeddings", a->max_pos, 0.0, &orig)) != POLAR_OK ||
+        (st = get_num(c, rs, "factor", a->max_pos / orig, 0.0, &a->rope_factor)) != POLAR_OK ||
+        (st = get_num(c, rs, "attention_factor", 0.0, 0.0, &a->rope_attention_factor)) != POLAR_OK ||
+        (st = get_num(c, rs, "mscale", 0.0, -HUGE_VAL, &mscale)) != POLAR_OK ||
+        (st = get_num(c, rs, "mscale_all_dim", 0.0, -HUGE_VAL, &mscale_all)) != POLAR_OK)
+        return st;
+    const char *beta_names[2] = {"beta_fast", "beta_slow"};
+    double *betas[2] = {&a->rope_beta_fast, &a->rope_beta_slow};
+    for (int i = 0; i < 2; i++) {
+        const json_value *b = json_get(rs, beta_names[i]);
+        int zero = b && b->type == JSON_NUMBER && b->number == 0; /* transformers: `or` the default */
+        if ((st = get_num(c, zero ? NULL : rs, beta_names[i], i ? 1.0 : 32.0, 0.0, betas[i])) != POLAR_OK) return st;
+    }
+    const json_value *tr = json_get(rs, "truncate");
+    if (tr && tr->type != JSON_NULL && tr->type != JSON_BOOL)
+        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn 'truncate' must be true or false, got %s", c->what,
+                          type_name(tr));
+    a->rope_truncate = !tr || tr->type == JSON_NULL || tr->number != 0;
+    if (orig > 1 << 30)
+        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn original_max_position_embeddings = %g is too large", c->what,
+                          orig);
+    a->rope_original_max_pos = (int)orig;
+    if (a->rope_attention_factor == 0 && mscale != 0 && mscale_all != 0) {
+        double f = a->rope_factor, ln = f <= 1 ? 0 : log(f); /* transformers' get_mscale: 1 at f <= 1 */
+        double num = 0.1 * mscale * ln + 1, den = 0.1 * mscale_all * ln + 1;
+        if (!(num / den > 0))
+            return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn mscale %g / mscale_all_dim %g give no positive attention "
+                              "factor", c->what, mscale, mscale_all);
+        a->rope_attention_factor = num / den;
+    }
+    return POLAR_OK;
+}
+
 /* rope_theta, then rope_scaling (transformers v4) or rope_parameters (v5):
- * absent or type "default" is plain RoPE; "llama3" is supported; any other
- * type is refused by name rather than run with the wrong frequencies. */
+ * absent or type "default" is plain RoPE; "llama3", "linear" and "yarn" are
+ * supported; any other type is refused by name rather than run with the
+ * wrong frequencies. */
 static polar_status parse_rope(const cfg *c, polar_arch *a) {
     const json_value *rs = json_get(c->root, "rope_parameters");
     const char *field = "rope_parameters";
@@ -108,20 +165,23 @@ static polar_status parse_rope(const cfg *c, polar_arch *a) {
     if (!type || type->type != JSON_STRING)
         return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: '%s' has no string 'rope_type'", c->what, field);
     if (strcmp(type->str, "default") == 0) return POLAR_OK;
-    if (strcmp(type->str, "llama3") != 0)
-        return polar_fail(c->err, POLAR_ERR_UNSUPPORTED, "%s: %s type '%s' is not supported (default and llama3 are)",
-                          c->what, field, type->str);
-    a->rope_llama3 = 1;
-    double orig = 0;
-    if ((st = get_num(c, rs, "factor", 8.0, 0.0, &a->rope_factor)) != POLAR_OK ||
-        (st = get_num(c, rs, "low_freq_factor", 1.0, 0.0, &a->rope_low_freq_factor)) != POLAR_OK ||
-        (st = get_num(c, rs, "high_freq_factor", 4.0, 0.0, &a->rope_high_freq_factor)) != POLAR_OK ||
-        (st = get_num(c, rs, "original_max_position_embeddings", 8192.0, 0.0, &orig)) != POLAR_OK)
-        return st;
-    if (a->rope_high_freq_factor <= a->rope_low_freq_factor)
-        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: llama3 rope needs high_freq_factor > low_freq_factor", c->what);
-    a->rope_original_max_pos = (int)orig;
-    return POLAR_OK;
+    if (strcmp(type->str, "llama3") == 0) {
+        a->rope_type = POLAR_ROPE_LLAMA3;
+        return parse_llama3(c, rs, a);
+    }
+    if (strcmp(type->str, "linear") == 0) {
+        a->rope_type = POLAR_ROPE_LINEAR;
+        if (!json_get(rs, "factor"))
+            return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: linear rope needs a 'factor'", c->what);
+        return get_num(c, rs, "factor", 1.0, 0.0, &a->rope_factor);
+    }
+    if (strcmp(type->str, "yarn") == 0) {
+        a->rope_type = POLAR_ROPE_YARN;
+        return parse_yarn(c, rs, a);
+    }
+    return polar_fail(c->err, POLAR_ERR_UNSUPPORTED,
+                      "%s: %s type '%s' is not supported (default, llama3, linear and yarn are)", c->what, field,
+                      type->str);
 }
 
 /* num_experts (or num_local_experts), num_experts_per_tok,
@@ -254,6 +314,13 @@ polar_status config_validate(const polar_arch *a, const char *what, polar_error 
                           a->top_k, a->n_experts);
     if (!(a->rope_theta > 0) || !(a->rms_eps > 0))
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: rope_theta and rms_norm_eps must be positive", what);
+    if (a->rope_type != POLAR_ROPE_DEFAULT && !(a->rope_factor > 0))
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: the rope scaling factor must be positive", what);
+    /* YaRN divides by ln(theta) and takes the log of the original context. */
+    if (a->rope_type == POLAR_ROPE_YARN && (!(a->rope_theta > 1) || a->rope_original_max_pos < 1 ||
+                                            !(a->rope_beta_fast > 0) || !(a->rope_beta_slow > 0)))
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: yarn rope needs rope_theta > 1, an original context of at least 1 "
+                          "and positive betas", what);
     /* Keep every weight matrix indexable with size_t and rows with int. */
     if ((double)a->n_heads * a->head_dim > (1 << 24) || (double)a->vocab * a->hidden > 1e12 ||
         (double)a->ffn * a->hidden > 1e12)
@@ -297,11 +364,22 @@ polar_status config_write(const polar_arch *a, const char *path, polar_error *er
             a->n_kv_heads, a->head_dim);
     fprintf(f, "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n", a->vocab, a->max_pos);
     fprintf(f, "  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.17g,\n", a->rms_eps, a->rope_theta);
-    if (a->rope_llama3)
+    if (a->rope_type == POLAR_ROPE_LLAMA3)
         fprintf(f,
                 "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d},\n",
                 a->rope_factor, a->rope_low_freq_factor, a->rope_high_freq_factor, a->rope_original_max_pos);
+    if (a->rope_type == POLAR_ROPE_LINEAR)
+        fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": %.17g},\n", a->rope_factor);
+    if (a->rope_type == POLAR_ROPE_YARN) {
+        fprintf(f,
+                "  \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": %.17g, \"original_max_position_embeddings\": %d, "
+                "\"beta_fast\": %.17g, \"beta_slow\": %.17g, \"truncate\": %s",
+                a->rope_factor, a->rope_original_max_pos, a->rope_beta_fast, a->rope_beta_slow,
+                a->rope_truncate ? "true" : "false");
+        if (a->rope_attention_factor > 0) fprintf(f, ", \"attention_factor\": %.17g", a->rope_attention_factor);
+        fprintf(f, "},\n");
+    }
     fprintf(f, "  \"tie_word_embeddings\": %s,\n", a->tied_embeddings ? "true" : "false");
     if (strcmp(a->arch, "llama") == 0) fprintf(f, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
     if (strncmp(a->arch, "qwen3", 5) == 0) fprintf(f, "  \"attention_bias\": false,\n");

@@ -1,4 +1,5 @@
 /* GGUF metadata -> polar_arch, for the architectures the runtime runs. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,6 +45,49 @@ static polar_status get_float(const meta *m, const char *suffix, double dflt, do
     if ((kv->type != GGUF_F32 && kv->type != GGUF_F64 && !is_int_type(kv->type)) || !(kv->f > 0))
         return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' must be a positive number", m->f->path, key);
     *out = kv->f;
+    return POLAR_OK;
+}
+
+/* A llama.cpp rope knob transformers has no counterpart of: absent, or at
+ * its neutral value (or below lowest, llama.cpp's "unset"). */
+static polar_status rope_knob_neutral(const meta *m, const char *suffix, double neutral, double lowest) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    int number = kv && (kv->type == GGUF_F32 || kv->type == GGUF_F64 || is_int_type(kv->type));
+    if (!kv || (number && (kv->f == neutral || kv->f < lowest))) return POLAR_OK;
+    return polar_fail(m->err, POLAR_ERR_UNSUPPORTED, "%s: metadata '%s' is not supported (only %g)", m->f->path, key,
+                      neutral);
+}
+
+/* {arch}.rope.scaling.*: none, linear (factor) or yarn (factor, original
+ * context, betas, and the attention factor that convert_hf_to_gguf copies
+ * from transformers' attention_factor; the ramp truncated as transformers
+ * does by default). */
+static polar_status gguf_rope_scaling(const meta *m, polar_arch *a) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch);
+    const gguf_kv *type = gguf_find_kv(m->f, key);
+    if (!type || type->type != GGUF_STRING || gguf_str_eq(type->str, "none")) return POLAR_OK;
+    polar_status st;
+    if (gguf_str_eq(type->str, "linear")) {
+        a->rope_type = POLAR_ROPE_LINEAR;
+        return get_float(m, "rope.scaling.factor", 1.0, &a->rope_factor);
+    }
+    if (!gguf_str_eq(type->str, "yarn"))
+        return polar_fail(m->err, POLAR_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported (linear and yarn are)",
+                          m->f->path, (int)(type->str.len > 40 ? 40 : type->str.len), type->str.s);
+    a->rope_type = POLAR_ROPE_YARN;
+    a->rope_truncate = 1;
+    if ((st = get_int(m, "rope.scaling.original_context_length", a->max_pos, &a->rope_original_max_pos)) ||
+        (st = get_float(m, "rope.scaling.factor", (double)a->max_pos / a->rope_original_max_pos, &a->rope_factor)) ||
+        (st = get_float(m, "rope.scaling.yarn_beta_fast", 32.0, &a->rope_beta_fast)) ||
+        (st = get_float(m, "rope.scaling.yarn_beta_slow", 1.0, &a->rope_beta_slow)) ||
+        (st = get_float(m, "rope.scaling.yarn_attn_factor", 0.0, &a->rope_attention_factor)) ||
+        (st = rope_knob_neutral(m, "rope.scaling.attn_factor", 1.0, 0.0)) ||
+        (st = rope_knob_neutral(m, "rope.scaling.yarn_ext_factor", 1.0, 0.0)) ||
+        (st = rope_knob_neutral(m, "rope.scaling.yarn_log_multiplier", 0.0, -HUGE_VAL)))
+        return st;
     return POLAR_OK;
 }
 
@@ -108,12 +152,7 @@ polar_status gguf_model_arch(const gguf_file *f, polar_arch *a, polar_error *err
         (st = get_float(&m, "rope.freq_base", 10000.0, &a->rope_theta)) ||
         (st = get_float(&m, "attention.layer_norm_rms_epsilon", 1e-6, &a->rms_eps)))
         return st;
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", m.arch);
-    const gguf_kv *scaling = gguf_find_kv(f, key);
-    if (scaling && scaling->type == GGUF_STRING && !gguf_str_eq(scaling->str, "none"))
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported", f->path,
-                          (int)(scaling->str.len > 40 ? 40 : scaling->str.len), scaling->str.s);
+    if ((st = gguf_rope_scaling(&m, a)) != POLAR_OK) return st;
     a->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     a->qkv_bias = strncmp(a->arch, "qwen2", 5) == 0 && gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
     a->qk_norm = strncmp(a->arch, "qwen3", 5) == 0;

@@ -77,7 +77,8 @@ static void cpu_batch_embed(void *state, const int *tokens, const int *pos, int 
     int half = m->arch.head_dim / 2;
     for (int r = 0; r < R; r++) {
         cpu_embed_q(c->x + (size_t)r * hidden(c), m->embed, m->t_embed, tokens[r], m->arch.hidden);
-        cpu_rope_angles(c->cos + (size_t)r * half, c->sin + (size_t)r * half, m->rope_inv_freq, half, pos[r]);
+        cpu_rope_angles(c->cos + (size_t)r * half, c->sin + (size_t)r * half, m->rope_inv_freq, m->rope_scale, half,
+                        pos[r]);
     }
 }
 

@@ -447,8 +447,8 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
     int hd = a->head_dim;
     size_t qd = (size_t)a->n_heads * hd;
     const cuda_queue *s = &c->queue;
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->k_pool, c->v_pool, *map, T, a->n_heads,
-                       a->n_kv_heads, hd, (float)a->rms_eps, s);
+    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->m->rope_scale, c->k_pool, c->v_pool,
+                       *map, T, a->n_heads, a->n_kv_heads, hd, (float)a->rms_eps, s);
     if (map->run.pos0) {
         if (T > DECODE_TOKENS)
             cuda_attention_prefill(c->att, c->q, c->k_pool, c->v_pool, map->run, T, a->n_heads, a->n_kv_heads, hd, 0,

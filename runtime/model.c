@@ -27,27 +27,58 @@ int model_own(polar_model *m, void *buf) {
     return 1;
 }
 
-/* inv_freq[i] = 1 / theta^(2i/d), as transformers computes it (f32), then
- * llama3's smooth blend between scaled low and unscaled high frequencies. */
+/* llama3: a smooth blend between low frequencies divided by factor and high
+ * ones kept. */
+static float llama3_freq(const polar_arch *a, float inv) {
+    double low_wl = a->rope_original_max_pos / a->rope_low_freq_factor;
+    double high_wl = a->rope_original_max_pos / a->rope_high_freq_factor;
+    double wavelen = 2.0 * M_PI / inv;
+    float scaled = wavelen > low_wl ? inv / (float)a->rope_factor : inv;
+    if (!(wavelen < high_wl) && !(wavelen > low_wl)) {
+        float smooth = (float)((a->rope_original_max_pos / wavelen - a->rope_low_freq_factor) /
+                               (a->rope_high_freq_factor - a->rope_low_freq_factor));
+        scaled = (1.0f - smooth) * scaled / (float)a->rope_factor + smooth * scaled;
+    }
+    return scaled;
+}
+
+/* YaRN: the dimension whose frequency turns `rotations` times over the
+ * original context. */
+static double yarn_dim(const polar_arch *a, double rotations) {
+    return a->head_dim * log(a->rope_original_max_pos / (rotations * 2 * M_PI)) / (2 * log(a->rope_theta));
+}
+
+/* inv_freq[i] = 1 / theta^(2i/d) in f32, as transformers computes it, then
+ * the scaling of the arch's rope_type, in transformers' f32 operations:
+ * llama3's blend, linear's division, or YaRN's ramp from the original
+ * frequencies (dimensions below low) to those divided by factor (above
+ * high), with cos and sin scaled by its attention factor. */
 int model_init_rope(polar_model *m) {
     const polar_arch *a = &m->arch;
     int half = a->head_dim / 2;
     float *f = malloc((size_t)half * sizeof *f);
     if (!model_own(m, f)) return 0;
+    double lo = 0, hi = 1;
+    m->rope_scale = 1.0f;
+    if (a->rope_type == POLAR_ROPE_YARN) {
+        lo = yarn_dim(a, a->rope_beta_fast), hi = yarn_dim(a, a->rope_beta_slow);
+        if (a->rope_truncate) lo = floor(lo), hi = ceil(hi);
+        lo = fmax(lo, 0), hi = fmin(hi, a->head_dim - 1);
+        if (lo == hi) hi += 0.001;
+        double factor = a->rope_attention_factor;
+        if (!(factor > 0)) factor = a->rope_factor <= 1 ? 1.0 : 0.1 * log(a->rope_factor) + 1.0;
+        m->rope_scale = (float)factor;
+    }
     for (int i = 0; i < half; i++) {
         float expo = (float)(2 * i) / (float)a->head_dim;
-        float inv = 1.0f / powf((float)a->rope_theta, expo);
-        if (a->rope_llama3) {
-            double low_wl = a->rope_original_max_pos / a->rope_low_freq_factor;
-            double high_wl = a->rope_original_max_pos / a->rope_high_freq_factor;
-            double wavelen = 2.0 * M_PI / inv;
-            float scaled = wavelen > low_wl ? inv / (float)a->rope_factor : inv;
-            if (!(wavelen < high_wl) && !(wavelen > low_wl)) {
-                float smooth = (float)((a->rope_original_max_pos / wavelen - a->rope_low_freq_factor) /
-                                       (a->rope_high_freq_factor - a->rope_low_freq_factor));
-                scaled = (1.0f - smooth) * scaled / (float)a->rope_factor + smooth * scaled;
-            }
-            inv = scaled;
+        float base = powf((float)a->rope_theta, expo), inv = 1.0f / base;
+        if (a->rope_type == POLAR_ROPE_LLAMA3) inv = llama3_freq(a, inv);
+        if (a->rope_type == POLAR_ROPE_LINEAR) inv /= (float)a->rope_factor;
+        if (a->rope_type == POLAR_ROPE_YARN) {
+            float interp = 1.0f / ((float)a->rope_factor * base);
+            float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+            float keep = 1.0f - fminf(fmaxf(ramp, 0.0f), 1.0f); /* weight of the original frequency */
+            inv = interp * (1.0f - keep) + inv * keep;
         }
         f[i] = inv;
     }

@@ -53,6 +53,7 @@ struct polar_model {
     int quantized;              /* some weight is kept in a block format */
     layer_weights *layers;      /* [n_layers] */
     float *rope_inv_freq;       /* [head_dim/2], scaling applied */
+    float rope_scale;           /* cos and sin times this (YaRN's attention factor; 1 otherwise) */
     st_set files;               /* mapped safetensors checkpoint, or */
     void *gguf;                 /* a mapped GGUF file (gguf_file *) */
     void **owned;               /* buffers the model allocated */
@@ -114,7 +115,7 @@ int model_own(polar_model *m, void *buf);
  * (ignore_eos is the caller's to check). Sessions and batches both. */
 int gen_stops_at(const polar_arch *a, const polar_gen_opts *o, int token);
 
-/* Fill m->rope_inv_freq from the arch (default or llama3 scaling). */
+/* Fill m->rope_inv_freq and m->rope_scale from the arch's rope_type. */
 int model_init_rope(polar_model *m);
 
 #endif

@@ -7,7 +7,7 @@
 
 static void set_llama3_rope(polar_arch *a, double theta, double factor, int orig) {
     a->rope_theta = theta;
-    a->rope_llama3 = 1;
+    a->rope_type = POLAR_ROPE_LLAMA3;
     a->rope_factor = factor;
     a->rope_low_freq_factor = 1.0;
     a->rope_high_freq_factor = 4.0;

@@ -205,7 +205,7 @@ static void forward_chunk(polar_session *s, const int *tokens, int T, float *all
     for (int t = 0; t < T; t++) {
         if (!start) cpu_embed_q(w->x + (size_t)t * a->hidden, m->embed, m->t_embed, tokens[t], a->hidden);
         float *cs = s->cos + (size_t)t * half, *sn = s->sin + (size_t)t * half;
-        cpu_rope_angles(cs, sn, m->rope_inv_freq, half, s->pos + t);
+        cpu_rope_angles(cs, sn, m->rope_inv_freq, m->rope_scale, half, s->pos + t);
         s->at[t] = (cpu_token_at){.pos = s->pos + t, .cos = cs, .sin = sn};
     }
     /* the residual stream before entry k of this chunk's tokens */

@@ -360,16 +360,17 @@ static void kernel_kv_store(void) {
     cudaMalloc((void **)&dkc, pool_vals * 2);
     cudaMalloc((void **)&dvc, pool_vals * 2);
     int pos[37], table[37];
-    static const char *cases[] = {"run", "per token", "per token, no q/k norm (llama, qwen2)"};
+    static const char *cases[] = {"run", "per token", "per token, no q/k norm (llama, qwen2), cos and sin x 1.25 (yarn)"};
     for (int c = 0; c < 3; c++) {
         int per_token = c > 0, norms = c < 2;
+        float scale = c == 2 ? 1.25f : 1.0f;
         two_tables_tokens(&tt, per_token, T, pos0, pos, table);
         memcpy(qwant, q, (size_t)T * qd * 4), memcpy(kwant, k, (size_t)T * kvd * 4), memcpy(vwant, v, (size_t)T * kvd * 4);
         for (int t = 0; t < T; t++) {
             float *qt = qwant + (size_t)t * qd, *kt = kwant + (size_t)t * kvd;
             for (int h = 0; h < nh && norms; h++) cpu_rmsnorm(qt + (size_t)h * hd, qt + (size_t)h * hd, qn, hd, 1e-6f);
             for (int h = 0; h < nkv && norms; h++) cpu_rmsnorm(kt + (size_t)h * hd, kt + (size_t)h * hd, kn, hd, 1e-6f);
-            cpu_rope_angles(cs, sn, inv_freq, half, pos[t]);
+            cpu_rope_angles(cs, sn, inv_freq, scale, half, pos[t]);
             cpu_rope(qt, cs, sn, nh, hd);
             cpu_rope(kt, cs, sn, nkv, hd);
         }
@@ -380,8 +381,8 @@ static void kernel_kv_store(void) {
         cudaMemset(dvc, 0, pool_vals * 2);
         map_dev md;
         cuda_kv_map map = map_upload(&md, &tt, per_token, T, pos0, pos, table);
-        cuda_qk_rope_store(dq, dk, dv, norms ? dqn : NULL, norms ? dkn : NULL, dfreq, dkc, dvc, map, T, nh, nkv, hd,
-                           1e-6f, NULL);
+        cuda_qk_rope_store(dq, dk, dv, norms ? dqn : NULL, norms ? dkn : NULL, dfreq, scale, dkc, dvc, map, T, nh, nkv,
+                           hd, 1e-6f, NULL);
         const char *how = cases[c];
         float *got = from_dev(dq, (size_t)T * qd), dqerr = max_rel(got, qwant, (size_t)T * qd);
         CHECK(dqerr < 1e-4f, "q norm + rope (%s): relative error %g", how, dqerr);

@@ -165,6 +165,32 @@ static void kv_f32(FILE *f, const char *k, float v) {
     fwrite(&v, 4, 1, f);
 }
 
+/* {arch}.rope.scaling.* as convert_hf_to_gguf writes linear and YaRN
+ * scaling (YaRN's ramp is always truncated there); the number of keys
+ * written, or with f NULL the number that would be. */
+static int gw_rope_scaling(FILE *f, const char *gname, const polar_arch *a) {
+    if (a->rope_type != POLAR_ROPE_LINEAR && a->rope_type != POLAR_ROPE_YARN) return 0;
+    int yarn = a->rope_type == POLAR_ROPE_YARN, n = yarn ? 5 + (a->rope_attention_factor > 0) : 2;
+    if (!f) return n;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", gname);
+    gw_str(f, key);
+    gw_u32(f, GGUF_STRING);
+    gw_str(f, yarn ? "yarn" : "linear");
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", gname);
+    kv_f32(f, key, (float)a->rope_factor);
+    if (!yarn) return n;
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", gname);
+    kv_u32(f, key, (uint32_t)a->rope_original_max_pos);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_fast", gname);
+    kv_f32(f, key, (float)a->rope_beta_fast);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_slow", gname);
+    kv_f32(f, key, (float)a->rope_beta_slow);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_attn_factor", gname);
+    if (a->rope_attention_factor > 0) kv_f32(f, key, (float)a->rope_attention_factor);
+    return n;
+}
+
 /* llama.cpp's permutation: original row j*hd/2 + i goes to row 2i + j. */
 static void permute_rows(float *w, int rows, int cols, int hd) {
     float *tmp = malloc((size_t)hd * cols * sizeof *tmp);
@@ -186,7 +212,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
         memmove(refs + 1, refs + 2, (size_t)(k - 2) * sizeof *refs);
         k--;
     }
-    int half = a->head_dim / 2, n_tensors = k + (a->rope_llama3 ? 1 : 0);
+    int half = a->head_dim / 2, n_tensors = k + (a->rope_type == POLAR_ROPE_LLAMA3 ? 1 : 0);
     FILE *f = fopen(path, "wb");
     if (!f) return 0;
     fwrite(fault == GGUF_BAD_MAGIC ? "GGUX" : "GGUF", 1, 4, f);
@@ -198,7 +224,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     char *us = strchr(gname, '_');
     if (us) memmove(us, us + 1, strlen(us));
     int moe_keys = a->n_experts ? 3 + (a->shared_ffn > 0) : 0;
-    gw_u64(f, 12 + (uint64_t)moe_keys);
+    gw_u64(f, 12 + (uint64_t)moe_keys + (uint64_t)gw_rope_scaling(NULL, gname, a));
     gw_str(f, "general.architecture");
     gw_u32(f, fault == GGUF_BAD_VALUE_TYPE ? 77 : GGUF_STRING);
     if (fault == GGUF_HUGE_STRING) gw_u64(f, (uint64_t)1 << 50);
@@ -226,6 +252,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
     }
     snprintf(key, sizeof key, "%s.rope.freq_base", gname);
     kv_f32(f, key, (float)a->rope_theta);
+    gw_rope_scaling(f, gname, a);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", gname);
     kv_f32(f, key, (float)a->rms_eps);
     gw_str(f, "tokenizer.ggml.model"); /* no vocabulary: so llama.cpp loads the file too */

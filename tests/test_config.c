@@ -1,6 +1,7 @@
 /* config.json -> polar_arch: the fields of each supported model_type, both
  * rope forms, and clear errors for missing, mistyped or unsupported fields. */
 #include "../loader/config.h"
+#include "../runtime/model.h"
 #include "harness.h"
 
 #define BASE "\"num_hidden_layers\":2,\"hidden_size\":64,\"intermediate_size\":96,\"num_attention_heads\":4,\"vocab_size\":100"
@@ -19,7 +20,9 @@ static void config_llama(void) {
                    &a, &err));
     CHECK(strcmp(a.arch, "llama") == 0 && a.n_layers == 2 && a.hidden == 64 && a.ffn == 96, "sizes");
     CHECK(a.n_heads == 4 && a.n_kv_heads == 2 && a.head_dim == 16, "heads: head_dim = hidden / heads by default");
-    CHECK(a.rope_llama3 && a.rope_factor == 32 && a.rope_original_max_pos == 8192 && a.rope_theta == 500000, "rope");
+    CHECK(a.rope_type == POLAR_ROPE_LLAMA3 && a.rope_factor == 32 && a.rope_original_max_pos == 8192 &&
+              a.rope_theta == 500000,
+          "rope");
     CHECK(a.tied_embeddings && !a.qkv_bias && !a.qk_norm, "flags");
     CHECK(a.n_eos == 2 && a.eos[0] == 7 && a.eos[1] == 9, "eos list");
     CHECK(fabs(a.rms_eps - 1e-5) < 1e-12, "eps");
@@ -30,7 +33,7 @@ static void config_qwen(void) {
     polar_error err;
     CHECK_OK(parse("{\"model_type\":\"qwen2\"," BASE ",\"eos_token_id\":5}", &a, &err));
     CHECK(a.qkv_bias && !a.qk_norm && a.n_kv_heads == 4 && !a.tied_embeddings, "qwen2 defaults");
-    CHECK(a.n_eos == 1 && a.eos[0] == 5 && a.rope_theta == 10000 && !a.rope_llama3, "qwen2 eos, rope");
+    CHECK(a.n_eos == 1 && a.eos[0] == 5 && a.rope_theta == 10000 && a.rope_type == POLAR_ROPE_DEFAULT, "qwen2 eos, rope");
     /* transformers v5 form: rope_theta inside rope_parameters; head_dim given. */
     CHECK_OK(parse("{\"model_type\":\"qwen3\"," BASE ",\"head_dim\":32,\"layer_types\":[\"full_attention\",\"full_attention\"],"
                    "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0}}",
@@ -62,6 +65,49 @@ static void config_moe(void) {
     CHECK(!polar_arch_layer_is_moe(&a, 0) && polar_arch_layer_is_moe(&a, 1), "decoder_sparse_step 2");
 }
 
+/* linear and YaRN, as config.json files write them; the attention factor
+ * and the frequencies a model derives from them. */
+static void config_rope_scaling(void) {
+    polar_arch a;
+    polar_error err;
+    CHECK_OK(parse("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}", &a,
+                   &err));
+    CHECK(a.rope_type == POLAR_ROPE_LINEAR && a.rope_factor == 2, "linear (the v4 'type' key)");
+    /* what Qwen's model cards add to config.json for long contexts */
+    CHECK_OK(parse("{\"model_type\":\"qwen2\"," BASE ",\"max_position_embeddings\":32768,\"rope_theta\":1000000.0,"
+                   "\"rope_scaling\":{\"factor\":4.0,\"original_max_position_embeddings\":32768,\"type\":\"yarn\"}}",
+                   &a, &err));
+    CHECK(a.rope_type == POLAR_ROPE_YARN && a.rope_factor == 4 && a.rope_original_max_pos == 32768 &&
+              a.rope_beta_fast == 32 && a.rope_beta_slow == 1 && a.rope_truncate && a.rope_attention_factor == 0,
+          "yarn, Qwen's model card");
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_random(&a, 1, &m, &err));
+    if (m) {
+        CHECK(fabsf(m->rope_scale - (float)(0.1 * log(4.0) + 1)) < 1e-7f, "attention factor 0.1 ln 4 + 1: %g",
+              m->rope_scale);
+        /* beta_fast 32 and beta_slow 1 over 32768 positions at theta 1e6 put the ramp's ends at
+         * dimensions 2.95 and 4.96 of head_dim 16, truncated to 2 and 5 */
+        int half = a.head_dim / 2;
+        for (int i = 0; i < half; i++) {
+            double orig = pow(1e6, -2.0 * i / a.head_dim), f = m->rope_inv_freq[i];
+            double want = i <= 2 ? orig : i >= 5 ? orig / 4 : 0;
+            if (want) CHECK(fabs(f - want) <= 1e-6 * want, "yarn inv_freq[%d] = %g, want %g", i, f, want);
+            else CHECK(f < orig && f > orig / 4, "yarn inv_freq[%d] = %g between %g and %g", i, f, orig / 4, orig);
+        }
+        polar_model_free(m);
+    }
+    /* defaults as transformers takes them: original context from
+     * max_position_embeddings, factor from their ratio, betas 0 -> 32 and 1 */
+    CHECK_OK(parse("{\"model_type\":\"qwen3\"," BASE ",\"max_position_embeddings\":8192,"
+                   "\"rope_parameters\":{\"rope_type\":\"yarn\",\"original_max_position_embeddings\":2048,"
+                   "\"beta_fast\":0,\"beta_slow\":null,\"truncate\":false,\"mscale\":1.0,\"mscale_all_dim\":0.5}}",
+                   &a, &err));
+    double f4 = 0.1 * log(4.0);
+    CHECK(a.rope_factor == 4 && a.rope_beta_fast == 32 && a.rope_beta_slow == 1 && !a.rope_truncate &&
+              fabs(a.rope_attention_factor - (f4 + 1) / (0.5 * f4 + 1)) < 1e-15,
+          "yarn defaults, mscale / mscale_all_dim: factor %g, attention %g", a.rope_factor, a.rope_attention_factor);
+}
+
 static void config_errors(void) {
     expect_bad("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":5,"
                "\"moe_intermediate_size\":32}",
@@ -86,8 +132,23 @@ static void config_errors(void) {
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"num_key_value_heads\":0}", POLAR_ERR_CONFIG, "outside");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"rms_norm_eps\":\"x\"}", POLAR_ERR_CONFIG, "must be a number");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"tie_word_embeddings\":1}", POLAR_ERR_CONFIG, "true or false");
-    expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}",
-               POLAR_ERR_UNSUPPORTED, "'yarn'");
+    expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":4}}",
+               POLAR_ERR_UNSUPPORTED, "type 'dynamic' is not supported (default, llama3, linear and yarn are)");
+    expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"linear\"}}", POLAR_ERR_CONFIG,
+               "linear rope needs a 'factor'");
+    expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":0}}",
+               POLAR_ERR_CONFIG, "'factor' = 0 must be greater than 0");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+               "\"truncate\":1}}",
+               POLAR_ERR_CONFIG, "yarn 'truncate' must be true or false, got number");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_theta\":1,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}",
+               POLAR_ERR_CONFIG, "yarn rope needs rope_theta > 1");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+               "\"attention_factor\":-1}}",
+               POLAR_ERR_CONFIG, "'attention_factor' = -1 must be greater than 0");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+               "\"mscale\":-200,\"mscale_all_dim\":1}}",
+               POLAR_ERR_CONFIG, "give no positive attention factor");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"factor\":4}}", POLAR_ERR_CONFIG, "rope_type");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"hidden_act\":\"gelu\"}", POLAR_ERR_UNSUPPORTED, "silu");
     expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"use_sliding_window\":true}", POLAR_ERR_UNSUPPORTED, "sliding");
@@ -106,16 +167,25 @@ static void config_files(void) {
           err.msg);
     /* The fixtures as transformers wrote them, with generation_config.json. */
     CHECK_OK(config_load(GOLDEN_DIR "/llama", &a, &err));
-    CHECK(a.rope_llama3 && a.rope_original_max_pos == 32 && a.tied_embeddings && a.n_eos == 1 && a.eos[0] == 255,
+    CHECK(a.rope_type == POLAR_ROPE_LLAMA3 && a.rope_original_max_pos == 32 && a.tied_embeddings && a.n_eos == 1 && a.eos[0] == 255,
           "golden llama config");
-    /* config_write -> config_load round trip. */
+    /* config_write -> config_load round trips, every rope scaling. */
     char dir[] = "/tmp/polar-cfg-XXXXXX", path[64];
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     snprintf(path, sizeof path, "%s/config.json", dir);
-    polar_arch b;
-    CHECK_OK(config_write(&a, path, &err));
-    CHECK_OK(config_load(dir, &b, &err));
-    CHECK(memcmp(&a, &b, sizeof a) == 0, "written config reads back the same");
+    static const char *fixtures[] = {"llama", "llama_linear", "qwen3_yarn", "qwen2_yarn"};
+    for (int i = 0; i < 4; i++) {
+        char fixture[256];
+        snprintf(fixture, sizeof fixture, "%s/%s", GOLDEN_DIR, fixtures[i]);
+        polar_arch b;
+        CHECK_OK(config_load(fixture, &a, &err));
+        CHECK_OK(config_write(&a, path, &err));
+        CHECK_OK(config_load(dir, &b, &err));
+        CHECK(memcmp(&a, &b, sizeof a) == 0, "%s: written config reads back the same", fixtures[i]);
+    }
+    CHECK(a.rope_type == POLAR_ROPE_YARN && a.rope_attention_factor == 1.25 && a.rope_beta_fast == 16 &&
+              a.rope_beta_slow == 2 && !a.rope_truncate && a.rope_original_max_pos == 2048,
+          "golden qwen2_yarn config (transformers v5 rope_parameters)");
     remove(path);
     remove(dir);
 }
@@ -124,6 +194,7 @@ int main(void) {
     RUN(config_llama);
     RUN(config_qwen);
     RUN(config_moe);
+    RUN(config_rope_scaling);
     RUN(config_errors);
     RUN(config_files);
     TEST_EXIT();

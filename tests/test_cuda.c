@@ -107,17 +107,19 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
 
 /* Every golden architecture and program, with a 7-token prompt (decode
  * GEMVs and split-K attention) and a 40-token one (cuBLASLt, the tiled
- * prefill attention, the expert GEMM, the head in slices of 32 and 8). */
+ * prefill attention, the expert GEMM, the head in slices of 32 and 8);
+ * the scaled RoPE fixtures (YaRN's cos and sin scaled) with the base
+ * program. */
 static void model_golden(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"};
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "qwen3_yarn", "qwen2_yarn"};
     static const char *programs[] = {"base", "0,3", "0,1-2x2,3", "0,2-3x2", "0,2,1,3"};
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 7; i++) {
         char dir[128];
         snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
         polar_error err;
         polar_model *m = NULL;
         CHECK_OK(polar_model_load(dir, &m, &err));
-        for (int p = 0; m && p < (quick ? 1 : 5); p++)
+        for (int p = 0; m && p < (quick || i >= 5 ? 1 : 5); p++)
             for (int n = 7; n <= 40; n += 33) compare_model(m, programs[p], n, 16, 1);
         polar_model_free(m);
     }

@@ -8,38 +8,70 @@
 
 static char dir[] = "/tmp/polar-gguf-XXXXXX";
 
-static void gguf_matches_safetensors(void) {
-    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"};
-    for (int i = 0; i < 5; i++) {
-        polar_error err;
-        polar_arch a;
-        polar_model *m = NULL, *g = NULL;
-        CHECK_OK(polar_arch_default(archs[i], &a, &err));
-        CHECK_OK(polar_model_random(&a, 11, &m, &err));
-        char path[128];
-        snprintf(path, sizeof path, "%s/%s.gguf", dir, archs[i]);
-        CHECK(m && gguf_write_model(m, path, GGUF_OK_FILE), "write %s", path);
-        CHECK_OK(polar_model_load(path, &g, &err));
-        if (!m || !g) continue;
-        CHECK(g->arch.n_layers == a.n_layers && g->arch.head_dim == a.head_dim && g->arch.qkv_bias == a.qkv_bias &&
-                  g->arch.qk_norm == a.qk_norm && g->arch.tied_embeddings == a.tied_embeddings &&
-                  g->arch.n_experts == a.n_experts && g->arch.norm_topk == a.norm_topk &&
-                  g->arch.shared_ffn == a.shared_ffn,
-              "%s: architecture from metadata", archs[i]);
-        CHECK(memcmp(g->layers[2].wq, m->layers[2].wq, (size_t)a.n_heads * a.head_dim * a.hidden * 2) == 0,
-              "%s: q rows un-permuted", archs[i]);
+/* A random model of arch a written as GGUF loads back with the same
+ * architecture and gives its safetensors twin's logits. */
+static void check_twin(const polar_arch *a, const char *label) {
+    polar_error err;
+    polar_model *m = NULL, *g = NULL;
+    CHECK_OK(polar_model_random(a, 11, &m, &err));
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, label);
+    CHECK(m && gguf_write_model(m, path, GGUF_OK_FILE), "write %s", path);
+    CHECK_OK(polar_model_load(path, &g, &err));
+    if (m && g) {
+        const polar_arch *b = &g->arch;
+        CHECK(b->n_layers == a->n_layers && b->head_dim == a->head_dim && b->qkv_bias == a->qkv_bias &&
+                  b->qk_norm == a->qk_norm && b->tied_embeddings == a->tied_embeddings &&
+                  b->n_experts == a->n_experts && b->norm_topk == a->norm_topk && b->shared_ffn == a->shared_ffn,
+              "%s: architecture from metadata", label);
+        /* llama3 travels as rope_freqs.weight, the others as rope.scaling.* */
+        if (a->rope_type != POLAR_ROPE_LLAMA3)
+            CHECK(b->rope_type == a->rope_type && b->rope_factor == a->rope_factor &&
+                      b->rope_original_max_pos == a->rope_original_max_pos && b->rope_beta_fast == a->rope_beta_fast &&
+                      b->rope_beta_slow == a->rope_beta_slow && b->rope_attention_factor == a->rope_attention_factor &&
+                      m->rope_scale == g->rope_scale,
+                  "%s: rope scaling from metadata", label);
+        CHECK(memcmp(g->layers[2].wq, m->layers[2].wq, (size_t)a->n_heads * a->head_dim * a->hidden * 2) == 0,
+              "%s: q rows un-permuted", label);
         float want[256], got[256], d = 0;
         prompt_logits(m, "0,1-2x2,3", want);
         prompt_logits(g, "0,1-2x2,3", got);
         for (int v = 0; v < 256; v++) d = fmaxf(d, fabsf(want[v] - got[v]));
         /* rope_freqs round-trips llama3's inv_freq through a division in f32. */
-        CHECK(d < 1e-4f, "%s: GGUF logits differ from safetensors by %g", archs[i], d);
-        for (int l = 0; l < a.n_layers; l++)
-            CHECK(polar_arch_layer_is_moe(&g->arch, l) == polar_arch_layer_is_moe(&a, l), "%s layer %d: MoE or dense",
-                  archs[i], l);
-        polar_model_free(m);
-        polar_model_free(g);
+        CHECK(d < 1e-4f, "%s: GGUF logits differ from safetensors by %g", label, d);
+        for (int l = 0; l < a->n_layers; l++)
+            CHECK(polar_arch_layer_is_moe(b, l) == polar_arch_layer_is_moe(a, l), "%s layer %d: MoE or dense", label, l);
     }
+    polar_model_free(m);
+    polar_model_free(g);
+}
+
+static void gguf_matches_safetensors(void) {
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"};
+    for (int i = 0; i < 5; i++) {
+        polar_error err;
+        polar_arch a;
+        CHECK_OK(polar_arch_default(archs[i], &a, &err));
+        check_twin(&a, archs[i]);
+    }
+}
+
+/* Linear and YaRN scaling (derived and given attention factors) through
+ * {arch}.rope.scaling.*, as convert_hf_to_gguf writes them. */
+static void gguf_rope_scaling(void) {
+    polar_error err;
+    polar_arch a;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    a.rope_type = POLAR_ROPE_LINEAR, a.rope_factor = 4, a.rope_original_max_pos = 0; /* the default is llama3's */
+    check_twin(&a, "llama-linear");
+    CHECK_OK(polar_arch_default("qwen3", &a, &err));
+    a.rope_theta = 10000, a.rope_type = POLAR_ROPE_YARN, a.rope_factor = 4, a.rope_original_max_pos = 4096;
+    a.rope_beta_fast = 32, a.rope_beta_slow = 1, a.rope_truncate = 1;
+    check_twin(&a, "qwen3-yarn");
+    CHECK_OK(polar_arch_default("qwen2", &a, &err));
+    a.rope_theta = 10000, a.rope_type = POLAR_ROPE_YARN, a.rope_factor = 8, a.rope_original_max_pos = 2048;
+    a.rope_beta_fast = 16, a.rope_beta_slow = 2, a.rope_truncate = 1, a.rope_attention_factor = 1.25;
+    check_twin(&a, "qwen2-yarn");
 }
 
 /* Dequantisation follows ggml: Q4_0 d*(q-8), Q4_1 d*q+m, Q8_0 d*q, low
@@ -100,6 +132,7 @@ static void gguf_malformed(void) {
 int main(void) {
     if (!mkdtemp(dir)) return 1;
     RUN(gguf_matches_safetensors);
+    RUN(gguf_rope_scaling);
     RUN(gguf_dequantize);
     RUN(gguf_malformed);
     char cmd[64];

@@ -97,7 +97,7 @@ static void kernel_rope(void) {
     int hd = 16, half = 8, heads = 3, pos = 37;
     float inv[8], cs[8], sn[8], x[48], x0[48];
     for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -(float)(2 * i) / hd);
-    cpu_rope_angles(cs, sn, inv, half, pos);
+    cpu_rope_angles(cs, sn, inv, 1.0f, half, pos);
     fill(x, 48, 1);
     memcpy(x0, x, sizeof x);
     cpu_rope(x, cs, sn, heads, hd);

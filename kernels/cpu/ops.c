@@ -66,11 +66,11 @@ static void generic_matmul_bf16(float *y, const float *x, const bf16 *w, const b
     }
 }
 
-void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos) {
+void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, float scale, int half, int pos) {
     for (int i = 0; i < half; i++) {
         float angle = (float)pos * inv_freq[i];
-        cs[i] = (float)cos((double)angle);
-        sn[i] = (float)sin((double)angle);
+        cs[i] = (float)cos((double)angle) * scale;
+        sn[i] = (float)sin((double)angle) * scale;
     }
 }
 

@@ -23,8 +23,9 @@ void cpu_matmul(float *y, const float *x, const bf16 *w, const bf16 *bias, int T
                 int accumulate, int n_threads);
 
 /* cos/sin tables for one position: cs[half], sn[half] where half = head_dim/2:
- * angle_i = pos * inv_freq_i (f32, as transformers computes it). */
-void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, int half, int pos);
+ * angle_i = pos * inv_freq_i (f32, as transformers computes it), both times
+ * scale (YaRN's attention factor; 1 otherwise). */
+void cpu_rope_angles(float *cs, float *sn, const float *inv_freq, float scale, int half, int pos);
 
 /* Rotate-half RoPE in place on x[n_heads, head_dim]: pair (i, i + d/2). */
 void cpu_rope(float *x, const float *cs, const float *sn, int n_heads, int head_dim);

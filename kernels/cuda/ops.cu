@@ -164,8 +164,9 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
 // One block per (token, head) over n_heads query heads then n_kv key heads;
 // a thread per pair (i, i + head_dim/2).
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                                     const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
-                                     bf16_bits *v_pool, cuda_kv_map map, int n_heads, int n_kv, int hd, float eps) {
+                                     const bf16_bits *k_norm, const float *inv_freq, float rope_scale,
+                                     bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int n_heads, int n_kv,
+                                     int hd, float eps) {
     await_previous_kernel();
     int t = blockIdx.x, h = blockIdx.y, half = hd / 2, i = threadIdx.x, pos = kv_pos(map, t);
     int is_q = h < n_heads, kvh = h - n_heads, kvd = n_kv * hd;
@@ -182,6 +183,7 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
     if (i >= half) return;
     float angle = (float)pos * inv_freq[i], c, s;
     sincosf(angle, &s, &c);
+    c *= rope_scale, s *= rope_scale;
     float ra = a * c - b * s, rb = b * c + a * s;
     if (is_q) {
         float *dst = q + ((size_t)t * n_heads + h) * hd;
@@ -198,12 +200,13 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
 }
 
 extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm,
-                                   const bf16_bits *k_norm, const float *inv_freq, bf16_bits *k_pool,
-                                   bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                   float eps, const cuda_queue *queue) {
+                                   const bf16_bits *k_norm, const float *inv_freq, float rope_scale,
+                                   bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int T, int n_heads,
+                                   int n_kv, int head_dim, float eps, const cuda_queue *queue) {
     int threads = ((head_dim / 2 + WARP - 1) / WARP) * WARP;
     dim3 grid(T, n_heads + n_kv);
-    launch(queue, grid, threads, 0, qk_rope_store_kernel, q, k, v, q_norm, k_norm, inv_freq, k_pool, v_pool, map,
+    launch(queue, grid, threads, 0, qk_rope_store_kernel, q, k, v, q_norm, k_norm, inv_freq, rope_scale, k_pool,
+           v_pool, map,
            n_heads, n_kv, head_dim, eps);
 }
 

@@ -75,11 +75,13 @@ void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *norm, float
                         const bf16_bits *w_up, int T, int F, int cols, const cuda_queue *queue);
 
 /* Per token (map as cuda_kv_map): optional per-head RMSNorm of q and k
- * (Qwen3), rotate-half RoPE at the token's position, then k and v written as
- * bf16 into the pool rows of that position. */
+ * (Qwen3), rotate-half RoPE at the token's position (cos and sin times
+ * rope_scale), then k and v written as bf16 into the pool rows of that
+ * position. */
 void cuda_qk_rope_store(float *q, const float *k, const float *v, const bf16_bits *q_norm, const bf16_bits *k_norm,
-                        const float *inv_freq, bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int T,
-                        int n_heads, int n_kv, int head_dim, float eps, const cuda_queue *queue);
+                        const float *inv_freq, float rope_scale, bf16_bits *k_pool, bf16_bits *v_pool,
+                        cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, float eps,
+                        const cuda_queue *queue);
 
 /* Causal GQA attention of T tokens, each over its sequence's positions
  * 0..its own in the pool (head_dim <= 256). Decode (a few tokens, or a

@@ -2,7 +2,8 @@
 """Make the golden fixtures polar's CPU runtime is checked against.
 
 Run by hand (not by CI):  pip install torch transformers safetensors
-                          python3 tests/golden/make_golden.py
+                          python3 tests/golden/make_golden.py [NAME...]
+(names: only those fixtures; the seeds follow each fixture's place in MODELS)
 
 For each architecture a tiny random model is built by Hugging Face
 transformers, its weights rounded to bf16 and saved with save_pretrained
@@ -54,6 +55,23 @@ MODELS = {
                   dict(COMMON, intermediate_size=128, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
                        norm_topk_prob=True, decoder_sparse_step=1)),
+    # linear position interpolation (inv_freq / factor)
+    "llama_linear": (LlamaConfig, LlamaForCausalLM,
+                     dict(COMMON, intermediate_size=128, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                          rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    # YaRN as Qwen's model cards enable it: factor and original context only (attention factor
+    # 0.1 ln 4 + 1); theta 1e4 and original context 4096 put the ramp at dimensions 5..12 of 16
+    "qwen3_yarn": (Qwen3Config, Qwen3ForCausalLM,
+                   dict(COMMON, intermediate_size=128, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                        tie_word_embeddings=False, max_position_embeddings=16384,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})),
+    # YaRN with every optional field: an attention factor given, other betas, an untruncated ramp
+    "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM,
+                   dict(COMMON, intermediate_size=160, rms_norm_eps=1e-6, rope_theta=10000.0,
+                        tie_word_embeddings=False, max_position_embeddings=16384,
+                        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 2048,
+                                      "attention_factor": 1.25, "beta_fast": 16.0, "beta_slow": 2.0,
+                                      "truncate": False})),
 }
 
 # name -> (program text in polar's grammar, layer list), for 4- and 6-layer models
@@ -102,7 +120,13 @@ def run_program(model, layers, layer_types, prog, ids):
 
 def main():
     torch.set_num_threads(2)
+    only = set(sys.argv[1:])
+    unknown = only - set(MODELS)
+    if unknown:
+        sys.exit(f"unknown fixture(s): {', '.join(sorted(unknown))} (known: {', '.join(MODELS)})")
     for seed, (arch, (cfg_cls, model_cls, kw)) in enumerate(MODELS.items()):
+        if only and arch not in only:
+            continue
         out = os.path.join(HERE, arch)
         os.makedirs(out, exist_ok=True)
         cfg = cfg_cls(**kw)
