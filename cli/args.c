@@ -110,6 +110,12 @@ int parse_kv(const char *cmd, const char *text, int *kv_bf16) {
     return 1;
 }
 
+int check_sampling(const char *cmd, const polar_gen_opts *g) {
+    if (g->top_p <= 0 || g->top_p > 1) return !fail_usage(cmd, "--top-p must be in (0, 1]");
+    if (g->min_p > 1) return !fail_usage(cmd, "--min-p must be in [0, 1]");
+    return 1;
+}
+
 int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
     size_t cap = strlen(text) / 2 + 1;
     int *ids = malloc(cap * sizeof *ids);

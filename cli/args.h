@@ -33,6 +33,10 @@ int parse_device(const char *cmd, const char *text, polar_device *out);
  * error print and return 0. */
 int parse_kv(const char *cmd, const char *text, int *kv_bf16);
 
+/* --top-p in (0, 1] and --min-p in [0, 1] (the sampling fields of g; --top-k
+ * is any count, parse_opts refuses negatives); on error print and return 0. */
+int check_sampling(const char *cmd, const polar_gen_opts *g);
+
 /* "1,2,3" -> ints; on error print and return 0. *out is malloc'd. */
 int parse_token_list(const char *cmd, const char *text, int **out, int *n);
 

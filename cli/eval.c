@@ -17,8 +17,7 @@ typedef struct {
     const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
     const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *kv_text, *summary_of;
     int start, limit, shots, k, samples, max_new, threads, quiet, cache_mb;
-    float temperature, top_p;
-    uint64_t seed;
+    polar_gen_opts sampling; /* the base samples': temperature, top_k, top_p, min_p, seed */
 } eval_args;
 
 /* The fixed programs: --program SPEC or the lines of --programs FILE. */
@@ -69,21 +68,18 @@ typedef struct {
     char answer[256], fallback_answer[256];
 } eval_ctx;
 
-/* One run of a question: a program, greedy (temperature 0) or sampled. */
+/* One run of a question: a program, greedy (sampling NULL) or sampled. */
 typedef struct {
     const polar_program *p;
-    float temperature, top_p;
+    const polar_gen_opts *sampling;
     uint64_t seed;
     int sample; /* -1: a program run; k: base sample k */
 } planned_run;
 
 static polar_gen_opts gen_opts(const eval_ctx *c, const planned_run *pr) {
-    return (polar_gen_opts){.max_new = c->max_new,
-                            .stop = &c->stop_id,
-                            .n_stop = c->stop_id >= 0,
-                            .temperature = pr->temperature,
-                            .top_p = pr->top_p,
-                            .seed = pr->seed};
+    polar_gen_opts g = pr->sampling ? *pr->sampling : (polar_gen_opts){0};
+    g.max_new = c->max_new, g.stop = &c->stop_id, g.n_stop = c->stop_id >= 0, g.seed = pr->seed;
+    return g;
 }
 
 /* Judge a generated text into r (its strings point into c until kept). */
@@ -224,11 +220,11 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
             list = predicted;
         }
         c.q = q;
-        for (int p = 0; p < n_prog; p++) plan[n_runs++] = (planned_run){&list[p].program, 0, 1, 0, -1};
+        for (int p = 0; p < n_prog; p++) plan[n_runs++] = (planned_run){&list[p].program, NULL, 0, -1};
         for (int k = 0; k < a->samples; k++) {
             /* each (question, sample) its own stream: a resumed run draws the same */
-            uint64_t seed = a->seed * 1000003u + (uint64_t)(first + i) * 1009u + (uint64_t)k;
-            plan[n_runs++] = (planned_run){&base, a->temperature, a->top_p, seed, k};
+            uint64_t seed = a->sampling.seed * 1000003u + (uint64_t)(first + i) * 1009u + (uint64_t)k;
+            plan[n_runs++] = (planned_run){&base, &a->sampling, seed, k};
         }
         if (st == POLAR_OK) st = run_batched(&c, plan, n_runs, ids, n_ids, runs, kept, &err);
         for (int r = 0; r < n_runs; r++) runs[r].sample = plan[r].sample;
@@ -298,7 +294,8 @@ static int summarise(const char *cmd, const char *results, const char *summary, 
 
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval";
-    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64, .temperature = 0.7f, .top_p = 1,
+    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64,
+                   .sampling = {.temperature = 0.7f, .top_p = 1},
                    .cache_mb = 1024};
     cli_opt opts[] = {
         {"--model", OPT_STR, &a.model, 0},           {"--data", OPT_STR, &a.data, 0},
@@ -309,8 +306,9 @@ int cmd_eval(int argc, char **argv) {
         {"--program", OPT_STR, &a.program, 0},       {"--programs", OPT_STR, &a.programs_file, 0},
         {"--predictor", OPT_STR, &a.predictor, 0},   {"--encoder", OPT_STR, &a.encoder, 0},
         {"-k", OPT_INT, &a.k, 0},                    {"--samples", OPT_INT, &a.samples, 0},
-        {"--temperature", OPT_FLOAT, &a.temperature, 0}, {"--top-p", OPT_FLOAT, &a.top_p, 0},
-        {"--seed", OPT_U64, &a.seed, 0},             {"--max-new", OPT_INT, &a.max_new, 0},
+        {"--temperature", OPT_FLOAT, &a.sampling.temperature, 0}, {"--top-p", OPT_FLOAT, &a.sampling.top_p, 0},
+        {"--top-k", OPT_INT, &a.sampling.top_k, 0}, {"--min-p", OPT_FLOAT, &a.sampling.min_p, 0},
+        {"--seed", OPT_U64, &a.sampling.seed, 0},    {"--max-new", OPT_INT, &a.max_new, 0},
         {"--fallback", OPT_STR, &a.fallback, 0},     {"--threads", OPT_INT, &a.threads, 0},
         {"--cache-mb", OPT_INT, &a.cache_mb, 0},     {"--kv", OPT_STR, &a.kv_text, 0},
         {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
@@ -331,8 +329,8 @@ int cmd_eval(int argc, char **argv) {
     if (a.k < 1 || a.k > MAX_PROGRAMS || (opts[14].seen && !auto_mode))
         return fail_usage(cmd, "-k (1 to %d) goes with --program auto", MAX_PROGRAMS);
     if (a.samples > 64) return fail_usage(cmd, "--samples must be at most 64");
-    if (a.samples && a.temperature <= 0) return fail_usage(cmd, "--samples needs --temperature > 0");
-    if (a.top_p <= 0 || a.top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
+    if (a.samples && a.sampling.temperature <= 0) return fail_usage(cmd, "--samples needs --temperature > 0");
+    if (!check_sampling(cmd, &a.sampling)) return EXIT_USAGE;
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be >= 1");
     if (a.cache_mb < 0) return fail_usage(cmd, "--cache-mb must not be negative");
     if (a.fallback && strcmp(a.fallback, "last-number")) return fail_usage(cmd, "--fallback takes last-number");

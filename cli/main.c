@@ -14,7 +14,7 @@ static const command commands[] = {
     {"run", cmd_run,
      "run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
      "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--kv f32|bf16]\n"
-     "            [--ignore-eos] [--temperature T --top-p P --seed S] [--json]\n"
+     "            [--ignore-eos] [--temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--json]\n"
      "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
     {"tokenize", cmd_tokenize, "tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"},
     {"predict", cmd_predict,
@@ -24,7 +24,8 @@ static const command commands[] = {
      "eval [--model PATH] --data FILE [--format F] [--question-field K --answer-field K]\n"
      "            [--start I] [--limit N] [--style boxed|chat|mc] [--shots N --shots-from FILE]\n"
      "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] -k K]\n"
-     "            [--samples N --temperature T --top-p P --seed S] [--max-new N] [--fallback last-number]\n"
+     "            [--samples N --temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--max-new N]\n"
+     "            [--fallback last-number]\n"
      "            [--threads N] [--device D] [--kv f32|bf16] [--cache-mb 1024] -o RESULTS.jsonl\n"
      "            [--summary FILE.json] [--plot FILE.svg] [--quiet]\n"
      "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},

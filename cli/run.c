@@ -123,8 +123,7 @@ int cmd_run(int argc, char **argv) {
     const char *system = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL;
     int kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
-    float temperature = 0, top_p = 1;
-    uint64_t seed = 0;
+    polar_gen_opts sampling = {.top_p = 1};
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},   {"--tokens", OPT_STR, &tokens, 0},
         {"--prompt", OPT_STR, &prompt, 0},     {"--program", OPT_STR, &program_text, 0},
@@ -134,8 +133,9 @@ int cmd_run(int argc, char **argv) {
         {"--chat", OPT_FLAG, &chat_flag, 0},   {"--system", OPT_STR, &system, 0},
         {"--predictor", OPT_STR, &predictor, 0}, {"--encoder", OPT_STR, &encoder, 0},
         {"-k", OPT_INT, &top_n, 0},            {"--device", OPT_STR, &device_text, 0},
-        {"--temperature", OPT_FLOAT, &temperature, 0}, {"--top-p", OPT_FLOAT, &top_p, 0},
-        {"--seed", OPT_U64, &seed, 0},         {"--kv", OPT_STR, &kv_text, 0},
+        {"--temperature", OPT_FLOAT, &sampling.temperature, 0}, {"--top-p", OPT_FLOAT, &sampling.top_p, 0},
+        {"--top-k", OPT_INT, &sampling.top_k, 0}, {"--min-p", OPT_FLOAT, &sampling.min_p, 0},
+        {"--seed", OPT_U64, &sampling.seed, 0}, {"--kv", OPT_STR, &kv_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -147,7 +147,7 @@ int cmd_run(int argc, char **argv) {
     if (!predicted && (predictor || encoder || opts[14].seen))
         return fail_usage(cmd, "--predictor, --encoder and -k go with --program auto");
     if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
-    if (top_p <= 0 || top_p > 1) return fail_usage(cmd, "--top-p must be in (0, 1]");
+    if (!check_sampling(cmd, &sampling)) return EXIT_USAGE;
     polar_device device;
     if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     char *default_model = NULL;
@@ -220,13 +220,8 @@ int cmd_run(int argc, char **argv) {
             fflush(stdout);
         }
         int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;
-        polar_gen_opts go = {.max_new = max_new,
-                             .ignore_eos = ignore_eos,
-                             .stop = &stop,
-                             .n_stop = stop >= 0,
-                             .temperature = temperature,
-                             .top_p = top_p,
-                             .seed = seed};
+        polar_gen_opts go = sampling;
+        go.max_new = max_new, go.ignore_eos = ignore_eos, go.stop = &stop, go.n_stop = stop >= 0;
         ts.len = ts.n_pending = 0;
         ts.tok = tok;
         ts.print = !json;

@@ -259,21 +259,26 @@ double polar_rng_uniform(polar_rng *r); /* in [0, 1) */
 /* Bytes of work space polar_sample needs for n logits. */
 size_t polar_sample_work_bytes(int n);
 
-/* A token drawn from softmax(logits / temperature); when 0 < top_p < 1,
- * from the smallest set of most likely tokens whose probability reaches
- * top_p (ties to the lower id). temperature <= 0: the argmax. work:
- * polar_sample_work_bytes(n) bytes the caller owns (nothing is allocated). */
-int polar_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, void *work);
-
 typedef struct {
     int max_new;        /* tokens to generate at most */
     int ignore_eos;     /* 1: do not stop at an eos id */
     const int *stop;    /* further ids that end generation (e.g. end of turn) */
     int n_stop;
     float temperature;  /* 0 (the default): greedy; else sampled (polar_sample) */
+    int top_k;          /* the k most likely tokens (and any as likely as the k-th); 0: every token */
     float top_p;        /* nucleus when 0 < top_p < 1; 0 or >= 1: every token */
+    float min_p;        /* drop tokens under min_p times the most likely one's probability; 0: off */
     uint64_t seed;      /* the sampler's seed: the same seed, the same tokens */
 } polar_gen_opts;
+
+/* A token drawn from softmax(logits / o->temperature), narrowed in
+ * transformers' order: to the top_k most likely tokens, then to the
+ * smallest set of the most likely of those whose probability reaches top_p
+ * (ties to the lower id), then to those at least min_p times as likely as
+ * the most likely one; renormalised. temperature <= 0 (or o or rng NULL):
+ * the argmax. work: polar_sample_work_bytes(n) bytes the caller owns
+ * (nothing is allocated). Only the sampling fields of o are read. */
+int polar_sample(const float *logits, int n, const polar_gen_opts *o, polar_rng *rng, void *work);
 
 typedef struct {
     int n_prompt;

@@ -663,7 +663,7 @@ static polar_status next_tokens(polar_batch *b, int n_seqs, polar_batch_stats *s
         batch_seq *q = b->order[i];
         const float *lg = b->head_out + (size_t)i * a->vocab;
         q->head_row = i, q->logits_here = b->want[i];
-        int token = b->want[i] ? polar_sample(lg, a->vocab, q->gen.temperature, q->gen.top_p, &q->rng, b->sample_work)
+        int token = b->want[i] ? polar_sample(lg, a->vocab, &q->gen, &q->rng, b->sample_work)
                                : b->ids[i];
         q->tokens[q->n_prompt + q->n_generated++] = token;
         q->state = POLAR_SEQ_DECODE;

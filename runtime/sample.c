@@ -1,6 +1,7 @@
-/* Temperature / top-p (nucleus) sampling with a seeded generator the caller
+/* Temperature, top-k, top-p (nucleus) and min-p sampling with a seeded generator the caller
  * owns, so runs repeat exactly and threads never share state; and what ends
  * a generation. */
+#include <limits.h>
 #include <math.h>
 
 #include "model.h"
@@ -39,15 +40,18 @@ static void sift_down(cand *c, int n, int at) {
     }
 }
 
-/* The most likely of c[0..k) until their mass reaches `mass`: *count of
- * them at the returned place, in order, most likely first, their mass in
- * *sum. A heap, not a sort: only the nucleus gets ordered, and nothing is
+/* The most likely of c[0..k), in order, most likely first: *count of them
+ * at the returned place, their mass (summed in that order) in *sum. Taken
+ * until their mass reaches `mass` and, once `limit` are taken, only while
+ * the next is as likely as the last (top-k keeps ties, as transformers
+ * does). A heap, not a sort: only what is taken gets ordered, and nothing is
  * allocated (qsort may allocate). */
-static cand *nucleus(cand *c, int k, double mass, int *count, double *sum) {
+static cand *most_likely(cand *c, int k, double mass, int limit, int *count, double *sum) {
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
     int heap = k;
     double cum = 0;
     while (heap > 0 && cum < mass) { /* the heap's top goes just past its end */
+        if (k - heap >= limit && c[0].p != c[heap].p) break; /* c[heap]: the last taken */
         cand t = c[0];
         c[0] = c[heap - 1], c[heap - 1] = t;
         sift_down(c, --heap, 0);
@@ -61,26 +65,41 @@ static cand *nucleus(cand *c, int k, double mass, int *count, double *sum) {
     return c + heap;
 }
 
-int polar_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, void *work) {
-    if (temperature <= 0 || !rng) return polar_argmax(logits, n);
+int polar_sample(const float *logits, int n, const polar_gen_opts *o, polar_rng *rng, void *work) {
+    if (!o || o->temperature <= 0 || !rng) return polar_argmax(logits, n);
     float m = logits[0];
     for (int i = 1; i < n; i++) m = logits[i] > m ? logits[i] : m;
     cand *c = work;
     double z = 0;
-    for (int i = 0; i < n; i++) {
-        c[i].p = expf((logits[i] - m) / temperature), c[i].i = i;
+    for (int i = 0; i < n; i++) { /* the most likely token's weight is exactly 1 */
+        c[i].p = expf((logits[i] - m) / o->temperature), c[i].i = i;
         z += c[i].p;
     }
-    int k = n;
-    if (top_p > 0 && top_p < 1) {
+    /* transformers' order: top-k, then top-p over what is left, then min-p */
+    int k = n, ordered = 0;
+    if (o->top_k > 0 && o->top_k < n) {
+        c = most_likely(c, k, HUGE_VAL, o->top_k, &k, &z);
+        ordered = 1;
+    }
+    if (o->top_p > 0 && o->top_p < 1) {
         /* A token in the nucleus has at least (1 - top_p) of the mass
-         * among itself and the tokens after it (at most n of them, each no
-         * more likely): below (1 - top_p) / n of the mass it never is. */
-        double floor_p = (1.0 - top_p) / n * z;
-        k = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].p >= floor_p) c[k++] = c[i];
-        c = nucleus(c, k, top_p * z, &k, &z);
+         * among itself and the tokens after it (at most k of them, each no
+         * more likely): below (1 - top_p) / k of the mass it never is. */
+        double floor_p = (1.0 - o->top_p) / k * z;
+        int kept = 0;
+        for (int i = 0; i < k; i++)
+            if (c[i].p >= floor_p) c[kept++] = c[i];
+        c = most_likely(c, kept, o->top_p * z, INT_MAX, &k, &z);
+        ordered = 1;
+    }
+    if (o->min_p > 0) { /* below min_p of the most likely token's probability */
+        float floor_p = o->min_p < 1 ? o->min_p : 1.0f;
+        int kept = 0;
+        z = 0;
+        for (int i = 0; i < k; i++)
+            if (c[i].p >= floor_p) c[kept++] = c[i], z += c[i].p;
+        k = kept;
+        if (!ordered) c = most_likely(c, k, HUGE_VAL, INT_MAX, &k, &z);
     }
     double r = polar_rng_uniform(rng) * z, cum = 0;
     for (int j = 0; j < k; j++) {

@@ -378,9 +378,9 @@ polar_status polar_generate(polar_session *s, const int *prompt, int n_prompt, c
         void *work = s->sample_work;
         polar_rng rng;
         polar_rng_seed(&rng, opts->seed);
-        if (opts->max_new > 0 && gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g))
+        if (opts->max_new > 0 && gen_accept(polar_sample(s->logits, V, opts, &rng, work), &g))
             while ((st = polar_decode_step(s, out[stats->n_generated - 1], err)) == POLAR_OK &&
-                   gen_accept(polar_sample(s->logits, V, opts->temperature, opts->top_p, &rng, work), &g)) {
+                   gen_accept(polar_sample(s->logits, V, opts, &rng, work), &g)) {
             }
         if (st != POLAR_OK) return st;
         stats->decode_ms = polar_time_ms() - td;

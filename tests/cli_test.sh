@@ -41,6 +41,19 @@ expect_out run_program "program: 0-2,1-3" $P run --model "$G" --tokens 1,2,3 --p
 expect_out run_json '"program":[0,2,3,2,3],"program_text":"0,2-3x2","executed_layers":5,"n_layers":4,"kv":"f32","prompt_tokens":3,"tokens":[' \
     $P run --model "$G" --tokens 1,2,3 --program "0,2-3x2" --max-new 4 --json
 expect_out run_kv_bf16 "KV cache: bf16" $P run --model "$G" --tokens 1,2,3 --max-new 4 --kv bf16
+# Sampling: top-k 1 at any temperature is the greedy choice; all four knobs with one seed repeat.
+tokens_of() { "$@" --json 2>/dev/null | grep -o '"tokens":\[[0-9,]*\]'; }
+greedy=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos)
+topk1=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos --temperature 5 --top-k 1 --seed 9)
+s1=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos --temperature 1.5 --top-k 50 --top-p 0.9 --min-p 0.02 --seed 4)
+s2=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos --temperature 1.5 --top-k 50 --top-p 0.9 --min-p 0.02 --seed 4)
+if [ -n "$greedy" ] && [ "$greedy" = "$topk1" ] && [ -n "$s1" ] && [ "$s1" = "$s2" ]; then
+    echo "PASS cli_run_sampling"
+else
+    echo "FAIL cli_run_sampling: greedy $greedy, top-k 1 $topk1, seeded $s1 then $s2"
+fi
+expect usage_min_p 2 "--min-p must be in [0, 1]" $P run --model "$G" --tokens 1 --temperature 1 --min-p 1.5
+expect usage_top_k 2 "--top-k needs a non-negative integer" $P run --model "$G" --tokens 1 --temperature 1 --top-k -3
 expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens 7 --max-new 2 --json
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2

@@ -1,16 +1,21 @@
-/* Sampling: the seeded generator, temperature and top-p against the exact
- * distributions they define, and polar_generate with a temperature. */
+/* Sampling: the seeded generator, temperature, top-k, top-p and min-p
+ * against the exact distributions they define, and polar_generate with a
+ * temperature. */
 #include "harness.h"
 
 /* Frequencies of n_draws samples over n logits. */
-static void frequencies(const float *logits, int n, float temperature, float top_p, uint64_t seed, int n_draws,
-                        double *freq) {
+static void sampled(const float *logits, int n, const polar_gen_opts *o, uint64_t seed, int n_draws, double *freq) {
     polar_rng rng;
     polar_rng_seed(&rng, seed);
     void *work = malloc(polar_sample_work_bytes(n));
     for (int i = 0; i < n; i++) freq[i] = 0;
-    for (int d = 0; d < n_draws; d++) freq[polar_sample(logits, n, temperature, top_p, &rng, work)] += 1.0 / n_draws;
+    for (int d = 0; d < n_draws; d++) freq[polar_sample(logits, n, o, &rng, work)] += 1.0 / n_draws;
     free(work);
+}
+
+static void frequencies(const float *logits, int n, float temperature, float top_p, uint64_t seed, int n_draws,
+                        double *freq) {
+    sampled(logits, n, &(polar_gen_opts){.temperature = temperature, .top_p = top_p}, seed, n_draws, freq);
 }
 
 static void rng_streams(void) {
@@ -58,7 +63,44 @@ static void distributions(void) {
     frequencies(flat1000, 1000, 1.0f, 1e-4f, 12, 100, f1000);
     CHECK(f1000[0] > 0.9999, "top-p 1e-4 over 1000 equal logits: token 0 drawn %.4f of the time", f1000[0]);
     /* temperature 0 is the argmax, with no generator needed */
-    CHECK(polar_sample(logits, 4, 0.0f, 0.9f, NULL, NULL) == 0, "T 0: the argmax");
+    CHECK(polar_sample(logits, 4, &(polar_gen_opts){.top_p = 0.9f}, NULL, NULL) == 0, "T 0: the argmax");
+}
+
+/* top-k keeps the k most likely and any as likely as the k-th (as
+ * transformers does), min-p those at least min_p times as likely as the
+ * most likely, both renormalised; with top-p, in transformers' order. */
+static void top_k_min_p(void) {
+    const float logits[5] = {logf(0.4f), logf(0.2f), logf(0.2f), logf(0.15f), logf(0.05f)};
+    double f[5];
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_k = 1}, 20, 1000, f);
+    CHECK(f[0] > 0.9999, "top-k 1: the argmax %.4f", f[0]);
+    /* top-k 2 meets a tie at the 2nd place: all three kept, 0.5 / 0.25 / 0.25 */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_k = 2}, 21, 200000, f);
+    CHECK(fabs(f[0] - 0.5) < 0.006 && fabs(f[1] - 0.25) < 0.006 && fabs(f[2] - 0.25) < 0.006 && f[3] == 0 && f[4] == 0,
+          "top-k 2 with a tie: %.4f %.4f %.4f %.4f", f[0], f[1], f[2], f[3]);
+    /* top-k 4 then top-p 0.7 of the remaining 0.95: {0.4, 0.2, 0.2} reach 0.8 / 0.95 */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_k = 4, .top_p = 0.7f}, 22, 200000, f);
+    CHECK(fabs(f[0] - 0.5) < 0.006 && fabs(f[1] - 0.25) < 0.006 && fabs(f[2] - 0.25) < 0.006 && f[3] == 0,
+          "top-k 4, top-p 0.7: %.4f %.4f %.4f %.4f", f[0], f[1], f[2], f[3]);
+    /* min-p 0.4: at least 0.16, so 0.4 / 0.2 / 0.2 of 0.8 */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .min_p = 0.4f}, 23, 200000, f);
+    CHECK(fabs(f[0] - 0.5) < 0.006 && fabs(f[1] - 0.25) < 0.006 && fabs(f[2] - 0.25) < 0.006 && f[3] == 0,
+          "min-p 0.4: %.4f %.4f %.4f %.4f", f[0], f[1], f[2], f[3]);
+    /* min-p 0.3 keeps 0.15 too; after top-p 0.5 ({0.4, 0.2}) it changes nothing */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .min_p = 0.3f}, 24, 200000, f);
+    CHECK(fabs(f[3] - 0.15 / 0.95) < 0.006 && f[4] == 0, "min-p 0.3: %.4f %.4f", f[3], f[4]);
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_p = 0.5f, .min_p = 0.3f}, 25, 200000, f);
+    CHECK(fabs(f[0] - 2.0 / 3) < 0.006 && fabs(f[1] - 1.0 / 3) < 0.006 && f[2] == 0, "top-p 0.5, min-p 0.3: %.4f %.4f",
+          f[0], f[1]);
+    /* min-p after temperature 0.5 (probabilities squared: 16:4:4:2.25:0.25): 0.2 keeps 3.2 and up */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 0.5f, .min_p = 0.2f}, 26, 200000, f);
+    CHECK(fabs(f[0] - 16.0 / 24) < 0.006 && fabs(f[1] - 4.0 / 24) < 0.006 && f[3] == 0,
+          "T 0.5, min-p 0.2: %.4f %.4f %.4f", f[0], f[1], f[3]);
+    /* min-p 1 (or above): the most likely token alone; top-k past n: every token */
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .min_p = 2}, 27, 1000, f);
+    CHECK(f[0] > 0.9999, "min-p 2: the argmax %.4f", f[0]);
+    sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_k = 9}, 28, 200000, f);
+    CHECK(fabs(f[4] - 0.05) < 0.004, "top-k 9 of 5: %.4f", f[4]);
 }
 
 /* The draw polar_sample must make, the obvious way: every token sorted
@@ -75,19 +117,35 @@ static int ref_desc(const void *a, const void *b) {
     return x->i - y->i;
 }
 
-static int ref_sample(const float *logits, int n, float temperature, float top_p, polar_rng *rng, ref_cand *c) {
+static int ref_sample(const float *logits, int n, const polar_gen_opts *o, polar_rng *rng, ref_cand *c) {
     float m = logits[0];
     for (int i = 1; i < n; i++) m = logits[i] > m ? logits[i] : m;
     double z = 0;
     for (int i = 0; i < n; i++) {
-        c[i].p = expf((logits[i] - m) / temperature), c[i].i = i;
+        c[i].p = expf((logits[i] - m) / o->temperature), c[i].i = i;
         z += c[i].p;
     }
     qsort(c, (size_t)n, sizeof *c, ref_desc);
+    int k = n;
+    if (o->top_k > 0 && o->top_k < n) {
+        k = o->top_k;
+        while (k < n && c[k].p == c[k - 1].p) k++;
+        z = 0;
+        for (int j = 0; j < k; j++) z += c[j].p;
+    }
     double cum = 0;
-    int k = 0;
-    while (k < n && cum < top_p * z) cum += c[k++].p;
-    double r = polar_rng_uniform(rng) * cum, acc = 0;
+    if (o->top_p > 0 && o->top_p < 1) {
+        int kept = 0;
+        while (kept < k && cum < o->top_p * z) cum += c[kept++].p;
+        k = kept, z = cum;
+    }
+    if (o->min_p > 0) {
+        int kept = 0;
+        z = 0;
+        while (kept < k && c[kept].p >= o->min_p) z += c[kept++].p;
+        k = kept;
+    }
+    double r = polar_rng_uniform(rng) * z, acc = 0;
     for (int j = 0; j < k; j++) {
         acc += c[j].p;
         if (r < acc) return c[j].i;
@@ -95,9 +153,10 @@ static int ref_sample(const float *logits, int n, float temperature, float top_p
     return c[k - 1].i;
 }
 
-/* The nucleus polar_sample finds without sorting gives the reference's
- * draws exactly: random logits (with repeated values, so ties matter) of a
- * vocabulary's size, several temperatures and top-p. */
+/* The sets polar_sample finds without sorting give the reference's draws
+ * exactly: random logits (with repeated values, so ties matter) of a
+ * vocabulary's size, several temperatures and top-p, with and without
+ * top-k and min-p. */
 static void nucleus_matches_sort(void) {
     enum { n = 50000 };
     float *logits = malloc(n * sizeof *logits);
@@ -108,16 +167,22 @@ static void nucleus_matches_sort(void) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         logits[i] = (float)((x >> 40) % 2000) / 100.0f; /* 2000 distinct values: ties */
     }
-    static const float temps[] = {0.3f, 0.7f, 1.0f, 1.5f}, tops[] = {0.05f, 0.5f, 0.9f, 0.99f};
+    static const float temps[] = {0.3f, 0.7f, 1.0f, 1.5f}, tops[] = {0.05f, 0.5f, 0.9f, 0.99f, 1.0f};
+    static const int top_ks[] = {0, 1, 40, 1000};
+    static const float min_ps[] = {0, 0.05f, 0.5f};
     int differ = 0, draws = 0;
     for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++) {
-            polar_rng r1, r2;
-            polar_rng_seed(&r1, (uint64_t)(a * 4 + b)), polar_rng_seed(&r2, (uint64_t)(a * 4 + b));
-            for (int d = 0; d < 25; d++, draws++)
-                differ += polar_sample(logits, n, temps[a], tops[b], &r1, work) !=
-                          ref_sample(logits, n, temps[a], tops[b], &r2, ref);
-        }
+        for (int b = 0; b < 5; b++)
+            for (int t = 0; t < 4; t++)
+                for (int mp = 0; mp < 3; mp++) {
+                    polar_gen_opts o = {.temperature = temps[a], .top_p = tops[b], .top_k = top_ks[t], .min_p = min_ps[mp]};
+                    if (tops[b] == 1.0f && !o.top_k && !o.min_p) continue; /* unfiltered: drawn in index order */
+                    polar_rng r1, r2;
+                    uint64_t seed = (uint64_t)(((a * 5 + b) * 4 + t) * 3 + mp);
+                    polar_rng_seed(&r1, seed), polar_rng_seed(&r2, seed);
+                    for (int d = 0; d < 2; d++, draws++)
+                        differ += polar_sample(logits, n, &o, &r1, work) != ref_sample(logits, n, &o, &r2, ref);
+                }
     CHECK(differ == 0, "%d of %d draws differ from the sorted reference", differ, draws);
     free(logits), free(ref), free(work);
 }
@@ -197,6 +262,7 @@ int main(void) {
     RUN(argmax_cases);
     RUN(rng_streams);
     RUN(distributions);
+    RUN(top_k_min_p);
     RUN(nucleus_matches_sort);
     RUN(generate_sampled);
     TEST_EXIT();
