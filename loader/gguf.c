@@ -138,7 +138,7 @@ static const struct {
     {GGML_Q4_0, "Q4_0", 18, 32},  {GGML_Q4_1, "Q4_1", 20, 32},  {GGML_Q5_0, "Q5_0", 22, 32},
     {GGML_Q5_1, "Q5_1", 24, 32},  {GGML_Q8_0, "Q8_0", 34, 32},  {GGML_Q2_K, "Q2_K", 84, 256},
     {GGML_Q3_K, "Q3_K", 110, 256}, {GGML_Q4_K, "Q4_K", 144, 256}, {GGML_Q5_K, "Q5_K", 176, 256},
-    {GGML_Q6_K, "Q6_K", 210, 256},
+    {GGML_Q6_K, "Q6_K", 210, 256}, {GGML_IQ4_NL, "IQ4_NL", 18, 32}, {GGML_IQ4_XS, "IQ4_XS", 136, 256},
 };
 #define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
 
@@ -328,6 +328,8 @@ cpu_wtype ggml_block_format(ggml_type t) {
     case GGML_Q8_0: return CPU_W_Q8_0;
     case GGML_Q2_K: return CPU_W_Q2_K;
     case GGML_Q3_K: return CPU_W_Q3_K;
+    case GGML_IQ4_NL: return CPU_W_IQ4_NL;
+    case GGML_IQ4_XS: return CPU_W_IQ4_XS;
     case GGML_Q4_K: return CPU_W_Q4_K;
     case GGML_Q5_K: return CPU_W_Q5_K;
     case GGML_Q6_K: return CPU_W_Q6_K;

@@ -6,7 +6,8 @@
  * GGUF_K_FILE as llama.cpp's Q4_K_M mix (GGUF_K5_FILE: Q5_K_M, Q5_K in
  * place of Q4_K): Q6_K for attn_v, ffn_down and the
  * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks;
- * Q8_0 for those whose rows are whole 32-blocks only). */
+ * Q8_0 for those whose rows are whole 32-blocks only); GGUF_IQ4_FILE as
+ * IQ4_XS (IQ4_NL where 256 does not divide a row). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -24,7 +25,8 @@ typedef enum {
     GGUF_Q8_0_FILE,   /* a valid file with Q8_0 matrices */
     GGUF_Q8_0_BAD_ROW, /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
     GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices */
-    GGUF_K5_FILE       /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix) */
+    GGUF_K5_FILE,      /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix) */
+    GGUF_IQ4_FILE      /* ... with IQ4_XS matrices (IQ4_NL where rows are not whole 256-blocks) */
 } gguf_fault;
 
 /* f32 -> IEEE half, nearest (ties away); subnormal halves kept (a Q6_K
@@ -133,6 +135,54 @@ static void gw_q6_k(const float *x, size_t n, unsigned char *out) {
     }
 }
 
+/* IQ4's 16 levels, and the nearest of them to v. */
+static const int gw_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static int gw_iq4_code(float v) {
+    int best = 0;
+    for (int c = 1; c < 16; c++)
+        if (fabsf(v - (float)gw_iq4_levels[c]) < fabsf(v - (float)gw_iq4_levels[best])) best = c;
+    return best;
+}
+
+/* 32 weights at step d -> 16 bytes of IQ4 codes (element i low nibble of byte i, i + 16 high). */
+static void gw_iq4_codes(const float *x, float d, unsigned char *qs) {
+    for (int i = 0; i < 16; i++)
+        qs[i] = (unsigned char)(gw_iq4_code(d > 0 ? x[i] / d : 0) | gw_iq4_code(d > 0 ? x[i + 16] / d : 0) << 4);
+}
+
+/* n f32 -> IQ4_NL (n % 32 == 0; 18 bytes: f16 d, codes) or IQ4_XS blocks
+ * (n % 256 == 0; 136 bytes: f16 d, per 32 weights a 6-bit scale minus 32
+ * (high bits in 2 bytes, low nibbles in 4), codes): step max|x| / 127. */
+static void gw_iq4(const float *x, size_t n, unsigned char *out, int xs) {
+    for (size_t b = 0; b < n / (xs ? 256 : 32); b++) {
+        float step[8], smax = 0;
+        for (int j = 0; j < (xs ? 8 : 1); j++) {
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * j + i]));
+            step[j] = amax / 127, smax = fmaxf(smax, step[j]);
+        }
+        if (!xs) {
+            uint16_t h = gw_f16(step[0]);
+            out[0] = (unsigned char)h, out[1] = (unsigned char)(h >> 8);
+            gw_iq4_codes(x, f16_to_f32(h), out + 2);
+            x += 32, out += 18;
+            continue;
+        }
+        uint16_t h = gw_f16(smax / 31), high = 0;
+        float d = f16_to_f32(h);
+        out[0] = (unsigned char)h, out[1] = (unsigned char)(h >> 8);
+        memset(out + 4, 0, 4);
+        for (int j = 0; j < 8; j++) {
+            int ls = (d > 0 ? gw_clamp(step[j] / d, -32, 31) : 0) + 32;
+            out[4 + j / 2] |= (unsigned char)((ls & 0xF) << (4 * (j % 2)));
+            high |= (uint16_t)((ls >> 4) << (2 * j));
+            gw_iq4_codes(x + 32 * j, d * (float)(ls - 32), out + 8 + 16 * j);
+        }
+        out[2] = (unsigned char)high, out[3] = (unsigned char)(high >> 8);
+        x += 256, out += 136;
+    }
+}
+
 /* The ggml type ref i goes out as (expert stacks too, as a GGUF holds
  * them: one tensor of experts * rows rows). */
 static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
@@ -145,6 +195,7 @@ static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
                : fault == GGUF_K5_FILE ? GGML_Q5_K
                                        : GGML_Q4_K;
     if (k_mix && r->cols % 32 == 0) return GGML_Q8_0; /* llama.cpp falls back too where 256 does not divide */
+    if (fault == GGUF_IQ4_FILE && r->cols % 32 == 0) return r->cols % 256 == 0 ? GGML_IQ4_XS : GGML_IQ4_NL;
     return GGML_F32;
 }
 
@@ -313,6 +364,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             unsigned char *q = malloc(bytes);
             if (type == GGML_Q8_0) gw_q8_0(v, cnt, q);
             else if (type == GGML_Q4_K || type == GGML_Q5_K) gw_k_quant(v, cnt, q, type == GGML_Q5_K ? 5 : 4);
+            else if (type == GGML_IQ4_NL || type == GGML_IQ4_XS) gw_iq4(v, cnt, q, type == GGML_IQ4_XS);
             else gw_q6_k(v, cnt, q);
             fwrite(q, 1, bytes, f);
             free(q);

@@ -1,6 +1,7 @@
 /* GGUF block formats (ggml's layouts): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32
  * weights a block) and Q4_K, Q5_K, Q6_K (256) kept quantized in memory, and
- * the matmul that reads them; Q2_K and Q3_K only dequantized at load.
+ * the matmul that reads them; Q2_K, Q3_K, IQ4_NL and IQ4_XS only
+ * dequantized at load.
  *
  * As ggml's vec_dot does for these types, the activations are quantized
  * per 32-block to int8 (cpu_q8_block) and each block's dot product is an
@@ -20,7 +21,7 @@
  * ggml's (see loader/gguf.h for those). */
 typedef enum {
     CPU_W_BF16 = 0, CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0, CPU_W_Q5_1, CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K,
-    CPU_W_Q2_K, CPU_W_Q3_K,
+    CPU_W_Q2_K, CPU_W_Q3_K, CPU_W_IQ4_NL, CPU_W_IQ4_XS,
     CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, CPU_W_Q4_K_X16, CPU_W_Q5_K_X16, CPU_W_Q6_K_X16, /* interleaved
                                                                                                         by 16 rows (below) */
     CPU_W_N
