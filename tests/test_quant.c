@@ -186,67 +186,89 @@ static void k_quant_gguf_model(void) {
     }
 }
 
-/* The bf16 weights a loader made of a GGUF tensor: each the block value
- * (by ggml_dequantize, checked against gguf-py above) rounded to bf16, rows
- * in the model's order (a Llama q/k file row 2i + j of a head is row
- * j * hd/2 + i: llama.cpp's permutation undone). Returns the mismatches. */
-static int loaded_as_blocks(const gguf_tensor *t, const bf16 *w, int rows, int cols, int permuted_hd) {
-    float *vals = malloc((size_t)rows * cols * 4);
+/* Rows of a matrix as a loader keeps them (blocks, x16 or bf16) against
+ * the GGUF tensor it came from: each weight the block's value (by
+ * ggml_dequantize, checked against gguf-py above; rounded to bf16 for a
+ * bf16 matrix), rows in the model's order (a Llama q/k file row 2i + j of
+ * a head is row j * hd/2 + i: llama.cpp's permutation undone). Returns the
+ * mismatches. */
+static int kept_as_blocks(const gguf_tensor *t, cpu_wtype kept, const void *w, int rows, int cols, int permuted_hd) {
+    float *vals = malloc((size_t)rows * cols * 4), *row = malloc((size_t)cols * 4);
     ggml_dequantize(t->type, t->data, vals, (size_t)rows * cols);
     int bad = 0;
     for (int r = 0; r < rows; r++) {
         int in_head = r % (permuted_hd ? permuted_hd : 1), to = r;
         if (permuted_hd) to = r - in_head + (in_head % 2) * (permuted_hd / 2) + in_head / 2;
-        for (int c = 0; c < cols; c++) bad += f32_to_bf16(vals[(size_t)r * cols + c]) != w[(size_t)to * cols + c];
+        if (kept == CPU_W_BF16)
+            for (int c = 0; c < cols; c++) row[c] = bf16_to_f32(((const bf16 *)w)[(size_t)to * cols + c]);
+        else
+            cpu_dequantize_matrix_row(kept, w, (size_t)cols, to, row);
+        for (int c = 0; c < cols; c++) {
+            float want = vals[(size_t)r * cols + c];
+            bad += kept == CPU_W_BF16 ? f32_to_bf16(want) != f32_to_bf16(row[c]) : want != row[c];
+        }
     }
     free(vals);
+    free(row);
     return bad;
 }
 
 /* A random Llama as IQ4_XS (IQ4_NL for the rows of 96 weights, which 256
- * does not divide): dequantized to bf16 at load (no kept IQ4 dots), every
- * weight its block's value in the model's row order; the logits near the
- * unquantized model's (4-bit weights, about 7% relative error each here,
- * move these random models' logits by about a third of their scale). */
+ * does not divide): kept as blocks, every weight its block's value in the
+ * model's row order; the logits close to the same file loaded as bf16 (the
+ * int8 activations' error) and near the unquantized model's (4-bit
+ * weights, about 7% relative error each here, move these random models'
+ * logits by about a third of their scale). */
 static void iq4_gguf_model(void) {
     polar_error err;
     polar_arch a;
-    polar_model *m = NULL, *q = NULL;
+    polar_model *m = NULL, *q = NULL, *b = NULL;
     CHECK_OK(polar_arch_default("llama", &a, &err));
     a.hidden = 256, a.ffn = 96, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
     CHECK_OK(polar_model_random(&a, 13, &m, &err));
     char path[128];
     snprintf(path, sizeof path, "%s/iq4.gguf", dir);
     CHECK(m && gguf_write_model(m, path, GGUF_IQ4_FILE), "write %s", path);
-    CHECK_OK(polar_model_load(path, &q, &err));
+    CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
     gguf_file g = {0};
     CHECK_OK(gguf_open(path, &g, &err));
-    if (q && m && g.tensors) {
+    if (q && b && m && g.tensors) {
         const gguf_tensor *wq = gguf_find_tensor(&g, "blk.1.attn_q.weight"), *down = gguf_find_tensor(&g, "blk.1.ffn_down.weight");
         const gguf_tensor *embd = gguf_find_tensor(&g, "token_embd.weight");
         CHECK(wq && wq->type == GGML_IQ4_XS && down && down->type == GGML_IQ4_NL && embd && embd->type == GGML_IQ4_XS,
               "written as IQ4_XS and IQ4_NL");
-        CHECK(!q->quantized && q->layers[1].t_wq == CPU_W_BF16 && q->layers[1].t_down == CPU_W_BF16, "loaded as bf16");
+        const layer_weights *l = &q->layers[1], *lb = &b->layers[1];
+        CHECK(q->quantized && l->t_wq == CPU_W_IQ4_XS && l->t_down == CPU_W_IQ4_NL && q->t_embed == CPU_W_IQ4_XS,
+              "kept as IQ4_XS / IQ4_NL (wq %s, down %s)", cpu_wtype_name(l->t_wq), cpu_wtype_name(l->t_down));
         int QD = a.n_heads * a.head_dim;
         if (wq && down && embd) {
-            CHECK(!loaded_as_blocks(wq, q->layers[1].wq, QD, a.hidden, a.head_dim), "attn_q: not its IQ4_XS values");
-            CHECK(!loaded_as_blocks(down, q->layers[1].w_down, a.hidden, a.ffn, 0), "ffn_down: not its IQ4_NL values");
-            CHECK(!loaded_as_blocks(embd, q->embed, a.vocab, a.hidden, 0), "token_embd: not its IQ4_XS values");
+            CHECK(!kept_as_blocks(wq, l->t_wq, l->wq, QD, a.hidden, a.head_dim), "attn_q: not its IQ4_XS values");
+            CHECK(!kept_as_blocks(down, l->t_down, l->w_down, a.hidden, a.ffn, 0), "ffn_down: not its IQ4_NL values");
+            CHECK(!kept_as_blocks(embd, q->t_embed, q->embed, a.vocab, a.hidden, 0), "token_embd: not its values");
+            CHECK(!kept_as_blocks(wq, CPU_W_BF16, lb->wq, QD, a.hidden, a.head_dim), "bf16 load of attn_q");
         }
-        float *lq = malloc((size_t)a.vocab * 4), *lm = malloc((size_t)a.vocab * 4);
-        double num = 0, den = 0;
+        float *lq = malloc((size_t)a.vocab * 4), *lb16 = malloc((size_t)a.vocab * 4), *lm = malloc((size_t)a.vocab * 4);
         prompt_logits(q, "0-3,1", lq);
+        prompt_logits(b, "0-3,1", lb16);
         prompt_logits(m, "0-3,1", lm);
-        for (int v = 0; v < a.vocab; v++) num += (lq[v] - lm[v]) * (lq[v] - lm[v]), den += (double)lm[v] * lm[v];
+        float d = 0, mx = 0;
+        double num = 0, den = 0;
+        for (int v = 0; v < a.vocab; v++) {
+            d = fmaxf(d, fabsf(lq[v] - lb16[v])), mx = fmaxf(mx, fabsf(lb16[v]));
+            num += (lb16[v] - lm[v]) * (lb16[v] - lm[v]), den += (double)lm[v] * lm[v];
+        }
+        CHECK(d <= 0.05f * mx, "IQ4 blocks' logits differ from the bf16 load's by %g (max |logit| %g)", d, mx);
         CHECK(sqrt(num / den) < 0.6, "IQ4 logits %.3g (relative L2) from the unquantized model's", sqrt(num / den));
-        printf("  random llama, IQ4_XS + IQ4_NL: logits %.3g (relative L2) from the unquantized model's\n",
-               sqrt(num / den));
+        printf("  random llama, IQ4_XS + IQ4_NL: max |logit diff| %.3g of %.3g from the bf16 load; %.3g (relative L2) "
+               "from the unquantized model\n", d, mx, sqrt(num / den));
         free(lq);
+        free(lb16);
         free(lm);
     }
     if (g.tensors) gguf_close(&g);
     polar_model_free(m);
     polar_model_free(q);
+    polar_model_free(b);
 }
 
 static void malformed_blocks(void) {

@@ -50,12 +50,13 @@ void cpu_embed_q(float *out, const void *table, cpu_wtype t, int token, int hidd
 #define PLAIN(name, type)                                                                                          \
     static float dot_##name(const void *w, const cpu_q8_block *x, int nb) { return cpu_dot_q_plain(type, w, x, nb); }
 #define KEPT_TYPES(X) X(q8_0, CPU_W_Q8_0) X(q4_0, CPU_W_Q4_0) X(q4_1, CPU_W_Q4_1) X(q5_0, CPU_W_Q5_0) X(q5_1, CPU_W_Q5_1) \
-    X(q4_k, CPU_W_Q4_K) X(q5_k, CPU_W_Q5_K) X(q6_k, CPU_W_Q6_K)
+    X(q4_k, CPU_W_Q4_K) X(q5_k, CPU_W_Q5_K) X(q6_k, CPU_W_Q6_K) X(iq4_nl, CPU_W_IQ4_NL) X(iq4_xs, CPU_W_IQ4_XS)
 KEPT_TYPES(PLAIN)
 
 const cpu_dot_q_fn cpu_dot_q_generic[CPU_W_N] = {
     [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
     [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
+    [CPU_W_IQ4_NL] = dot_iq4_nl, [CPU_W_IQ4_XS] = dot_iq4_xs,
 };
 
 /* ------------------------------------------------------------- matmul */
@@ -84,6 +85,7 @@ KEPT_TYPES(GENERIC_ROWS)
 const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N] = {
     [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
     [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+    [CPU_W_IQ4_NL] = rows_iq4_nl, [CPU_W_IQ4_XS] = rows_iq4_xs,
 };
 
 /* Row blocks of 16 (whole cache lines of every row block per thread) of

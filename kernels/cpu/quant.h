@@ -1,6 +1,6 @@
-/* GGUF block formats (ggml's layouts): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32
- * weights a block) and Q4_K, Q5_K, Q6_K (256) kept quantized in memory, and
- * the matmul that reads them; Q2_K, Q3_K, IQ4_NL and IQ4_XS only
+/* GGUF block formats (ggml's layouts): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * IQ4_NL (32 weights a block) and Q4_K, Q5_K, Q6_K, IQ4_XS (256) kept
+ * quantized in memory, and the matmul that reads them; Q2_K and Q3_K only
  * dequantized at load.
  *
  * As ggml's vec_dot does for these types, the activations are quantized
@@ -50,23 +50,42 @@ const char *cpu_wtype_name(cpu_wtype t);
 
 /* Facts of the kept block types as inline constants, for the SIMD levels'
  * per-block code (the switches fold at each call): bytes of one block (as
- * cpu_wtype_block_bytes), whether it is a 256-weight k-quant, whether its
- * weights carry an offset (w = a q + m: Q4_1, Q5_1, Q4_K, Q5_K). */
+ * cpu_wtype_block_bytes), whether it is a 256-weight k-quant (IQ4_XS's
+ * 256-blocks are laid out as one), whether its weights carry an offset
+ * (w = a q + m: Q4_1, Q5_1, Q4_K, Q5_K), whether its unpacked weights are
+ * signed bytes with no zero point (Q8_0's bytes, IQ4's levels). */
 static inline size_t cpu_kept_block_bytes(cpu_wtype t) {
     switch (t) {
     case CPU_W_Q8_0: return 34;
-    case CPU_W_Q4_0: return 18;
+    case CPU_W_Q4_0:
+    case CPU_W_IQ4_NL: return 18;
     case CPU_W_Q4_1: return 20;
     case CPU_W_Q5_0: return 22;
     case CPU_W_Q5_1: return 24;
     case CPU_W_Q4_K: return 144;
     case CPU_W_Q5_K: return 176;
+    case CPU_W_IQ4_XS: return 136;
     default: return 210; /* Q6_K */
     }
 }
-static inline int cpu_kept_is_k(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
+static inline int cpu_kept_is_k(cpu_wtype t) {
+    return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K || t == CPU_W_IQ4_XS;
+}
 static inline int cpu_kept_has_offset(cpu_wtype t) {
     return t == CPU_W_Q4_1 || t == CPU_W_Q5_1 || t == CPU_W_Q4_K || t == CPU_W_Q5_K;
+}
+static inline int cpu_kept_signed_bytes(cpu_wtype t) {
+    return t == CPU_W_Q8_0 || t == CPU_W_IQ4_NL || t == CPU_W_IQ4_XS;
+}
+
+/* IQ4_NL's and IQ4_XS's 16 non-uniform levels, which a 4-bit code picks
+ * (every SIMD level looks them up as a table). */
+static const int8_t cpu_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* IQ4_XS: the 6-bit scale (minus 32) of sub-block j (0..7) of a 256-block. */
+static inline int cpu_iq4xs_scale(const uint8_t *block, int j) {
+    int low = (block[4 + j / 2] >> (4 * (j % 2))) & 0xF, high = ((block[2] | block[3] << 8) >> (2 * j)) & 3;
+    return (low | high << 4) - 32;
 }
 
 /* The format's definition: weights 32k..32k+31 of a row of block type t

@@ -22,9 +22,9 @@
 
 /* The bytes vpdpbusd multiplies (unsigned) and the zero point it removes. */
 INLINE __m256i vnni_bytes(cpu_wtype t, __m256i raw) {
-    return t == CPU_W_Q8_0 ? _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)) : raw;
+    return cpu_kept_signed_bytes(t) ? _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)) : raw;
 }
-INLINE int vnni_zero(cpu_wtype t) { return t == CPU_W_Q8_0 ? 128 : zero_point(t); }
+INLINE int vnni_zero(cpu_wtype t) { return cpu_kept_signed_bytes(t) ? 128 : zero_point(t); }
 
 /* {a, b, c, e} -> each repeated over 4 lanes: the four half-block scales
  * of a pair of blocks, in the lanes of their products. */

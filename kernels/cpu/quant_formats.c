@@ -16,7 +16,7 @@ static const struct {
     [CPU_W_Q4_1] = {"q4_1", 20, 32, 1},   [CPU_W_Q5_0] = {"q5_0", 22, 32, 1},   [CPU_W_Q5_1] = {"q5_1", 24, 32, 1},
     [CPU_W_Q4_K] = {"q4_k", 144, 256, 1}, [CPU_W_Q5_K] = {"q5_k", 176, 256, 1}, [CPU_W_Q6_K] = {"q6_k", 210, 256, 1},
     [CPU_W_Q2_K] = {"q2_k", 84, 256, 0},  [CPU_W_Q3_K] = {"q3_k", 110, 256, 0},
-    [CPU_W_IQ4_NL] = {"iq4_nl", 18, 32, 0}, [CPU_W_IQ4_XS] = {"iq4_xs", 136, 256, 0},
+    [CPU_W_IQ4_NL] = {"iq4_nl", 18, 32, 1}, [CPU_W_IQ4_XS] = {"iq4_xs", 136, 256, 1},
     /* the x16 layouts: the row-major blocks' bytes per row (quant_x16.c) */
     [CPU_W_Q8_0_X16] = {"q8_0x16", 34, 32, 0}, [CPU_W_Q4_0_X16] = {"q4_0x16", 18, 32, 0},
     [CPU_W_Q4_1_X16] = {"q4_1x16", 20, 32, 0}, [CPU_W_Q4_K_X16] = {"q4_kx16", 144, 256, 0},
@@ -37,12 +37,9 @@ size_t cpu_wtype_row_bytes(cpu_wtype t, size_t cols) {
 /* Block scales are little-endian f16 at any byte offset. */
 static float load_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
-/* IQ4_NL and IQ4_XS: each 4-bit code picks one of 16 non-uniform levels. */
-static const int8_t iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-/* 16 bytes of codes: element i in the low nibble of byte i, i + 16 in the high. */
+/* IQ4: 16 bytes of codes, element i in the low nibble of byte i, i + 16 in the high. */
 static void iq4_codes(const uint8_t *qs, int8_t q[32]) {
-    for (int i = 0; i < 16; i++) q[i] = iq4_levels[qs[i] & 0xF], q[i + 16] = iq4_levels[qs[i] >> 4];
+    for (int i = 0; i < 16; i++) q[i] = cpu_iq4_levels[qs[i] & 0xF], q[i + 16] = cpu_iq4_levels[qs[i] >> 4];
 }
 
 /* Q3_K: the 16 6-bit scales (minus 32) from 12 bytes. */
@@ -55,8 +52,7 @@ static void q3k_scales(const uint8_t *s, int out[16]) {
 }
 
 void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2], float m[2]) {
-    /* a row of blocks, not an x16 group */
-    assert(cpu_wtype_kept(t) || t == CPU_W_Q2_K || t == CPU_W_Q3_K || t == CPU_W_IQ4_NL || t == CPU_W_IQ4_XS);
+    assert(cpu_wtype_kept(t) || t == CPU_W_Q2_K || t == CPU_W_Q3_K); /* a row of blocks, not an x16 group */
     const uint8_t *b = row;
     m[0] = m[1] = 0.0f;
     if (formats[t].block_elems == 32) {
@@ -130,12 +126,10 @@ void cpu_unpack32(cpu_wtype t, const void *row, int k, int8_t q[32], float a[2],
         a[0] = d * (float)scales[2 * j], a[1] = d * (float)scales[2 * j + 1];
         break;
     }
-    case CPU_W_IQ4_XS: { /* d, 2 bytes of scales' high bits, 4 of their low nibbles, 8 x 16 bytes of codes */
-        int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, high = ((b[2] | b[3] << 8) >> (2 * j)) & 3;
-        a[0] = a[1] = load_f16(b) * (float)((low | high << 4) - 32);
+    case CPU_W_IQ4_XS: /* d, 2 bytes of scales' high bits, 4 of their low nibbles, 8 x 16 bytes of codes */
+        a[0] = a[1] = load_f16(b) * (float)cpu_iq4xs_scale(b, j);
         iq4_codes(b + 8 + 16 * j, q);
         break;
-    }
     default:
         break;
     }

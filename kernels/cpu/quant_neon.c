@@ -69,6 +69,12 @@ INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
             o.q[0] = vld1q_s8((const int8_t *)b + 2);
             o.q[1] = vld1q_s8((const int8_t *)b + 18);
             return o;
+        case CPU_W_IQ4_NL: {
+            const int8x16_t levels = vld1q_s8(cpu_iq4_levels);
+            nibbles(b + 2, u);
+            for (int h = 0; h < 2; h++) o.q[h] = vqtbl1q_s8(levels, u[h]);
+            return o;
+        }
         case CPU_W_Q4_0: nibbles(b + 2, u); break;
         case CPU_W_Q4_1: nibbles(b + 4, u), o.m = load_f16(b + 2); break;
         case CPU_W_Q5_0: nibbles(b + 6, u), add_fifth_bits(b + 2, u); break;
@@ -94,6 +100,13 @@ INLINE wblock unpack(cpu_wtype t, const uint8_t *row, int k) {
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
         float d = load_f16(b + 208);
         o.d = vcombine_f32(vdup_n_f32(d * (float)sc[0]), vdup_n_f32(d * (float)sc[1]));
+        return o;
+    }
+    if (t == CPU_W_IQ4_XS) { /* d, scales' high bits, their low nibbles, 8 x 16 bytes of codes */
+        const int8x16_t levels = vld1q_s8(cpu_iq4_levels);
+        o.d = vdupq_n_f32(load_f16(b) * (float)cpu_iq4xs_scale(b, j));
+        nibbles(b + 8 + 16 * j, u);
+        for (int h = 0; h < 2; h++) o.q[h] = vqtbl1q_s8(levels, u[h]);
         return o;
     }
     /* Q4_K / Q5_K: d, dmin, 12 scale bytes, [qh 32,] qs 128 */

@@ -105,6 +105,8 @@ LEVEL_FUNCTIONS(q5_1, CPU_W_Q5_1)
 LEVEL_FUNCTIONS(q4_k, CPU_W_Q4_K)
 LEVEL_FUNCTIONS(q5_k, CPU_W_Q5_K)
 LEVEL_FUNCTIONS(q6_k, CPU_W_Q6_K)
+LEVEL_FUNCTIONS(iq4_nl, CPU_W_IQ4_NL)
+LEVEL_FUNCTIONS(iq4_xs, CPU_W_IQ4_XS)
 
 #define LEVEL_TABLE_NAME(kind, level) cpu_##kind##_##level
 #define LEVEL_TABLE(kind, level) LEVEL_TABLE_NAME(kind, level) /* expands QUANT_LEVEL first */
@@ -112,10 +114,12 @@ LEVEL_FUNCTIONS(q6_k, CPU_W_Q6_K)
 const cpu_dot_q_fn LEVEL_TABLE(dot_q, QUANT_LEVEL)[CPU_W_N] = {
     [CPU_W_Q8_0] = dot_q8_0, [CPU_W_Q4_0] = dot_q4_0, [CPU_W_Q4_1] = dot_q4_1, [CPU_W_Q5_0] = dot_q5_0,
     [CPU_W_Q5_1] = dot_q5_1, [CPU_W_Q4_K] = dot_q4_k, [CPU_W_Q5_K] = dot_q5_k, [CPU_W_Q6_K] = dot_q6_k,
+    [CPU_W_IQ4_NL] = dot_iq4_nl, [CPU_W_IQ4_XS] = dot_iq4_xs,
 };
 const cpu_rows_q_fn LEVEL_TABLE(rows_q, QUANT_LEVEL)[CPU_W_N] = {
     [CPU_W_Q8_0] = rows_q8_0, [CPU_W_Q4_0] = rows_q4_0, [CPU_W_Q4_1] = rows_q4_1, [CPU_W_Q5_0] = rows_q5_0,
     [CPU_W_Q5_1] = rows_q5_1, [CPU_W_Q4_K] = rows_q4_k, [CPU_W_Q5_K] = rows_q5_k, [CPU_W_Q6_K] = rows_q6_k,
+    [CPU_W_IQ4_NL] = rows_iq4_nl, [CPU_W_IQ4_XS] = rows_iq4_xs,
 #ifdef LEVEL_EXTRA_ROWS /* a level's entries for layouts of its own (the x16 ones) */
     LEVEL_EXTRA_ROWS
 #endif

@@ -4,8 +4,8 @@
  *
  * A block comes out as raw bytes and a zero point z, the weights being
  * w[i] = d[i / 16] * (raw[i] - z) + m: raw is unsigned (0..15, 0..31 or
- * 0..63) for every type but Q8_0, whose raw bytes are the signed weights
- * themselves (z 0). The AVX2 level subtracts z to get signed weights;
+ * 0..63) for every type but Q8_0 and IQ4, whose raw bytes are the signed
+ * weights themselves (z 0; IQ4's looked up from their codes). The AVX2 level subtracts z to get signed weights;
  * the VNNI level keeps raw unsigned and subtracts z * sum(x) instead. */
 #ifndef POLAR_CPU_QUANT_X86_H
 #define POLAR_CPU_QUANT_X86_H
@@ -24,6 +24,12 @@ INLINE __m256i nibbles(const uint8_t *p) {
     __m128i raw = _mm_loadu_si128((const __m128i *)p);
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* IQ4: 16 bytes of codes -> the 32 signed levels they pick, in element order. */
+INLINE __m256i iq4_levels(const uint8_t *p) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
+    return _mm256_shuffle_epi8(table, nibbles(p));
 }
 
 /* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of
@@ -82,6 +88,7 @@ INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
         case CPU_W_Q4_0: o.raw = nibbles(b + 2); break;
         case CPU_W_Q5_0: o.raw = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
         case CPU_W_Q4_1: o.raw = nibbles(b + 4), o.m = load_f16(b + 2); break;
+        case CPU_W_IQ4_NL: o.raw = iq4_levels(b + 2); break;
         default: o.raw = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), o.m = load_f16(b + 2); break; /* Q5_1 */
         }
         return o;
@@ -99,6 +106,11 @@ INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
         float d = load_f16(b + 208);
         o.d[0] = d * (float)sc[0], o.d[1] = d * (float)sc[1];
+        return o;
+    }
+    if (t == CPU_W_IQ4_XS) { /* d, scales' high bits, their low nibbles, 8 x 16 bytes of codes */
+        o.d[0] = o.d[1] = load_f16(b) * (float)cpu_iq4xs_scale(b, j);
+        o.raw = iq4_levels(b + 8 + 16 * j);
         return o;
     }
     /* Q4_K / Q5_K: d, dmin, 12 scale bytes, [qh 32,] qs 128 */
