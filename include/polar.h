@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define POLAR_VERSION "0.1.0"
+#define POLAR_VERSION "0.2.0" /* 0.2: polar_arch's rope_type, polar_gen_opts' top_k / min_p, polar_sample's options */
 
 typedef enum {
     POLAR_OK = 0,

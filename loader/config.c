@@ -49,6 +49,8 @@ static polar_status get_num(const cfg *c, const json_value *obj, const char *key
     if (v->type != JSON_NUMBER)
         return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: field '%s' must be a number, got %s", c->what, key,
                           type_name(v));
+    if (!isfinite(v->number))
+        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: field '%s' = %g is not finite", c->what, key, v->number);
     if (!(v->number > lo))
         return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: field '%s' = %g must be greater than %g", c->what, key,
                           v->number, lo);
@@ -85,6 +87,21 @@ static polar_status add_eos(const cfg *c, const json_value *v, polar_arch *a) {
     return POLAR_OK;
 }
 
+/* The pretraining context of llama3 and YaRN scaling: rope_scaling's
+ * original_max_position_embeddings (orig), unless config.json has one at
+ * its top level, which transformers prefers (Phi-3 keeps it there). */
+static polar_status original_context(const cfg *c, double orig, polar_arch *a) {
+    polar_status st = POLAR_OK;
+    if (json_get(c->root, "original_max_position_embeddings") &&
+        (st = get_num(c, c->root, "original_max_position_embeddings", orig, 0.0, &orig)) != POLAR_OK)
+        return st;
+    if (orig > 1 << 30)
+        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: original_max_position_embeddings = %g is too large", c->what,
+                          orig);
+    a->rope_original_max_pos = (int)orig;
+    return POLAR_OK;
+}
+
 /* llama3's fields: factor, low/high_freq_factor, original context. */
 static polar_status parse_llama3(const cfg *c, const json_value *rs, polar_arch *a) {
     double orig = 0;
@@ -96,20 +113,22 @@ static polar_status parse_llama3(const cfg *c, const json_value *rs, polar_arch 
         return st;
     if (a->rope_high_freq_factor <= a->rope_low_freq_factor)
         return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: llama3 rope needs high_freq_factor > low_freq_factor", c->what);
-    a->rope_original_max_pos = (int)orig;
-    return POLAR_OK;
+    return original_context(c, orig, a);
 }
 
-/* YaRN's fields as transformers reads them: original context (default
- * max_position_embeddings), factor (default max_position_embeddings over
- * it), beta_fast/beta_slow (32/1 when absent or 0), truncate (true), and the
+/* YaRN's fields as transformers 5.24 reads them: original context
+ * (default max_position_embeddings), factor (required; null: max_position_
+ * embeddings over the original context), beta_fast/beta_slow (32/1 when
+ * absent, null or 0), truncate (absent: true; null or false: no), and the
  * attention factor: given, else mscale over mscale_all_dim when both are
  * non-zero, else (0 here) 0.1 ln(factor) + 1. */
 static polar_status parse_yarn(const cfg *c, const json_value *rs, polar_arch *a) {
     double orig = 0, mscale = 0, mscale_all = 0;
     polar_status st;
+    if (!json_get(rs, "factor")) return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn rope needs a 'factor'", c->what);
     if ((st = get_num(c, rs, "original_max_position_embeddings", a->max_pos, 0.0, &orig)) != POLAR_OK ||
-        (st = get_num(c, rs, "factor", a->max_pos / orig, 0.0, &a->rope_factor)) != POLAR_OK ||
+        (st = original_context(c, orig, a)) != POLAR_OK ||
+        (st = get_num(c, rs, "factor", (double)a->max_pos / a->rope_original_max_pos, 0.0, &a->rope_factor)) != POLAR_OK ||
         (st = get_num(c, rs, "attention_factor", 0.0, 0.0, &a->rope_attention_factor)) != POLAR_OK ||
         (st = get_num(c, rs, "mscale", 0.0, -HUGE_VAL, &mscale)) != POLAR_OK ||
         (st = get_num(c, rs, "mscale_all_dim", 0.0, -HUGE_VAL, &mscale_all)) != POLAR_OK)
@@ -125,15 +144,11 @@ static polar_status parse_yarn(const cfg *c, const json_value *rs, polar_arch *a
     if (tr && tr->type != JSON_NULL && tr->type != JSON_BOOL)
         return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn 'truncate' must be true or false, got %s", c->what,
                           type_name(tr));
-    a->rope_truncate = !tr || tr->type == JSON_NULL || tr->number != 0;
-    if (orig > 1 << 30)
-        return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn original_max_position_embeddings = %g is too large", c->what,
-                          orig);
-    a->rope_original_max_pos = (int)orig;
+    a->rope_truncate = !tr || (tr->type == JSON_BOOL && tr->number != 0);
     if (a->rope_attention_factor == 0 && mscale != 0 && mscale_all != 0) {
         double f = a->rope_factor, ln = f <= 1 ? 0 : log(f); /* transformers' get_mscale: 1 at f <= 1 */
         double num = 0.1 * mscale * ln + 1, den = 0.1 * mscale_all * ln + 1;
-        if (!(num / den > 0))
+        if (!(num / den > 0) || !isfinite(num / den))
             return polar_fail(c->err, POLAR_ERR_CONFIG, "%s: yarn mscale %g / mscale_all_dim %g give no positive attention "
                               "factor", c->what, mscale, mscale_all);
         a->rope_attention_factor = num / den;
@@ -314,8 +329,10 @@ polar_status config_validate(const polar_arch *a, const char *what, polar_error 
                           a->top_k, a->n_experts);
     if (!(a->rope_theta > 0) || !(a->rms_eps > 0))
         return polar_fail(err, POLAR_ERR_CONFIG, "%s: rope_theta and rms_norm_eps must be positive", what);
-    if (a->rope_type != POLAR_ROPE_DEFAULT && !(a->rope_factor > 0))
-        return polar_fail(err, POLAR_ERR_CONFIG, "%s: the rope scaling factor must be positive", what);
+    if (a->rope_type != POLAR_ROPE_DEFAULT && !(a->rope_factor > 0 && isfinite(a->rope_factor)))
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: the rope scaling factor must be positive and finite", what);
+    if (!(a->rope_attention_factor >= 0 && isfinite(a->rope_attention_factor)))
+        return polar_fail(err, POLAR_ERR_CONFIG, "%s: the rope attention factor must be positive and finite", what);
     /* YaRN divides by ln(theta) and takes the log of the original context. */
     if (a->rope_type == POLAR_ROPE_YARN && (!(a->rope_theta > 1) || a->rope_original_max_pos < 1 ||
                                             !(a->rope_beta_fast > 0) || !(a->rope_beta_slow > 0)))

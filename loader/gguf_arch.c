@@ -42,8 +42,9 @@ static polar_status get_float(const meta *m, const char *suffix, double dflt, do
         *out = dflt;
         return POLAR_OK;
     }
-    if ((kv->type != GGUF_F32 && kv->type != GGUF_F64 && !is_int_type(kv->type)) || !(kv->f > 0))
-        return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' must be a positive number", m->f->path, key);
+    if ((kv->type != GGUF_F32 && kv->type != GGUF_F64 && !is_int_type(kv->type)) || !(kv->f > 0) || !isfinite(kv->f))
+        return polar_fail(m->err, POLAR_ERR_CONFIG, "%s: metadata '%s' must be a positive finite number", m->f->path,
+                          key);
     *out = kv->f;
     return POLAR_OK;
 }
@@ -58,6 +59,19 @@ static polar_status rope_knob_neutral(const meta *m, const char *suffix, double 
     if (!kv || (number && (kv->f == neutral || kv->f < lowest))) return POLAR_OK;
     return polar_fail(m->err, POLAR_ERR_UNSUPPORTED, "%s: metadata '%s' is not supported (only %g)", m->f->path, key,
                       neutral);
+}
+
+/* A YaRN beta: absent or 0 (convert_hf_to_gguf copies a config's 0, which
+ * transformers reads as the default) -> dflt. */
+static polar_status yarn_beta(const meta *m, const char *suffix, double dflt, double *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    if (kv && (kv->type == GGUF_F32 || kv->type == GGUF_F64 || is_int_type(kv->type)) && kv->f == 0) {
+        *out = dflt;
+        return POLAR_OK;
+    }
+    return get_float(m, suffix, dflt, out);
 }
 
 /* {arch}.rope.scaling.*: none, linear (factor) or yarn (factor, original
@@ -81,8 +95,8 @@ static polar_status gguf_rope_scaling(const meta *m, polar_arch *a) {
     a->rope_truncate = 1;
     if ((st = get_int(m, "rope.scaling.original_context_length", a->max_pos, &a->rope_original_max_pos)) ||
         (st = get_float(m, "rope.scaling.factor", (double)a->max_pos / a->rope_original_max_pos, &a->rope_factor)) ||
-        (st = get_float(m, "rope.scaling.yarn_beta_fast", 32.0, &a->rope_beta_fast)) ||
-        (st = get_float(m, "rope.scaling.yarn_beta_slow", 1.0, &a->rope_beta_slow)) ||
+        (st = yarn_beta(m, "rope.scaling.yarn_beta_fast", 32.0, &a->rope_beta_fast)) ||
+        (st = yarn_beta(m, "rope.scaling.yarn_beta_slow", 1.0, &a->rope_beta_slow)) ||
         (st = get_float(m, "rope.scaling.yarn_attn_factor", 0.0, &a->rope_attention_factor)) ||
         (st = rope_knob_neutral(m, "rope.scaling.attn_factor", 1.0, 0.0)) ||
         (st = rope_knob_neutral(m, "rope.scaling.yarn_ext_factor", 1.0, 0.0)) ||

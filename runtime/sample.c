@@ -44,14 +44,16 @@ static void sift_down(cand *c, int n, int at) {
  * at the returned place, their mass (summed in that order) in *sum. Taken
  * until their mass reaches `mass` and, once `limit` are taken, only while
  * the next is as likely as the last (top-k keeps ties, as transformers
- * does). A heap, not a sort: only what is taken gets ordered, and nothing is
- * allocated (qsort may allocate). */
+ * does) and not of weight 0 (at a low temperature a whole vocabulary
+ * underflows into one such tie; none of it can be drawn). A heap, not a
+ * sort: only what is taken gets ordered, and nothing is allocated (qsort
+ * may allocate). */
 static cand *most_likely(cand *c, int k, double mass, int limit, int *count, double *sum) {
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
     int heap = k;
     double cum = 0;
     while (heap > 0 && cum < mass) { /* the heap's top goes just past its end */
-        if (k - heap >= limit && c[0].p != c[heap].p) break; /* c[heap]: the last taken */
+        if (k - heap >= limit && (c[0].p != c[heap].p || c[0].p == 0)) break; /* c[heap]: the last taken */
         cand t = c[0];
         c[0] = c[heap - 1], c[heap - 1] = t;
         sift_down(c, --heap, 0);
@@ -101,6 +103,7 @@ int polar_sample(const float *logits, int n, const polar_gen_opts *o, polar_rng 
         k = kept;
         if (!ordered) c = most_likely(c, k, HUGE_VAL, INT_MAX, &k, &z);
     }
+    if (k == 0 || !(z > 0)) return polar_argmax(logits, n); /* NaN or +inf logits: no distribution */
     double r = polar_rng_uniform(rng) * z, cum = 0;
     for (int j = 0; j < k; j++) {
         cum += c[j].p;

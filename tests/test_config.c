@@ -96,16 +96,24 @@ static void config_rope_scaling(void) {
         }
         polar_model_free(m);
     }
-    /* defaults as transformers takes them: original context from
-     * max_position_embeddings, factor from their ratio, betas 0 -> 32 and 1 */
+    /* defaults as transformers takes them: a null factor from the ratio of
+     * max_position_embeddings to the original context, betas 0 / null -> 32 and 1 */
     CHECK_OK(parse("{\"model_type\":\"qwen3\"," BASE ",\"max_position_embeddings\":8192,"
-                   "\"rope_parameters\":{\"rope_type\":\"yarn\",\"original_max_position_embeddings\":2048,"
+                   "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":null,\"original_max_position_embeddings\":2048,"
                    "\"beta_fast\":0,\"beta_slow\":null,\"truncate\":false,\"mscale\":1.0,\"mscale_all_dim\":0.5}}",
                    &a, &err));
     double f4 = 0.1 * log(4.0);
     CHECK(a.rope_factor == 4 && a.rope_beta_fast == 32 && a.rope_beta_slow == 1 && !a.rope_truncate &&
               fabs(a.rope_attention_factor - (f4 + 1) / (0.5 * f4 + 1)) < 1e-15,
           "yarn defaults, mscale / mscale_all_dim: factor %g, attention %g", a.rope_factor, a.rope_attention_factor);
+    /* truncate null is false (transformers tests it for truth); a top-level
+     * original_max_position_embeddings wins over rope_scaling's */
+    CHECK_OK(parse("{\"model_type\":\"qwen2\"," BASE ",\"original_max_position_embeddings\":1024,"
+                   "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2,\"original_max_position_embeddings\":4096,"
+                   "\"truncate\":null}}",
+                   &a, &err));
+    CHECK(!a.rope_truncate && a.rope_original_max_pos == 1024, "truncate null, top-level original context: %d, %d",
+          a.rope_truncate, a.rope_original_max_pos);
 }
 
 static void config_errors(void) {
@@ -149,6 +157,15 @@ static void config_errors(void) {
     expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
                "\"mscale\":-200,\"mscale_all_dim\":1}}",
                POLAR_ERR_CONFIG, "give no positive attention factor");
+    /* mscale_all_dim -10 / ln 4: a zero denominator, an infinite ratio */
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+               "\"mscale\":1,\"mscale_all_dim\":-7.2134752044448170}}",
+               POLAR_ERR_CONFIG, "give no positive attention factor");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":1e999}}",
+               POLAR_ERR_CONFIG, "'factor' = inf is not finite");
+    expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\","
+               "\"original_max_position_embeddings\":4096}}",
+               POLAR_ERR_CONFIG, "yarn rope needs a 'factor'");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"factor\":4}}", POLAR_ERR_CONFIG, "rope_type");
     expect_bad("{\"model_type\":\"llama\"," BASE ",\"hidden_act\":\"gelu\"}", POLAR_ERR_UNSUPPORTED, "silu");
     expect_bad("{\"model_type\":\"qwen2\"," BASE ",\"use_sliding_window\":true}", POLAR_ERR_UNSUPPORTED, "sliding");

@@ -101,6 +101,25 @@ static void top_k_min_p(void) {
     CHECK(f[0] > 0.9999, "min-p 2: the argmax %.4f", f[0]);
     sampled(logits, 5, &(polar_gen_opts){.temperature = 1, .top_k = 9}, 28, 200000, f);
     CHECK(fabs(f[4] - 0.05) < 0.004, "top-k 9 of 5: %.4f", f[4]);
+    /* no distribution (an infinite or NaN logit): the argmax, never a read
+     * outside the work space (min-p once kept nothing and read c[-1]) */
+    const float inf[4] = {1, INFINITY, 2, 3}, nan[4] = {NAN, 1, 2, 3};
+    polar_rng rng;
+    polar_rng_seed(&rng, 1);
+    void *work = malloc(polar_sample_work_bytes(4));
+    polar_gen_opts all = {.temperature = 1, .top_k = 2, .top_p = 0.9f, .min_p = 0.1f};
+    CHECK(polar_sample(inf, 4, &all, &rng, work) == 1, "an infinite logit: its token");
+    int got = polar_sample(nan, 4, &(polar_gen_opts){.temperature = 1, .min_p = 0.1f}, &rng, work);
+    CHECK(got >= 0 && got < 4, "a NaN logit: %d", got);
+    free(work);
+    /* top-k 40 at a temperature that underflows all but the 143 best (a
+     * tie) to weight 0: those, and none of the zeros */
+    float wide[1000];
+    double fw[1000], best = 0;
+    for (int i = 0; i < 1000; i++) wide[i] = (float)(i % 7);
+    sampled(wide, 1000, &(polar_gen_opts){.temperature = 0.001f, .top_k = 40}, 29, 20000, fw);
+    for (int i = 6; i < 1000; i += 7) best += fw[i];
+    CHECK(best > 0.9999 && fw[6] > 0 && fw[993] > 0, "low temperature top-k: %.4f on the tied best", best);
 }
 
 /* The draw polar_sample must make, the obvious way: every token sorted
