@@ -1,0 +1,87 @@
+#!/bin/sh
+# A whole GPU lease in one device call that must end by a deadline: build,
+# test, measure, sanitize, in order of what matters most, each step given
+# what is left of the time. A device session now gets 15 minutes in all
+# (the machine's start included), so there is one call, not four.
+#
+#   sh bench/gpu_lease.sh OUT [COMMIT]
+# DEADLINE (555): seconds from the start by which every step has ended.
+# BASE_TAR (ab-base.tar.gz): a base tree for bench/gpu_ab.sh (the commit last
+# measured on a GPU; BASE_COMMIT names it); missing: the A/B step is skipped. The other knobs are
+# gpu_evidence.sh's and gpu_ab.sh's, set below to what fits.
+#
+# Steps write into a work folder; after each step it is packed into
+# OUT/lease.tar.gz (one file: a device call returns at most 8), so a step
+# killed at the deadline still leaves the ones before it. A line per step
+# (name, exit status, seconds) goes to stdout and OUT/steps.txt.
+set -u
+OUT=${1:?usage: sh bench/gpu_lease.sh OUT [COMMIT]}
+COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+DEADLINE=${DEADLINE:-555}
+BASE_TAR=${BASE_TAR:-ab-base.tar.gz}
+R=/tmp/polar-lease
+rm -rf "$R"
+mkdir -p "$OUT" "$R"
+start=$(date +%s)
+jobs=$(nproc)
+
+pack() { tar -czf "$OUT/lease.tar.gz" -C "$R" . 2>/dev/null; }
+
+# step NAME CAP COMMAND...: runs COMMAND with at most CAP seconds, never past
+# the deadline (less 10 s to pack); skipped when under 15 s are left.
+step() {
+    name=$1 cap=$2
+    shift 2
+    left=$((DEADLINE - ($(date +%s) - start) - 10))
+    [ "$left" -lt "$cap" ] && cap=$left
+    if [ "$cap" -lt 15 ]; then
+        echo "$name: skipped (deadline)" | tee -a "$OUT/steps.txt"
+        return
+    fi
+    t0=$(date +%s)
+    timeout -k 5 "$cap" "$@" >"$R/$name.log" 2>&1
+    rc=$?
+    echo "$name: exit $rc, $(($(date +%s) - t0)) s (cap $cap s)" | tee -a "$OUT/steps.txt"
+    pack
+}
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    echo "commit $COMMIT"
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+    nvcc --version | tail -n 2
+} >"$R/smi.txt" 2>&1
+
+# The base tree builds alongside the tests (CPU only; the tests' CPU
+# references slow down a little, their results do not change).
+if [ -f "$BASE_TAR" ]; then
+    (mkdir -p /tmp/polar-ab-base && tar -xzf "$BASE_TAR" -C /tmp/polar-ab-base &&
+        nice make -C /tmp/polar-ab-base/base -j"$jobs" cuda >"$R/build-base.log" 2>&1) &
+fi
+step build 240 sh -c "make -j$jobs cuda && make -j$jobs CUDA=1 build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch"
+[ -x build-cuda/polar ] || { tail -n 30 "$R/build.log"; exit 1; }
+
+step test_cuda 200 ./build-cuda/tests/test_cuda
+step test_cuda_batch 100 ./build-cuda/tests/test_cuda_batch
+echo "tests: $(cat "$R"/test_cuda*.log | grep -c '^PASS') passed, $(cat "$R"/test_cuda*.log | grep -c '^FAIL') failed"
+grep -h -B3 "^FAIL" "$R"/test_cuda*.log
+
+# issue 15's GPU targets, then issue 10's: one preset each, two reps.
+step batch 120 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 \
+    sh bench/gpu_evidence.sh "$R/batch" "$COMMIT"
+step evidence 150 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
+    sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
+step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
+wait # the base build
+if [ -x /tmp/polar-ab-base/base/build-cuda/polar ]; then
+    step ab 120 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
+--preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 2
+--preset qwen1.5-moe-a2.7b --prompt-len 150 --gen 16 --reps 2" sh bench/gpu_ab.sh "$R/ab" "$BASE_TAR" 2
+fi
+step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
+step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
+    kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe
+pack
+for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
+echo "total $(($(date +%s) - start)) s"
