@@ -2,7 +2,9 @@
 # A whole GPU lease in one device call that must end by a deadline: build,
 # test, measure, sanitize, in order of what matters most, each step given
 # what is left of the time. A device session now gets 15 minutes in all
-# (the machine's start included), so there is one call, not four.
+# (the machine's start included), so there is one call, not four. On an
+# H200 (2026-11-26) it took 414 s, the evidence step (then capped at 150 s)
+# cut off before the predictor and the A/B (then 120 s) after two rounds.
 #
 #   sh bench/gpu_lease.sh OUT [COMMIT]
 # DEADLINE (555): seconds from the start by which every step has ended.
@@ -67,15 +69,16 @@ step test_cuda_batch 100 ./build-cuda/tests/test_cuda_batch
 echo "tests: $(cat "$R"/test_cuda*.log | grep -c '^PASS') passed, $(cat "$R"/test_cuda*.log | grep -c '^FAIL') failed"
 grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 
-# issue 15's GPU targets, then issue 10's: one preset each, two reps.
-step batch 120 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 \
+# issue 15's GPU targets (batches 2-8 too: the multi-token GEMV's range, 3x
+# slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
+step batch 150 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 BATCH_SIZES=1,2,4,8,16,32 \
     sh bench/gpu_evidence.sh "$R/batch" "$COMMIT"
-step evidence 150 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
+step evidence 210 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
     sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
 wait # the base build
 if [ -x /tmp/polar-ab-base/base/build-cuda/polar ]; then
-    step ab 120 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
+    step ab 150 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
 --preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 2
 --preset qwen1.5-moe-a2.7b --prompt-len 150 --gen 16 --reps 2" sh bench/gpu_ab.sh "$R/ab" "$BASE_TAR" 2
 fi

@@ -8,10 +8,16 @@
 /* GPU against a CPU rounding where it rounds (test_cuda.c's model
  * comparison says where the figures come from): logits of the GEMV path
  * (up to 8 tokens) within TOL_ROUNDED; through the GEMMs, a relative L2
- * error within TOL_REL_GEMM and TOL_GEMM_MAX at most. */
+ * error within TOL_REL_GEMM and TOL_GEMM_MAX at most. An MoE model whose
+ * rounded reference flipped an expert is held to the f32 reference instead,
+ * whose distance to the GPU is the bf16 rounding of every GEMM input: up to
+ * 0.101 max and 1.2e-2 relative on the golden models' 40-token prompts where
+ * no expert flipped (H100 2026-11-23, H200 2026-11-26; an expert flip moves
+ * the f32 reference by 0.17 to 0.56), hence TOL_F32_GEMM_MAX. */
 #define TOL_ROUNDED 2e-3f
 #define TOL_REL_GEMM 1.5e-2
 #define TOL_GEMM_MAX 0.1f
+#define TOL_F32_GEMM_MAX 0.15f
 #define GEMV_PROMPT_TOKENS 8 /* CUDA_DECODE_TOKENS of runtime/backend.h */
 
 /* max |a - b|; *cosine and *rel_l2 = ||a - b|| / ||b|| of the same pair. */
