@@ -214,7 +214,7 @@ static int kept_as_blocks(const gguf_tensor *t, cpu_wtype kept, const void *w, i
 }
 
 /* A random Llama as IQ4_XS (IQ4_NL for the rows of 96 weights, which 256
- * does not divide): kept as blocks, every weight its block's value in the
+ * does not divide): kept as blocks (interleaved on the x86 SIMD levels), every weight its block's value in the
  * model's row order; the logits close to the same file loaded as bf16 (the
  * int8 activations' error) and near the unquantized model's (4-bit
  * weights, about 7% relative error each here, move these random models'
@@ -238,8 +238,10 @@ static void iq4_gguf_model(void) {
         CHECK(wq && wq->type == GGML_IQ4_XS && down && down->type == GGML_IQ4_NL && embd && embd->type == GGML_IQ4_XS,
               "written as IQ4_XS and IQ4_NL");
         const layer_weights *l = &q->layers[1], *lb = &b->layers[1];
-        CHECK(q->quantized && l->t_wq == CPU_W_IQ4_XS && l->t_down == CPU_W_IQ4_NL && q->t_embed == CPU_W_IQ4_XS,
-              "kept as IQ4_XS / IQ4_NL (wq %s, down %s)", cpu_wtype_name(l->t_wq), cpu_wtype_name(l->t_down));
+        cpu_wtype xs = kept_as(CPU_W_IQ4_XS), nl = kept_as(CPU_W_IQ4_NL);
+        CHECK(q->quantized && l->t_wq == xs && l->t_down == nl && q->t_embed == xs,
+              "kept as %s / %s (wq %s, down %s)", cpu_wtype_name(xs), cpu_wtype_name(nl), cpu_wtype_name(l->t_wq),
+              cpu_wtype_name(l->t_down));
         int QD = a.n_heads * a.head_dim;
         if (wq && down && embd) {
             CHECK(!kept_as_blocks(wq, l->t_wq, l->wq, QD, a.hidden, a.head_dim), "attn_q: not its IQ4_XS values");

@@ -165,27 +165,16 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
 
 /* One 32-block of half of a group of 16 interleaved rows (rows 8h..8h+7:
  * bytes 32h.. of each 64-byte vector), as the AVX2 tile multiplies it: u[j]
- * the bytes maddubs takes unsigned (|q| for Q8_0, whose signs s[j] move
- * onto x), a[h] each row's scale of half h of the block (equal but for
+ * the bytes maddubs takes unsigned (|q| for Q8_0 and IQ4, whose signs s[j]
+ * move onto x), a[h] each row's scale of half h of the block (equal but for
  * Q6_K), m each row's offset (Q4_1, Q4_K), z the zero point. maddubs' pair
- * sums stay within int16: |q| <= 128 for Q8_0, q <= 63 otherwise. */
+ * sums stay within int16: |q| <= 128 for Q8_0 and IQ4, q <= 63 otherwise. */
 typedef struct {
     __m256i u[8], s[8];
     __m256 a[2], m;
     int z;
 } x16_half;
 
-INLINE size_t x16_unit_bytes(cpu_wtype t) {
-    switch (t) {
-    case CPU_W_Q8_0_X16: return 16 * 34;
-    case CPU_W_Q4_0_X16: return 16 * 18;
-    case CPU_W_Q4_1_X16: return 16 * 20;
-    case CPU_W_Q4_K_X16: return 16 * 144;
-    case CPU_W_Q5_K_X16: return 16 * 176;
-    default: return 16 * 210; /* Q6_K */
-    }
-}
-INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16; }
 
 INLINE __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
@@ -221,6 +210,29 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x8(b + 288 + 16 * h);
         else o->z = 8;
         return;
+    case CPU_W_IQ4_NL_X16:
+    case CPU_W_IQ4_XS_X16: { /* each code's level, signed as Q8_0's bytes (s the level, u |level|) */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
+        int j = k % 8;
+        size_t codes = t == CPU_W_IQ4_XS_X16 ? 256 * (size_t)j : 0;
+        for (int q = 0; q < 4; q++) { /* as Q4_0's nibbles */
+            __m256i p = V(codes + 64 * q);
+            o->s[q] = _mm256_shuffle_epi8(table, _mm256_and_si256(p, low4));
+            o->s[q + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(p, 4), low4));
+        }
+        for (int q = 0; q < 8; q++) o->u[q] = _mm256_sign_epi8(o->s[q], o->s[q]);
+        if (t == CPU_W_IQ4_NL_X16) {
+            o->a[0] = o->a[1] = load_f16x8(b + 256 + 16 * h);
+            return;
+        }
+        /* cpu_iq4xs_scale, a lane at a time */
+        __m256i high = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2080 + 16 * h)));
+        __m256i low = _mm256_and_si256(_mm256_srl_epi32(V(2112), _mm_cvtsi32_si128(4 * j)), _mm256_set1_epi32(0xF));
+        high = _mm256_and_si256(_mm256_srl_epi32(high, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi32(3));
+        __m256i sc = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
+        o->a[0] = o->a[1] = _mm256_mul_ps(load_f16x8(b + 2048 + 16 * h), _mm256_cvtepi32_ps(sc));
+        return;
+    }
     case CPU_W_Q4_K_X16:
     case CPU_W_Q5_K_X16: {
         int j = k % 8, shift = 4 * (j % 2);
@@ -274,22 +286,22 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 
 /* How many maddubs results of one half block an int16 lane can add
  * before the madd to int32: each is two products u x, |x| <= 127, so at
- * most 2 * 127 * max u (Q8_0 |q| 128: 32512; Q6_K 63: 16002; Q5_K 31:
+ * most 2 * 127 * max u (Q8_0 |q| 128: 32512, IQ4 127; Q6_K 63: 16002; Q5_K 31:
  * 7874, Q4 types 15: 3810), and the sum must stay within 32767. With
  * vpdpbusd, one: it adds into int32 directly. */
 INLINE int x16_int16_terms(cpu_wtype t) {
 #ifdef QUANT_AVX_VNNI
     return 1;
 #else
-    return t == CPU_W_Q8_0_X16 ? 1 : t == CPU_W_Q6_K_X16 ? 2 : 4;
+    return x16_signed(t) ? 1 : t == CPU_W_Q6_K_X16 ? 2 : 4;
 #endif
 }
 
 /* Activation bytes 4j..4j+3 in every lane, for weights 4j..4j+3 of each
- * row (Q8_0: the weights' signs moved onto them). */
+ * row (the signed types: the weights' signs moved onto them). */
 INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const cpu_q8_block *xb, int j) {
     __m256i xv = _mm256_set1_epi32(x_word(xb, j));
-    return t == CPU_W_Q8_0_X16 ? _mm256_sign_epi8(xv, w->s[j]) : xv;
+    return x16_signed(t) ? _mm256_sign_epi8(xv, w->s[j]) : xv;
 }
 
 /* C tokens against rows 8h..8h+7 of one group (its blocks from g): f[c]

@@ -199,19 +199,7 @@ typedef struct {
 
 INLINE int x16_two_scales(cpu_wtype t) { return t == CPU_W_Q6_K_X16; }
 INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16; }
-INLINE int x16_is_k(cpu_wtype t) { return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16; }
 INLINE int x16_wide_tile(cpu_wtype t) { return t == CPU_W_Q5_K_X16; }
-/* Bytes of one unit of the 16 rows (a 32-block, or a k-quant 256-block). */
-INLINE size_t x16_unit_bytes(cpu_wtype t) {
-    switch (t) {
-    case CPU_W_Q8_0_X16: return 16 * 34;
-    case CPU_W_Q4_0_X16: return 16 * 18;
-    case CPU_W_Q4_1_X16: return 16 * 20;
-    case CPU_W_Q4_K_X16: return 16 * 144;
-    case CPU_W_Q5_K_X16: return 16 * 176;
-    default: return 16 * 210; /* Q6_K */
-    }
-}
 
 INLINE __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
@@ -247,6 +235,31 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x16(b + 288);
         else o->z = 8;
         return;
+    case CPU_W_IQ4_NL_X16:
+    case CPU_W_IQ4_XS_X16: { /* each code's level, offset by 128 as Q8_0's bytes */
+        const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+        int j = k % 8;
+        const uint8_t *codes = b + (t == CPU_W_IQ4_XS_X16 ? 256 * j : 0);
+        for (int q = 0; q < 4; q++) { /* as Q4_0's nibbles */
+            __m512i p = _mm512_loadu_si512(codes + 64 * q);
+            o->u[q] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(p, low4)), bias);
+            o->u[q + 4] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4)), bias);
+        }
+        o->z = 128;
+        if (t == CPU_W_IQ4_NL_X16) {
+            o->a[0] = o->a[1] = load_f16x16(b + 256);
+            return;
+        }
+        /* cpu_iq4xs_scale, a lane at a time; d * scale as quant_x86.h */
+        __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 2080)));
+        __m512i low = _mm512_and_si512(_mm512_srl_epi32(_mm512_loadu_si512(b + 2112), _mm_cvtsi32_si128(4 * j)),
+                                       _mm512_set1_epi32(0xF));
+        high = _mm512_and_si512(_mm512_srl_epi32(high, _mm_cvtsi32_si128(2 * j)), _mm512_set1_epi32(3));
+        __m512i sc = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)), _mm512_set1_epi32(32));
+        o->a[0] = o->a[1] = _mm512_mul_ps(load_f16x16(b + 2048), _mm512_cvtepi32_ps(sc));
+        return;
+    }
     case CPU_W_Q4_K_X16:
     case CPU_W_Q5_K_X16: {
         int j = k % 8, shift = 4 * (j % 2);

@@ -1,5 +1,5 @@
-/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K
- * (quant.h): the repacking from row-major blocks and back, one row's unit
+/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL and IQ4_XS (quant.h): the repacking from row-major blocks and back, one row's unit
  * (a 32-block, or a 256-block of the k-quants) at a time. The values do not
  * change, only where they lie. */
 #include <string.h>
@@ -14,6 +14,8 @@ static cpu_wtype row_type_of(cpu_wtype x) {
     case CPU_W_Q4_K_X16: return CPU_W_Q4_K;
     case CPU_W_Q5_K_X16: return CPU_W_Q5_K;
     case CPU_W_Q6_K_X16: return CPU_W_Q6_K;
+    case CPU_W_IQ4_NL_X16: return CPU_W_IQ4_NL;
+    case CPU_W_IQ4_XS_X16: return CPU_W_IQ4_XS;
     default: return CPU_W_BF16;
     }
 }
@@ -28,6 +30,8 @@ cpu_wtype cpu_x16_of(cpu_wtype t) {
     case CPU_W_Q4_K: return CPU_W_Q4_K_X16;
     case CPU_W_Q5_K: return CPU_W_Q5_K_X16;
     case CPU_W_Q6_K: return CPU_W_Q6_K_X16;
+    case CPU_W_IQ4_NL: return CPU_W_IQ4_NL_X16;
+    case CPU_W_IQ4_XS: return CPU_W_IQ4_XS_X16;
     default: return CPU_W_BF16;
     }
 }
@@ -48,7 +52,7 @@ static void move(uint8_t *row, uint8_t *x16, size_t n, int to_x16) {
     else memcpy(row, x16, n);
 }
 
-/* Q8_0, Q4_0, Q4_1: f16 scale, [f16 offset,] quants. */
+/* Q8_0, Q4_0, Q4_1, IQ4_NL: f16 scale, [f16 offset,] quants (codes). */
 static void move_legacy(cpu_wtype t, uint8_t *row, uint8_t *x16, int lane, int to_x16) {
     int nq = t == CPU_W_Q8_0 ? 32 : 16, off = t == CPU_W_Q4_1;
     move(row, x16 + 16 * nq + 2 * lane, 2, to_x16);
@@ -99,10 +103,20 @@ static void move_q6_k(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
     move(row + 208, x16 + 3328 + 2 * lane, 2, to_x16);
 }
 
+/* IQ4_XS: d, scales_h (2 bytes), scales_l (4), 8 x 16 code bytes. */
+static void move_iq4_xs(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
+    for (int j = 0; j < 8; j++)
+        for (int q = 0; q < 4; q++) move(row + 8 + 16 * j + 4 * q, x16 + 256 * j + 64 * q + 4 * lane, 4, to_x16);
+    move(row, x16 + 2048 + 2 * lane, 2, to_x16);
+    move(row + 2, x16 + 2080 + 2 * lane, 2, to_x16);
+    move(row + 4, x16 + 2112 + 4 * lane, 4, to_x16);
+}
+
 /* Row-major unit (row type t) <-> lane `lane` of an x16 unit. */
 static void move_unit(cpu_wtype t, uint8_t *row, uint8_t *x16, int lane, int to_x16) {
     if (t == CPU_W_Q4_K || t == CPU_W_Q5_K) move_q45_k(row, x16, lane, to_x16, t == CPU_W_Q5_K);
     else if (t == CPU_W_Q6_K) move_q6_k(row, x16, lane, to_x16);
+    else if (t == CPU_W_IQ4_XS) move_iq4_xs(row, x16, lane, to_x16);
     else move_legacy(t, row, x16, lane, to_x16);
 }
 

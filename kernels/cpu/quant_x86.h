@@ -58,6 +58,30 @@ INLINE int32_t x_word(const cpu_q8_block *xb, int j) {
  * fetched at the first 32-block of each. */
 INLINE size_t x16_prefetch_units(int is_k) { return is_k ? 2 : 16; }
 
+/* Bytes of one x16 unit of 16 rows (a 32-block, or a 256-block of the
+ * k-quants and IQ4_XS), and whether its units are 256-blocks. */
+INLINE size_t x16_unit_bytes(cpu_wtype t) { /* a switch, so that it folds at each call (as cpu_kept_block_bytes) */
+    switch (t) {
+    case CPU_W_Q8_0_X16: return 16 * 34;
+    case CPU_W_Q4_0_X16:
+    case CPU_W_IQ4_NL_X16: return 16 * 18;
+    case CPU_W_Q4_1_X16: return 16 * 20;
+    case CPU_W_Q4_K_X16: return 16 * 144;
+    case CPU_W_Q5_K_X16: return 16 * 176;
+    case CPU_W_IQ4_XS_X16: return 16 * 136;
+    default: return 16 * 210; /* Q6_K */
+    }
+}
+INLINE int x16_is_k(cpu_wtype t) {
+    return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16 || t == CPU_W_IQ4_XS_X16;
+}
+
+/* The x16 types whose unpacked weights are signed bytes (Q8_0's, IQ4's
+ * levels): AVX2 moves their signs onto x, VNNI offsets them by 128. */
+INLINE int x16_signed(cpu_wtype t) {
+    return t == CPU_W_Q8_0_X16 || t == CPU_W_IQ4_NL_X16 || t == CPU_W_IQ4_XS_X16;
+}
+
 /* The zero point of the types without an offset (Q8_0's raw bytes are
  * already signed); 0 for the offset types. */
 INLINE int zero_point(cpu_wtype t) {
@@ -143,9 +167,12 @@ INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
     X16_FUNCTION(q4_1_x16, CPU_W_Q4_1_X16)                                                                           \
     X16_FUNCTION(q4_k_x16, CPU_W_Q4_K_X16)                                                                           \
     X16_FUNCTION(q5_k_x16, CPU_W_Q5_K_X16)                                                                           \
-    X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)
+    X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)                                                                           \
+    X16_FUNCTION(iq4_nl_x16, CPU_W_IQ4_NL_X16)                                                                       \
+    X16_FUNCTION(iq4_xs_x16, CPU_W_IQ4_XS_X16)
 #define LEVEL_EXTRA_ROWS                                                                                             \
     [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
-    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,
+    [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,            \
+    [CPU_W_IQ4_NL_X16] = rows_iq4_nl_x16, [CPU_W_IQ4_XS_X16] = rows_iq4_xs_x16,
 
 #endif
