@@ -214,11 +214,11 @@ static int kept_as_blocks(const gguf_tensor *t, cpu_wtype kept, const void *w, i
 }
 
 /* A random Llama as IQ4_XS (IQ4_NL for the rows of 96 weights, which 256
- * does not divide): kept as blocks (interleaved on the x86 SIMD levels), every weight its block's value in the
- * model's row order; the logits close to the same file loaded as bf16 (the
- * int8 activations' error) and near the unquantized model's (4-bit
- * weights, about 7% relative error each here, move these random models'
- * logits by about a third of their scale). */
+ * does not divide): kept as blocks (interleaved on the x86 SIMD levels),
+ * every weight its block's value in the model's row order; the logits close
+ * to the same file loaded as bf16 (the int8 activations' error) and near
+ * the unquantized model's (4-bit weights, about 7% relative error each
+ * here, move these random models' logits by about a third of their scale). */
 static void iq4_gguf_model(void) {
     polar_error err;
     polar_arch a;

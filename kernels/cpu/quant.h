@@ -158,7 +158,7 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
  * 32-bit lane, so a block's products need no horizontal sums). Rows go in
  * groups of 16, the last padded with zero blocks; in a group, unit u of its
  * 16 rows lies together (a unit: a 32-block, or a 256-block of the
- * k-quants), at byte (g * units + u) * 16 * unit_bytes. In a unit, vectors
+ * k-quants and IQ4_XS), at byte (g * units + u) * 16 * unit_bytes. In a unit, vectors
  * of sixteen 4-byte lanes, lane r for row r:
  * - Q8_0: 8 vectors, lane r of vector j = row r's quants 4j..4j+3; then
  *   the 16 f16 scales.

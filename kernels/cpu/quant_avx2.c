@@ -168,13 +168,12 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
  * the bytes maddubs takes unsigned (|q| for Q8_0 and IQ4, whose signs s[j]
  * move onto x), a[h] each row's scale of half h of the block (equal but for
  * Q6_K), m each row's offset (Q4_1, Q4_K), z the zero point. maddubs' pair
- * sums stay within int16: |q| <= 128 for Q8_0 and IQ4, q <= 63 otherwise. */
+ * sums stay within int16: |q| <= 128 for Q8_0 (127 for IQ4), q <= 63 otherwise. */
 typedef struct {
     __m256i u[8], s[8];
     __m256 a[2], m;
     int z;
 } x16_half;
-
 
 INLINE __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
@@ -286,7 +285,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 
 /* How many maddubs results of one half block an int16 lane can add
  * before the madd to int32: each is two products u x, |x| <= 127, so at
- * most 2 * 127 * max u (Q8_0 |q| 128: 32512, IQ4 127; Q6_K 63: 16002; Q5_K 31:
+ * most 2 * 127 * max u (Q8_0 |q| 128: 32512; IQ4 |level| 127: 32258; Q6_K 63: 16002; Q5_K 31:
  * 7874, Q4 types 15: 3810), and the sum must stay within 32767. With
  * vpdpbusd, one: it adds into int32 directly. */
 INLINE int x16_int16_terms(cpu_wtype t) {
@@ -374,7 +373,7 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
     }
 }
 
-X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_q6_k_x16 and LEVEL_EXTRA_ROWS */
+X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_iq4_xs_x16 and LEVEL_EXTRA_ROWS */
 
 #ifndef QUANT_AVX_VNNI
 #define QUANT_LEVEL avx2

@@ -377,7 +377,7 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
     }
 }
 
-X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_q6_k_x16 and LEVEL_EXTRA_ROWS */
+X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_iq4_xs_x16 and LEVEL_EXTRA_ROWS */
 
 #define BATCH_ROWS 4
 #define QUANT_LEVEL avx512vnni

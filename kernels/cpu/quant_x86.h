@@ -52,9 +52,9 @@ INLINE int32_t x_word(const cpu_q8_block *xb, int j) {
 }
 
 /* How many units ahead the x16 tiles prefetch. The 32-block units of Q8_0,
- * Q4_0 and Q4_1 (5-9 KB) go 16 ahead: a batch tile spends long enough on
+ * Q4_0, Q4_1 and IQ4_NL (5-9 KB) go 16 ahead: a batch tile spends long enough on
  * each unit that 4 ahead arrived late (batch 8 decode 10-13% slower), while
- * a decode tile does not care. The k-quants' 256-block units go 2 ahead,
+ * a decode tile does not care. The 256-block units (k-quants, IQ4_XS) go 2 ahead,
  * fetched at the first 32-block of each. */
 INLINE size_t x16_prefetch_units(int is_k) { return is_k ? 2 : 16; }
 
@@ -77,7 +77,8 @@ INLINE int x16_is_k(cpu_wtype t) {
 }
 
 /* The x16 types whose unpacked weights are signed bytes (Q8_0's, IQ4's
- * levels): AVX2 moves their signs onto x, VNNI offsets them by 128. */
+ * levels): the AVX2 tile (avx2vnni's too) moves their signs onto x, the
+ * AVX-512 VNNI one offsets them by 128. */
 INLINE int x16_signed(cpu_wtype t) {
     return t == CPU_W_Q8_0_X16 || t == CPU_W_IQ4_NL_X16 || t == CPU_W_IQ4_XS_X16;
 }
