@@ -73,6 +73,15 @@ grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
 step batch 150 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 BATCH_SIZES=1,2,4,8,16,32 \
     sh bench/gpu_evidence.sh "$R/batch" "$COMMIT"
+# Where cuBLASLt overtakes the multi-token GEMV: batches of 2-8 with passes
+# of more than 1, 2 or 4 tokens through cuBLASLt (POLAR_CUDA_GEMV_TOKENS;
+# the default, 8, is the batch step above). One JSON line per batch size.
+step gemv_sweep 90 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
+    for g in 1 2 4; do
+        POLAR_CUDA_GEMV_TOKENS=$g ./build-cuda/polar bench --device cuda --json --preset llama-3.2-1b \
+            --batch 2,4,8 --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-gemv.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"gemv_tokens\":$g,\"result\":/; s/\$/}/" /tmp/polar-gemv.json >>"$OUTFILE"
+    done'
 step evidence 210 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
     sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
@@ -87,4 +96,6 @@ step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
+grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
+    paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

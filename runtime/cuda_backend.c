@@ -258,6 +258,18 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
     }
+    c->gemv_tokens = DECODE_TOKENS;
+    const char *gemv = getenv("POLAR_CUDA_GEMV_TOKENS");
+    if (gemv) {
+        char *end;
+        long n = strtol(gemv, &end, 10);
+        if (end == gemv || *end || n < 0 || n > DECODE_TOKENS) {
+            cuda_state_free(c);
+            return polar_fail(err, POLAR_ERR_ARG, "POLAR_CUDA_GEMV_TOKENS=%s: not a whole number from 0 to %d",
+                              gemv, DECODE_TOKENS);
+        }
+        c->gemv_tokens = (int)n;
+    }
     if (!(c->w = model_weights(m))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");
@@ -367,7 +379,7 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 
 void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
                      int cols, int accumulate) {
-    if (T > DECODE_TOKENS) {
+    if (T > c->gemv_tokens) {
         if (!bias && cuda_gemm_run(c->gemm, y, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
         if (bias && cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
@@ -379,7 +391,7 @@ void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, con
 
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate) {
-    if (T > DECODE_TOKENS) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
+    if (T > c->gemv_tokens) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
     cuda_mm_rounded(c, y, x, w, bias, T, rows, cols, accumulate);
 }
 
@@ -389,7 +401,7 @@ void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 
 static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *norm, const bf16 *w_gate,
                    const bf16 *w_up, int T, int F, int cols) {
     float eps = (float)c->m->arch.rms_eps;
-    if (T <= DECODE_TOKENS) {
+    if (T <= c->gemv_tokens) {
         cuda_matmul_swiglu(act, x, norm, eps, w_gate, w_up, T, F, cols, &c->queue);
         return;
     }
@@ -412,7 +424,7 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, E, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
     /* a prefill chunk on tensor cores (bf16 inputs), decode on the GEMV */
-    if (T > DECODE_TOKENS && cuda_expert_gemm_fits(H, F)) {
+    if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
         cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
         cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
@@ -476,7 +488,7 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, int T, const cuda
     int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
     float eps = (float)a->rms_eps;
     const cuda_queue *s = &c->queue;
-    if (T <= DECODE_TOKENS) { /* the attention norm on the fly */
+    if (T <= c->gemv_tokens) { /* the attention norm on the fly */
         cuda_matmul_qkv(c->q, c->k, c->v, c->x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd,
                         kvd, H, s);
     } else {

@@ -12,8 +12,11 @@
 #include "cuda_gemm.h"
 
 /* A pass of up to CUDA_DECODE_TOKENS tokens goes through the hand-written
- * GEMVs (a weight row read once for all of them), more through cuBLASLt.
- * Attention is chosen apart (cuda_layer_forward): the tiled prefill kernel
+ * GEMVs (a weight row read once for all of them), more through cuBLASLt
+ * (POLAR_CUDA_GEMV_TOKENS=N moves that limit down to N, to measure where
+ * cuBLASLt overtakes the GEMVs: on an H200 a batch of 8 took 3.97 ms a step
+ * through them and one of 32 2.11 through cuBLASLt; the CPU's
+ * round_like_cuda mirrors only the default). Attention is chosen apart (cuda_layer_forward): the tiled prefill kernel
  * for a run of more than CUDA_DECODE_TOKENS consecutive positions, split-K
  * for every other token, however many the pass has. */
 #define DECODE_TOKENS CUDA_DECODE_TOKENS
@@ -78,6 +81,8 @@ struct cuda_state {
     const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
     int overlap_dropped;         /* a failed capture turned overlap off (cuda_state_capture_failed) */
     cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
+    int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (DECODE_TOKENS, or
+                                  * POLAR_CUDA_GEMV_TOKENS) */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
                                   * (qkv_bias models only; other GEMMs write their output, residual included) */
@@ -100,7 +105,7 @@ int cuda_state_capture_failed(cuda_state *c);
 void *cuda_dev_alloc(cuda_state *c, size_t bytes);
 
 /* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
- * than DECODE_TOKENS tokens (x rounded to bf16 into c->xb first), the
+ * than c->gemv_tokens tokens (x rounded to bf16 into c->xb first), the
  * hand-written GEMV for fewer (and if cuBLASLt declines a shape). */
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate);

@@ -277,6 +277,70 @@ static void overlap_off(void) {
     polar_model_free(m);
 }
 
+/* POLAR_CUDA_GEMV_TOKENS=N sends passes of more than N tokens through
+ * cuBLASLt (to measure where it overtakes the GEMVs): with N 0 and 3, a
+ * 7-token prompt and single-token decode steps on a dense and an MoE model
+ * give the default's greedy tokens and logits within the GEMM bounds but not
+ * its bits (the rounding of GEMM inputs to bf16 is the change; under the
+ * emulation 6.2e-3 and 1.0e-2 relative L2); a value out of 0..8
+ * fails the session with the variable named. */
+static void gemv_tokens_env(void) {
+    static const char *archs[] = {"llama", "qwen2_moe"}, *values[] = {"0", "3"}, *bad[] = {"9", "-1", "2x", ""};
+    for (int i = 0; i < 2; i++) {
+        char dir[128];
+        snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
+        polar_error err;
+        polar_model *m = NULL;
+        CHECK_OK(polar_model_load(dir, &m, &err));
+        if (!m) continue;
+        polar_model_info info;
+        polar_model_info_get(m, &info);
+        int V = info.arch.vocab, prompt[7] = {5, 17, 2, 99, 41, 8, 63};
+        polar_program p;
+        CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));
+        polar_session_opts o = {.max_ctx = 32, .device = POLAR_DEVICE_CUDA};
+        polar_gen_opts go = {.max_new = 8, .ignore_eos = 1};
+        float *l[2] = {malloc((size_t)7 * V * 4), malloc((size_t)7 * V * 4)};
+        int tok[2][8];
+        for (int v = -1; v < 2; v++) { /* -1: the default, the reference */
+            if (v >= 0) setenv("POLAR_CUDA_GEMV_TOKENS", values[v], 1);
+            polar_session *s = NULL;
+            CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
+            int k = v >= 0;
+            if (s) {
+                CHECK_OK(polar_prefill(s, prompt, 7, l[k], &err));
+                CHECK_OK(polar_generate(s, prompt, 7, &go, tok[k], NULL, NULL, NULL, &err));
+            }
+            polar_session_free(s);
+            unsetenv("POLAR_CUDA_GEMV_TOKENS");
+            if (!s || !k) continue;
+            double cosine, rel;
+            float d = max_abs_diff(l[1], l[0], (size_t)7 * V, &cosine, &rel);
+            CHECK(rel <= TOL_REL_GEMM && d <= TOL_GEMM_MAX, "%s, POLAR_CUDA_GEMV_TOKENS=%s: relative L2 %g, max %g",
+                  archs[i], values[v], rel, d);
+            CHECK(rel > 0, "%s, POLAR_CUDA_GEMV_TOKENS=%s: the default's very bits (the GEMMs did not run)", archs[i],
+                  values[v]);
+            CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]), "%s, POLAR_CUDA_GEMV_TOKENS=%s: greedy tokens differ",
+                  archs[i], values[v]);
+            printf("  %-9s POLAR_CUDA_GEMV_TOKENS=%s: logits to the default's max %.2e rel %.1e\n", archs[i],
+                   values[v], d, rel);
+        }
+        for (int b = 0; b < 4 && i == 0; b++) {
+            setenv("POLAR_CUDA_GEMV_TOKENS", bad[b], 1);
+            polar_session *s = NULL;
+            polar_status st = polar_session_create(m, &p, &o, &s, &err);
+            CHECK(st == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_GEMV_TOKENS"), "POLAR_CUDA_GEMV_TOKENS=\"%s\": %s",
+                  bad[b], st == POLAR_OK ? "accepted" : err.msg);
+            polar_session_free(s);
+            unsetenv("POLAR_CUDA_GEMV_TOKENS");
+        }
+        free(l[0]);
+        free(l[1]);
+        polar_program_free(&p);
+        polar_model_free(m);
+    }
+}
+
 /* Greedy decoding fed on the device stops where the CPU stops (a stop id
  * met mid-way, so the step queued after it is wasted and the last counted
  * step re-run) and leaves the session as the CPU's: position and logits. */
@@ -684,6 +748,7 @@ int main(int argc, char **argv) {
     RUN_IF(no_alloc_per_step);
     RUN_IF(graph_recapture);
     RUN_IF(overlap_off);
+    RUN_IF(gemv_tokens_env);
     RUN_IF(greedy_stop);
     RUN_IF(shared_weights);
     RUN_IF(threads_share_gpu);
