@@ -85,6 +85,12 @@ step gemv_sweep 90 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
 step evidence 210 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
     sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
+# Does initcheck see what cuBLASLt writes? kernel_prefill_ops has the bias
+# kernel read a cuBLASLt product in memory nothing else wrote (its values
+# checked): reports there mean it does not (2026-11-26: 100 reports of rows
+# only cuBLASLt writes, in test_cuda_batch).
+step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
+    kernel_prefill_ops
 wait # the base build
 if [ -x /tmp/polar-ab-base/base/build-cuda/polar ]; then
     step ab 150 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
