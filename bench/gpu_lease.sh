@@ -74,10 +74,11 @@ grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 step batch 150 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 BATCH_SIZES=1,2,4,8,16,32 \
     sh bench/gpu_evidence.sh "$R/batch" "$COMMIT"
 # Where cuBLASLt overtakes the multi-token GEMV: batches of 2-8 with passes
-# of more than 1, 2 or 4 tokens through cuBLASLt (POLAR_CUDA_GEMV_TOKENS;
-# the default, 8, is the batch step above). One JSON line per batch size.
-step gemv_sweep 90 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
-    for g in 1 2 4; do
+# of more than 1, 2, 4 or 8 (the default) tokens through cuBLASLt
+# (POLAR_CUDA_GEMV_TOKENS), all in this step. Two JSON lines per batch size
+# and limit (one program, mixed programs).
+step gemv_sweep 120 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
+    for g in 1 2 4 8; do
         POLAR_CUDA_GEMV_TOKENS=$g ./build-cuda/polar bench --device cuda --json --preset llama-3.2-1b \
             --batch 2,4,8 --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-gemv.json || exit 1
         sed "s/^/{\"commit\":\"$COMMIT\",\"gemv_tokens\":$g,\"result\":/; s/\$/}/" /tmp/polar-gemv.json >>"$OUTFILE"

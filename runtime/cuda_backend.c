@@ -265,7 +265,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         long n = strtol(gemv, &end, 10);
         if (end == gemv || *end || n < 0 || n > DECODE_TOKENS) {
             cuda_state_free(c);
-            return polar_fail(err, POLAR_ERR_ARG, "POLAR_CUDA_GEMV_TOKENS=%s: not a whole number from 0 to %d",
+            return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_GEMV_TOKENS=%s: not a whole number from 0 to %d",
                               gemv, DECODE_TOKENS);
         }
         c->gemv_tokens = (int)n;
@@ -396,8 +396,9 @@ void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 
 }
 
 /* act[T, F] = silu(xn . gate^T) * (xn . up^T), xn = x or, with norm, x's
- * RMSNorm: one fused GEMV (the norm applied on the fly) for decode; the norm
- * into c->xn, two GEMMs and the activation for a prefill chunk. */
+ * RMSNorm: one fused GEMV (the norm applied on the fly) for up to
+ * c->gemv_tokens tokens; the norm into c->xn, two GEMMs and the activation
+ * for more. */
 static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *norm, const bf16 *w_gate,
                    const bf16 *w_up, int T, int F, int cols) {
     float eps = (float)c->m->arch.rms_eps;
@@ -423,7 +424,7 @@ static void moe_forward(cuda_state *c, const layer_weights *w, int T) {
     const cuda_queue *s = &c->queue;
     cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, E, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
-    /* a prefill chunk on tensor cores (bf16 inputs), decode on the GEMV */
+    /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV */
     if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
         cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);

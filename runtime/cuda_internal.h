@@ -16,9 +16,10 @@
  * (POLAR_CUDA_GEMV_TOKENS=N moves that limit down to N, to measure where
  * cuBLASLt overtakes the GEMVs: on an H200 a batch of 8 took 3.97 ms a step
  * through them and one of 32 2.11 through cuBLASLt; the CPU's
- * round_like_cuda mirrors only the default). Attention is chosen apart (cuda_layer_forward): the tiled prefill kernel
- * for a run of more than CUDA_DECODE_TOKENS consecutive positions, split-K
- * for every other token, however many the pass has. */
+ * round_like_cuda mirrors only the default). Attention is chosen apart
+ * (cuda_layer_forward): the tiled prefill kernel for a run of more than
+ * CUDA_DECODE_TOKENS consecutive positions, split-K for every other token,
+ * however many the pass has. */
 #define DECODE_TOKENS CUDA_DECODE_TOKENS
 #define LOGIT_ROWS CUDA_LOGIT_ROWS
 
@@ -80,7 +81,7 @@ struct cuda_state {
                                   * unless POLAR_CUDA_PDL=0 (cuda_state_create) */
     const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
     int overlap_dropped;         /* a failed capture turned overlap off (cuda_state_capture_failed) */
-    cuda_gemm *gemm;             /* cuBLASLt for prefill chunks */
+    cuda_gemm *gemm;             /* cuBLASLt, for passes of more than gemv_tokens tokens */
     int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (DECODE_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
@@ -106,7 +107,7 @@ void *cuda_dev_alloc(cuda_state *c, size_t bytes);
 
 /* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
  * than c->gemv_tokens tokens (x rounded to bf16 into c->xb first), the
- * hand-written GEMV for fewer (and if cuBLASLt declines a shape). */
+ * hand-written GEMV for up to that many (and if cuBLASLt declines a shape). */
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
              int accumulate);
 /* The same for the next product of the same x: c->xb holds it rounded

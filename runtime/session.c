@@ -100,12 +100,14 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
                                   .n_tables = s->cap_program * s->kv.max_blocks,
                                   .tables = s->kv.blocks,
                                   .max_blocks = s->kv.max_blocks};
-        if ((st = cuda_state_create(m, &shape, &s->cuda, err)) != POLAR_OK && o.device == POLAR_DEVICE_CUDA) {
+        st = cuda_state_create(m, &shape, &s->cuda, err);
+        if (st != POLAR_OK && (o.device == POLAR_DEVICE_CUDA || st == POLAR_ERR_ARG)) {
             polar_session_free(s);
             return st;
         }
         /* auto: the GPU cannot take this session (head_dim, memory); the CPU
-         * can, and polar_session_device says which was chosen */
+         * can, and polar_session_device says which was chosen. A setting
+         * that is wrong (POLAR_ERR_ARG) is said whatever the device. */
     }
     s->chunk = s->cuda ? s->cuda_chunk : PREFILL_CHUNK;
     s->round_like_cuda = !s->cuda && o.round_like_cuda;

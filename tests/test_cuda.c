@@ -278,14 +278,20 @@ static void overlap_off(void) {
 }
 
 /* POLAR_CUDA_GEMV_TOKENS=N sends passes of more than N tokens through
- * cuBLASLt (to measure where it overtakes the GEMVs): with N 0 and 3, a
- * 7-token prompt and single-token decode steps on a dense and an MoE model
- * give the default's greedy tokens and logits within the GEMM bounds but not
- * its bits (the rounding of GEMM inputs to bf16 is the change; under the
- * emulation 6.2e-3 and 1.0e-2 relative L2); a value out of 0..8
- * fails the session with the variable named. */
+ * cuBLASLt (to measure where it overtakes the GEMVs). On a dense and an MoE
+ * model, a 7-token prompt and 8 greedy steps: N 7 gives the default's bits
+ * (7 tokens stay on the GEMV); N 6 takes the prompt through cuBLASLt and N 0
+ * the single-token decode steps too (inside the captured graph, launches
+ * still overlapped on the emulated H100): the same greedy tokens, logits
+ * within the bounds of the f32 route (only the rounding of GEMM inputs to
+ * bf16 changes; under the emulation 6.2e-3 and 1.0e-2 relative L2) and not
+ * the same bits. A value out of 0..8 fails the session whatever the device,
+ * with the variable named. */
 static void gemv_tokens_env(void) {
-    static const char *archs[] = {"llama", "qwen2_moe"}, *values[] = {"0", "3"}, *bad[] = {"9", "-1", "2x", ""};
+    static const char *archs[] = {"llama", "qwen2_moe"}, *values[] = {NULL, "7", "6", "0"};
+    static const char *bad[] = {"9", "-1", "2x", ""};
+    const char *saved = getenv("POLAR_CUDA_GEMV_TOKENS");
+    char *restore = saved ? strdup(saved) : NULL;
     for (int i = 0; i < 2; i++) {
         char dir[128];
         snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
@@ -295,50 +301,71 @@ static void gemv_tokens_env(void) {
         if (!m) continue;
         polar_model_info info;
         polar_model_info_get(m, &info);
-        int V = info.arch.vocab, prompt[7] = {5, 17, 2, 99, 41, 8, 63};
+        int V = info.arch.vocab, prompt[7] = {5, 17, 2, 99, 41, 8, 63}, ran[4] = {0};
         polar_program p;
         CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));
         polar_session_opts o = {.max_ctx = 32, .device = POLAR_DEVICE_CUDA};
         polar_gen_opts go = {.max_new = 8, .ignore_eos = 1};
-        float *l[2] = {malloc((size_t)7 * V * 4), malloc((size_t)7 * V * 4)};
-        int tok[2][8];
-        for (int v = -1; v < 2; v++) { /* -1: the default, the reference */
-            if (v >= 0) setenv("POLAR_CUDA_GEMV_TOKENS", values[v], 1);
+        float *pre[4], *last[4]; /* the prompt's logits, the last step's */
+        int tok[4][8];
+        for (int v = 0; v < 4; v++) {
+            pre[v] = malloc((size_t)7 * V * 4), last[v] = malloc((size_t)V * 4);
+            if (values[v]) setenv("POLAR_CUDA_GEMV_TOKENS", values[v], 1);
+            else unsetenv("POLAR_CUDA_GEMV_TOKENS");
             polar_session *s = NULL;
             CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
-            int k = v >= 0;
-            if (s) {
-                CHECK_OK(polar_prefill(s, prompt, 7, l[k], &err));
-                CHECK_OK(polar_generate(s, prompt, 7, &go, tok[k], NULL, NULL, NULL, &err));
+            if (s && pre[v] && last[v] && polar_prefill(s, prompt, 7, pre[v], &err) == POLAR_OK &&
+                polar_generate(s, prompt, 7, &go, tok[v], NULL, NULL, NULL, &err) == POLAR_OK) {
+                memcpy(last[v], polar_logits(s), (size_t)V * 4);
+                ran[v] = 1;
+                const char *how = polar_session_cuda_launches(s);
+                if (v == 3) printf("  %-9s POLAR_CUDA_GEMV_TOKENS=0: launches %s\n", archs[i], how ? how : "(none)");
+#ifdef POLAR_CUDA_EMU
+                CHECK(how && !strcmp(how, "overlapped"), "POLAR_CUDA_GEMV_TOKENS=%s: launches %s",
+                      values[v] ? values[v] : "unset", how ? how : "NULL");
+#endif
             }
+            CHECK(ran[v], "%s, POLAR_CUDA_GEMV_TOKENS=%s: %s", archs[i], values[v] ? values[v] : "unset", err.msg);
             polar_session_free(s);
-            unsetenv("POLAR_CUDA_GEMV_TOKENS");
-            if (!s || !k) continue;
-            double cosine, rel;
-            float d = max_abs_diff(l[1], l[0], (size_t)7 * V, &cosine, &rel);
-            CHECK(rel <= TOL_REL_GEMM && d <= TOL_GEMM_MAX, "%s, POLAR_CUDA_GEMV_TOKENS=%s: relative L2 %g, max %g",
-                  archs[i], values[v], rel, d);
-            CHECK(rel > 0, "%s, POLAR_CUDA_GEMV_TOKENS=%s: the default's very bits (the GEMMs did not run)", archs[i],
-                  values[v]);
-            CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]), "%s, POLAR_CUDA_GEMV_TOKENS=%s: greedy tokens differ",
-                  archs[i], values[v]);
-            printf("  %-9s POLAR_CUDA_GEMV_TOKENS=%s: logits to the default's max %.2e rel %.1e\n", archs[i],
-                   values[v], d, rel);
         }
+        /* compared: the prompt's logits of N 7, 6 and 0 against the default's,
+         * the last step's of N 0 against N 6 (the same prompt path) */
+        static const int pairs[4][2] = {{0, 1}, {0, 2}, {0, 3}, {2, 3}};
+        for (int c = 0; c < 4 && ran[0] && ran[1] && ran[2] && ran[3]; c++) {
+            int a = pairs[c][0], b = pairs[c][1], same_bits = b == 1;
+            const float *la = c == 3 ? last[a] : pre[a], *lb = c == 3 ? last[b] : pre[b];
+            size_t n = c == 3 ? (size_t)V : (size_t)7 * V;
+            double cosine, rel;
+            float d = max_abs_diff(lb, la, n, &cosine, &rel);
+            const char *what = c == 3 ? "the last decode step (N 0 against N 6: decode through cuBLASLt)" : "the prompt";
+            if (same_bits)
+                CHECK(!memcmp(la, lb, n * 4) && !memcmp(last[a], last[b], (size_t)V * 4),
+                      "%s, N 7: not the default's bits", archs[i]);
+            else
+                CHECK(rel > 0 && rel <= TOL_REL_GEMM && d <= TOL_F32_GEMM_MAX,
+                      "%s, N %s, %s: relative L2 %g (bound %g, and not 0), max %g (bound %g)", archs[i], values[b],
+                      what, rel, TOL_REL_GEMM, d, TOL_F32_GEMM_MAX);
+            CHECK(!memcmp(tok[a], tok[b], sizeof tok[a]), "%s, N %s: greedy tokens differ", archs[i], values[b]);
+            printf("  %-9s N %s against %s, %s: max %.2e rel %.1e\n", archs[i], values[b],
+                   values[a] ? values[a] : "the default", c == 3 ? "last step" : "prompt", d, rel);
+        }
+        for (int v = 0; v < 4; v++) free(pre[v]), free(last[v]);
         for (int b = 0; b < 4 && i == 0; b++) {
             setenv("POLAR_CUDA_GEMV_TOKENS", bad[b], 1);
             polar_session *s = NULL;
+            o.device = POLAR_DEVICE_AUTO; /* not a reason to fall back to the CPU */
             polar_status st = polar_session_create(m, &p, &o, &s, &err);
+            o.device = POLAR_DEVICE_CUDA;
             CHECK(st == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_GEMV_TOKENS"), "POLAR_CUDA_GEMV_TOKENS=\"%s\": %s",
                   bad[b], st == POLAR_OK ? "accepted" : err.msg);
             polar_session_free(s);
-            unsetenv("POLAR_CUDA_GEMV_TOKENS");
         }
-        free(l[0]);
-        free(l[1]);
         polar_program_free(&p);
         polar_model_free(m);
     }
+    if (restore) setenv("POLAR_CUDA_GEMV_TOKENS", restore, 1);
+    else unsetenv("POLAR_CUDA_GEMV_TOKENS");
+    free(restore);
 }
 
 /* Greedy decoding fed on the device stops where the CPU stops (a stop id
