@@ -69,6 +69,30 @@ static int gw_clamp(float v, int lo, int hi) {
     return q < lo ? lo : q > hi ? hi : q;
 }
 
+/* n f32 (n % 32 == 0) -> Q5_0 blocks (22 bytes: d, qh, 16 nibble bytes; x
+ * ~= d * (q - 16)) or, with one, Q5_1 (24: d, m, qh, nibbles; x ~= d * q +
+ * m); q's fifth bit is bit i of qh, its low bits the nibbles as Q4_0's. */
+static void gw_q5(const float *x, size_t n, unsigned char *out, int one) {
+    size_t bb = one ? 24 : 22;
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += bb) {
+        float lo = x[0], hi = x[0], amax = 0;
+        for (int i = 0; i < 32; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]), amax = fmaxf(amax, fabsf(x[i]));
+        uint16_t hd = gw_f16(one ? (hi - lo) / 31.0f : amax / 15.0f), hm = gw_f16(lo);
+        float d = f16_to_f32(hd), m = f16_to_f32(hm);
+        unsigned char *qh = out + (one ? 4 : 2), *qs = qh + 4;
+        out[0] = (unsigned char)hd, out[1] = (unsigned char)(hd >> 8);
+        if (one) out[2] = (unsigned char)hm, out[3] = (unsigned char)(hm >> 8);
+        uint32_t high = 0;
+        memset(qs, 0, 16);
+        for (int i = 0; i < 32; i++) {
+            int q = d > 0 ? gw_clamp(one ? (x[i] - m) / d : x[i] / d + 16, 0, 31) : one ? 0 : 16;
+            high |= (uint32_t)(q >> 4) << i;
+            qs[i % 16] |= (unsigned char)((q & 15) << (i < 16 ? 0 : 4));
+        }
+        for (int k = 0; k < 4; k++) qh[k] = (unsigned char)(high >> (8 * k));
+    }
+}
+
 /* n f32 (n % 256 == 0) -> Q4_K blocks (144 bytes; bits 4: per 32
  * weights an unsigned 4-bit q with a 6-bit scale and min, x ~= d*sc*q -
  * dmin*m) or Q5_K blocks (176 bytes; bits 5: the fifth bit of element i of
@@ -194,7 +218,12 @@ static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
                    ? GGML_Q6_K
                : fault == GGUF_K5_FILE ? GGML_Q5_K
                                        : GGML_Q4_K;
-    if (k_mix && r->cols % 32 == 0) return GGML_Q8_0; /* llama.cpp falls back too where 256 does not divide */
+    /* where 256 does not divide a row, llama.cpp's fallbacks: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 */
+    if (k_mix && r->cols % 32 == 0)
+        return strstr(r->gguf_name, "attn_v") || strstr(r->gguf_name, "ffn_down") || strstr(r->gguf_name, "token_embd")
+                   ? GGML_Q8_0
+               : fault == GGUF_K5_FILE ? GGML_Q5_1
+                                       : GGML_Q5_0;
     if (fault == GGUF_IQ4_FILE && r->cols % 32 == 0) return r->cols % 256 == 0 ? GGML_IQ4_XS : GGML_IQ4_NL;
     return GGML_F32;
 }
@@ -365,6 +394,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             if (type == GGML_Q8_0) gw_q8_0(v, cnt, q);
             else if (type == GGML_Q4_K || type == GGML_Q5_K) gw_k_quant(v, cnt, q, type == GGML_Q5_K ? 5 : 4);
             else if (type == GGML_IQ4_NL || type == GGML_IQ4_XS) gw_iq4(v, cnt, q, type == GGML_IQ4_XS);
+            else if (type == GGML_Q5_0 || type == GGML_Q5_1) gw_q5(v, cnt, q, type == GGML_Q5_1);
             else gw_q6_k(v, cnt, q);
             fwrite(q, 1, bytes, f);
             free(q);

@@ -4,7 +4,8 @@
  *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m|q5_k_m|iq4_xs] [SEED] [LAYERS]
  *
  * q4_k_m: llama.cpp's Q4_K_M mix (Q6_K attn_v, ffn_down and embedding, Q4_K
- * the rest, expert stacks too), q5_k_m: the same with Q5_K in place of Q4_K,
+ * the rest, expert stacks too; where 256 does not divide a row, llama.cpp's
+ * fallbacks Q8_0 and Q5_0), q5_k_m: the same with Q5_K (Q5_1) in place of Q4_K (Q5_0),
  * q8_0: Q8_0 matrices, iq4_xs: IQ4_XS (IQ4_NL where 256 does not divide a
  * row; a plain nearest-level quantizer, not llama.cpp's); norms, biases and
  * routers F32. LAYERS cuts the preset to its first layers (a large MoE's

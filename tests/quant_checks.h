@@ -288,10 +288,11 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
  * and every token's outputs are those of the token alone (T = 1) bit for
  * bit: decode and batches agree. */
 static void x16_on_level(const cpu_kernels *k, const char *name) {
-    enum { MAXCOLS = 512, MAXT = 17, ROWS0 = 37, ROWS1 = 21, NTYPES = 8 };
-    /* each type with the next: IQ4_NL last, so that its partner (Q8_0) lets it run at 96 columns too */
-    static const cpu_wtype types[NTYPES] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU_W_Q4_K,
-                                            CPU_W_Q5_K, CPU_W_Q6_K, CPU_W_IQ4_XS, CPU_W_IQ4_NL};
+    enum { MAXCOLS = 512, MAXT = 17, ROWS0 = 37, ROWS1 = 21, NTYPES = 10 };
+    /* each type with the next: IQ4_NL after IQ4_XS, then 32-block types, so that every 32-block type meets a
+     * 32-block partner and runs at 96 columns too */
+    static const cpu_wtype types[NTYPES] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q4_K,   CPU_W_Q5_K,
+                                            CPU_W_Q6_K, CPU_W_IQ4_XS, CPU_W_IQ4_NL, CPU_W_Q5_0, CPU_W_Q5_1};
     static const int Ts[] = {1, 2, 3, 5, 8, 9, 17}, colss[2] = {512, 96}, out_rows[2] = {ROWS0, ROWS1};
     static float x[MAXT * MAXCOLS], wf[MAXCOLS], row_f[MAXCOLS], y[2][MAXT * ROWS0], y0[2][MAXT * ROWS0],
         one[2][ROWS0];
@@ -374,8 +375,8 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
  * same float operations follow): each type, T 1 to 9, bias, 2 threads. */
 static void x16_same_on_levels(void) {
     enum { COLS = 512, ROWS = 53, T = 9 };
-    static const cpu_wtype types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU_W_Q4_K,
-                                      CPU_W_Q5_K, CPU_W_Q6_K, CPU_W_IQ4_NL, CPU_W_IQ4_XS};
+    static const cpu_wtype types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q5_0,   CPU_W_Q5_1,
+                                      CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K, CPU_W_IQ4_NL, CPU_W_IQ4_XS};
     static float x[T * COLS], y[2][T * ROWS];
     static cpu_q8_block xq[T * COLS / 32];
     const cpu_kernels *ks[CPU_N_LEVELS];

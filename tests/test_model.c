@@ -210,7 +210,15 @@ static void model_presets(void) {
         CHECK_OK(polar_model_info_get(&m, &info));
         CHECK(info.n_params == want[i].params, "%s: %zu params, want %zu", want[i].name, info.n_params, want[i].params);
     }
-    CHECK(names[5] && !strcmp(names[5], "qwen3-embedding-0.6b") && names[6] == NULL, "six presets");
+    CHECK(names[5] && !strcmp(names[5], "qwen3-embedding-0.6b") && names[6] && !strcmp(names[6], "qwen2.5-0.5b") &&
+              names[7] == NULL,
+          "seven presets");
+    polar_error err;
+    polar_model m = {0};
+    polar_model_info info;
+    CHECK_OK(polar_arch_preset("qwen2.5-0.5b", &m.arch, &err));
+    CHECK_OK(polar_model_info_get(&m, &info));
+    CHECK(info.n_params == 494032768, "qwen2.5-0.5b: %zu params, want 494032768", info.n_params);
 }
 
 int main(void) {

@@ -127,22 +127,28 @@ static void q8_0_gguf_model(void) {
     polar_model_free(b);
 }
 
-/* A random Llama (rows of whole 256-blocks) written as llama.cpp's Q4_K_M
- * mix (Q6_K attn_v / ffn_down / embedding, Q4_K the rest) and as its Q5_K_M
- * mix (Q5_K in place of Q4_K): kept as blocks, each matrix dequantizing to
- * its bf16 load, and the logits close to it. */
+/* A random Llama written as llama.cpp's Q4_K_M mix (Q6_K attn_v / ffn_down
+ * / embedding, Q4_K the rest) and as its Q5_K_M mix (Q5_K in place of
+ * Q4_K), with rows of whole 256-blocks, and with a hidden size of 288, whose
+ * rows take llama.cpp's fallbacks (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for
+ * Q6_K; ffn_down's rows of 512 stay Q6_K): kept as blocks, each matrix
+ * dequantizing to its bf16 load, and the logits close to it. */
 static void k_quant_gguf_model(void) {
     static const struct {
         gguf_fault kind;
-        cpu_wtype main;
+        cpu_wtype main, six; /* most matrices', attn_v's and the embedding's */
+        int hidden;
         const char *name;
-    } mixes[] = {{GGUF_K_FILE, CPU_W_Q4_K, "Q4_K_M"}, {GGUF_K5_FILE, CPU_W_Q5_K, "Q5_K_M"}};
-    for (int f = 0; f < 2; f++) {
+    } mixes[] = {{GGUF_K_FILE, CPU_W_Q4_K, CPU_W_Q6_K, 256, "Q4_K_M"},
+                 {GGUF_K5_FILE, CPU_W_Q5_K, CPU_W_Q6_K, 256, "Q5_K_M"},
+                 {GGUF_K_FILE, CPU_W_Q5_0, CPU_W_Q8_0, 288, "Q4_K_M, hidden 288"},
+                 {GGUF_K5_FILE, CPU_W_Q5_1, CPU_W_Q8_0, 288, "Q5_K_M, hidden 288"}};
+    for (int f = 0; f < 4; f++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL, *q = NULL, *b = NULL;
         CHECK_OK(polar_arch_default("llama", &a, &err));
-        a.hidden = 256, a.ffn = 512, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
+        a.hidden = mixes[f].hidden, a.ffn = 512, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64, a.vocab = 512;
         CHECK_OK(polar_model_random(&a, 11, &m, &err));
         char path[128];
         snprintf(path, sizeof path, "%s/k%d.gguf", dir, f);
@@ -150,9 +156,9 @@ static void k_quant_gguf_model(void) {
         CHECK_OK(load_kept_and_bf16(path, &q, &b, &err));
         if (q && b) {
             const layer_weights *lq = &q->layers[1], *lb = &b->layers[1];
-            cpu_wtype main = kept_as(mixes[f].main), q6_k = kept_as(CPU_W_Q6_K);
-            CHECK(lq->t_wq == main && lq->t_wv == q6_k && lq->t_down == q6_k && lq->t_gate == main && q->t_embed == q6_k,
-                  "kept as the %s mix (wq %s)", mixes[f].name, cpu_wtype_name(lq->t_wq));
+            cpu_wtype main = kept_as(mixes[f].main), six = kept_as(mixes[f].six), q6_k = kept_as(CPU_W_Q6_K);
+            CHECK(lq->t_wq == main && lq->t_wv == six && lq->t_down == q6_k && lq->t_gate == main && q->t_embed == six,
+                  "kept as the %s mix (wq %s, wv %s)", mixes[f].name, cpu_wtype_name(lq->t_wq), cpu_wtype_name(lq->t_wv));
             struct {
                 const void *w;
                 cpu_wtype t;

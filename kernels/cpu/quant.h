@@ -24,7 +24,7 @@ typedef enum {
     CPU_W_Q2_K, CPU_W_Q3_K, CPU_W_IQ4_NL, CPU_W_IQ4_XS,
     CPU_W_Q8_0_X16, CPU_W_Q4_0_X16, CPU_W_Q4_1_X16, CPU_W_Q4_K_X16, CPU_W_Q5_K_X16, CPU_W_Q6_K_X16, /* interleaved
                                                                                                         by 16 rows (below) */
-    CPU_W_IQ4_NL_X16, CPU_W_IQ4_XS_X16,
+    CPU_W_IQ4_NL_X16, CPU_W_IQ4_XS_X16, CPU_W_Q5_0_X16, CPU_W_Q5_1_X16,
     CPU_W_N
 } cpu_wtype;
 
@@ -152,8 +152,8 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 #endif
 
 
-/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K,
- * IQ4_NL and IQ4_XS,
+/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K, IQ4_NL and IQ4_XS,
  * which the AVX2 and AVX-512 levels multiply 16 rows at a time (one row a
  * 32-bit lane, so a block's products need no horizontal sums). Rows go in
  * groups of 16, the last padded with zero blocks; in a group, unit u of its
@@ -173,6 +173,9 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
  *   (as Q4_0) and 2 vectors of its high 2 bits (byte p of the lane, bits
  *   2q..2q+1: weight 16h + 4q + p of vector h); then 4 vectors of the 16
  *   int8 scales; the 16 d.
+ * - Q5_0 / Q5_1: the 4 nibble vectors of Q4_0; 1 vector of the 16 qh
+ *   words (bit i: the fifth bit of weight i); the 16 scales; (Q5_1) the 16
+ *   offsets.
  * - IQ4_NL: as Q4_0 (codes in place of the nibbles).
  * - IQ4_XS: for each 32-block, 4 vectors of its 16 code bytes (as Q4_0);
  *   then the 16 d (f16), the 16 scales_h (uint16), 1 vector of the 16

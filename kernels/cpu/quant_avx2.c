@@ -209,6 +209,24 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x8(b + 288 + 16 * h);
         else o->z = 8;
         return;
+    case CPU_W_Q5_0_X16:
+    case CPU_W_Q5_1_X16: { /* Q4_0's nibbles, each lane's fifth bits from its qh word (x16_q5_byte) */
+        const __m256i qh = V(256), fifth = _mm256_set1_epi8(0x10);
+        const __m256i lane_bytes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808,
+                                                     0x0C0C0C0C); /* each lane's first byte in its 128 bits */
+        for (int v = 0; v < 8; v++) {
+            __m256i p = V(64 * (v % 4));
+            __m256i q = _mm256_and_si256(v < 4 ? p : _mm256_srli_epi16(p, 4), low4);
+            __m256i idx = _mm256_add_epi32(lane_bytes, _mm256_set1_epi32(x16_q5_byte(v) * 0x01010101));
+            __m256i mask = _mm256_set1_epi32((int)x16_q5_mask(v));
+            __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, idx), mask), mask);
+            o->u[v] = _mm256_or_si256(q, _mm256_and_si256(set, fifth));
+        }
+        o->a[0] = o->a[1] = load_f16x8(b + 320 + 16 * h);
+        if (t == CPU_W_Q5_1_X16) o->m = load_f16x8(b + 352 + 16 * h);
+        else o->z = 16;
+        return;
+    }
     case CPU_W_IQ4_NL_X16:
     case CPU_W_IQ4_XS_X16: { /* each code's level, signed as Q8_0's bytes (s the level, u |level|) */
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
@@ -334,8 +352,7 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const 
             } else {
                 f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), f[c]);
             }
-            if (t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16)
-                f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
+            if (x16_has_offset(t)) f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
         }
     }
 }

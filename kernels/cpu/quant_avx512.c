@@ -198,7 +198,6 @@ typedef struct {
 } x16_block;
 
 INLINE int x16_two_scales(cpu_wtype t) { return t == CPU_W_Q6_K_X16; }
-INLINE int x16_has_offset(cpu_wtype t) { return t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16; }
 INLINE int x16_wide_tile(cpu_wtype t) { return t == CPU_W_Q5_K_X16; }
 
 INLINE __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -235,6 +234,22 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x16(b + 288);
         else o->z = 8;
         return;
+    case CPU_W_Q5_0_X16:
+    case CPU_W_Q5_1_X16: { /* Q4_0's nibbles, each lane's fifth bits from its qh word (x16_q5_byte) */
+        const __m512i qh = _mm512_loadu_si512(b + 256), fifth = _mm512_set1_epi8(0x10);
+        const __m512i lane_bytes = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0); /* the lane's first byte */
+        for (int v = 0; v < 8; v++) {
+            __m512i p = _mm512_loadu_si512(b + 64 * (v % 4));
+            __m512i q = _mm512_and_si512(v < 4 ? p : _mm512_srli_epi16(p, 4), low4);
+            __m512i idx = _mm512_add_epi32(lane_bytes, _mm512_set1_epi32(x16_q5_byte(v) * 0x01010101));
+            __mmask64 set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx), _mm512_set1_epi32((int)x16_q5_mask(v)));
+            o->u[v] = _mm512_or_si512(q, _mm512_maskz_mov_epi8(set, fifth));
+        }
+        o->a[0] = o->a[1] = load_f16x16(b + 320);
+        if (t == CPU_W_Q5_1_X16) o->m = load_f16x16(b + 352);
+        else o->z = 16;
+        return;
+    }
     case CPU_W_IQ4_NL_X16:
     case CPU_W_IQ4_XS_X16: { /* each code's level, offset by 128 as Q8_0's bytes */
         const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));

@@ -23,6 +23,7 @@ static const struct {
     [CPU_W_Q5_K_X16] = {"q5_kx16", 176, 256, 0},
     [CPU_W_Q6_K_X16] = {"q6_kx16", 210, 256, 0},
     [CPU_W_IQ4_NL_X16] = {"iq4_nlx16", 18, 32, 0}, [CPU_W_IQ4_XS_X16] = {"iq4_xsx16", 136, 256, 0},
+    [CPU_W_Q5_0_X16] = {"q5_0x16", 22, 32, 0},     [CPU_W_Q5_1_X16] = {"q5_1x16", 24, 32, 0},
 };
 
 size_t cpu_wtype_block_bytes(cpu_wtype t) { return (unsigned)t < CPU_W_N ? (size_t)formats[t].block_bytes : 0; }

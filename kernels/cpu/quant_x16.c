@@ -1,5 +1,5 @@
-/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K,
- * IQ4_NL and IQ4_XS (quant.h): the repacking from row-major blocks and
+/* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K, IQ4_NL and IQ4_XS (quant.h): the repacking from row-major blocks and
  * back, one row's unit (a 32-block, or a 256-block of the k-quants and
  * IQ4_XS) at a time. The values do not
  * change, only where they lie. */
@@ -17,6 +17,8 @@ static cpu_wtype row_type_of(cpu_wtype x) {
     case CPU_W_Q6_K_X16: return CPU_W_Q6_K;
     case CPU_W_IQ4_NL_X16: return CPU_W_IQ4_NL;
     case CPU_W_IQ4_XS_X16: return CPU_W_IQ4_XS;
+    case CPU_W_Q5_0_X16: return CPU_W_Q5_0;
+    case CPU_W_Q5_1_X16: return CPU_W_Q5_1;
     default: return CPU_W_BF16;
     }
 }
@@ -33,6 +35,8 @@ cpu_wtype cpu_x16_of(cpu_wtype t) {
     case CPU_W_Q6_K: return CPU_W_Q6_K_X16;
     case CPU_W_IQ4_NL: return CPU_W_IQ4_NL_X16;
     case CPU_W_IQ4_XS: return CPU_W_IQ4_XS_X16;
+    case CPU_W_Q5_0: return CPU_W_Q5_0_X16;
+    case CPU_W_Q5_1: return CPU_W_Q5_1_X16;
     default: return CPU_W_BF16;
     }
 }
@@ -104,6 +108,15 @@ static void move_q6_k(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
     move(row + 208, x16 + 3328 + 2 * lane, 2, to_x16);
 }
 
+/* Q5_0: d, qh (4 bytes), qs 16; Q5_1: d, m, qh, qs. */
+static void move_q5(uint8_t *row, uint8_t *x16, int lane, int to_x16, int one) {
+    const uint8_t *qh = row + (one ? 4 : 2);
+    for (int j = 0; j < 4; j++) move((uint8_t *)qh + 4 + 4 * j, x16 + 64 * j + 4 * lane, 4, to_x16);
+    move((uint8_t *)qh, x16 + 256 + 4 * lane, 4, to_x16);
+    move(row, x16 + 320 + 2 * lane, 2, to_x16);
+    if (one) move(row + 2, x16 + 352 + 2 * lane, 2, to_x16);
+}
+
 /* IQ4_XS: d, scales_h (2 bytes), scales_l (4), 8 x 16 code bytes. */
 static void move_iq4_xs(uint8_t *row, uint8_t *x16, int lane, int to_x16) {
     for (int j = 0; j < 8; j++)
@@ -118,6 +131,7 @@ static void move_unit(cpu_wtype t, uint8_t *row, uint8_t *x16, int lane, int to_
     if (t == CPU_W_Q4_K || t == CPU_W_Q5_K) move_q45_k(row, x16, lane, to_x16, t == CPU_W_Q5_K);
     else if (t == CPU_W_Q6_K) move_q6_k(row, x16, lane, to_x16);
     else if (t == CPU_W_IQ4_XS) move_iq4_xs(row, x16, lane, to_x16);
+    else if (t == CPU_W_Q5_0 || t == CPU_W_Q5_1) move_q5(row, x16, lane, to_x16, t == CPU_W_Q5_1);
     else move_legacy(t, row, x16, lane, to_x16);
 }
 

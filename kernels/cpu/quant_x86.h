@@ -52,7 +52,7 @@ INLINE int32_t x_word(const cpu_q8_block *xb, int j) {
 }
 
 /* How many units ahead the x16 tiles prefetch. The 32-block units of Q8_0,
- * Q4_0, Q4_1 and IQ4_NL (5-9 KB) go 16 ahead: a batch tile spends long enough on
+ * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (5-9 KB) go 16 ahead: a batch tile spends long enough on
  * each unit that 4 ahead arrived late (batch 8 decode 10-13% slower), while
  * a decode tile does not care. The 256-block units (k-quants, IQ4_XS) go 2 ahead,
  * fetched at the first 32-block of each. */
@@ -66,6 +66,8 @@ INLINE size_t x16_unit_bytes(cpu_wtype t) { /* a switch, so that it folds at eac
     case CPU_W_Q4_0_X16:
     case CPU_W_IQ4_NL_X16: return 16 * 18;
     case CPU_W_Q4_1_X16: return 16 * 20;
+    case CPU_W_Q5_0_X16: return 16 * 22;
+    case CPU_W_Q5_1_X16: return 16 * 24;
     case CPU_W_Q4_K_X16: return 16 * 144;
     case CPU_W_Q5_K_X16: return 16 * 176;
     case CPU_W_IQ4_XS_X16: return 16 * 136;
@@ -75,6 +77,19 @@ INLINE size_t x16_unit_bytes(cpu_wtype t) { /* a switch, so that it folds at eac
 INLINE int x16_is_k(cpu_wtype t) {
     return t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16 || t == CPU_W_Q6_K_X16 || t == CPU_W_IQ4_XS_X16;
 }
+
+/* The x16 types whose weights carry an offset m (w = a q + m). */
+INLINE int x16_has_offset(cpu_wtype t) {
+    return t == CPU_W_Q4_1_X16 || t == CPU_W_Q5_1_X16 || t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16;
+}
+
+/* The fifth bits of a Q5_0 / Q5_1 x16 block as 0x10 bytes, for the weights
+ * of nibble vector v (< 4: weights 4v..4v+3 of each lane's row, else
+ * 16+4(v-4)..): bit k of a lane's qh word is weight k's. The lane's qh byte
+ * holding the four bits is copied into each of its bytes (shuffle index
+ * byte v), and byte b keeps bit b of the nibble (mask). */
+INLINE int x16_q5_byte(int v) { return v < 4 ? v / 2 : 2 + (v - 4) / 2; }
+INLINE uint32_t x16_q5_mask(int v) { return 0x08040201u << (4 * (v % 2)); }
 
 /* The x16 types whose unpacked weights are signed bytes (Q8_0's, IQ4's
  * levels): the AVX2 tile (avx2vnni's too) moves their signs onto x, the
@@ -170,10 +185,13 @@ INLINE rawblock unpack_raw(cpu_wtype t, const uint8_t *row, int k) {
     X16_FUNCTION(q5_k_x16, CPU_W_Q5_K_X16)                                                                           \
     X16_FUNCTION(q6_k_x16, CPU_W_Q6_K_X16)                                                                           \
     X16_FUNCTION(iq4_nl_x16, CPU_W_IQ4_NL_X16)                                                                       \
-    X16_FUNCTION(iq4_xs_x16, CPU_W_IQ4_XS_X16)
+    X16_FUNCTION(iq4_xs_x16, CPU_W_IQ4_XS_X16)                                                                       \
+    X16_FUNCTION(q5_0_x16, CPU_W_Q5_0_X16)                                                                           \
+    X16_FUNCTION(q5_1_x16, CPU_W_Q5_1_X16)
 #define LEVEL_EXTRA_ROWS                                                                                             \
     [CPU_W_Q8_0_X16] = rows_q8_0_x16, [CPU_W_Q4_0_X16] = rows_q4_0_x16, [CPU_W_Q4_1_X16] = rows_q4_1_x16,            \
     [CPU_W_Q4_K_X16] = rows_q4_k_x16, [CPU_W_Q5_K_X16] = rows_q5_k_x16, [CPU_W_Q6_K_X16] = rows_q6_k_x16,            \
-    [CPU_W_IQ4_NL_X16] = rows_iq4_nl_x16, [CPU_W_IQ4_XS_X16] = rows_iq4_xs_x16,
+    [CPU_W_IQ4_NL_X16] = rows_iq4_nl_x16, [CPU_W_IQ4_XS_X16] = rows_iq4_xs_x16,                                      \
+    [CPU_W_Q5_0_X16] = rows_q5_0_x16, [CPU_W_Q5_1_X16] = rows_q5_1_x16,
 
 #endif
