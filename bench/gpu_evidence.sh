@@ -82,7 +82,7 @@ programs() {
 # Depth of each preset (runtime/presets.c).
 layers() {
     case $1 in
-    llama-3.2-1b) echo 16 ;; llama-3.2-3b) echo 28 ;; qwen2.5-3b | qwen3-8b) echo 36 ;; qwen1.5-moe-a2.7b) echo 24 ;;
+    llama-3.2-1b) echo 16 ;; llama-3.2-3b) echo 28 ;; qwen2.5-3b | qwen3-8b) echo 36 ;; qwen1.5-moe-a2.7b | qwen2.5-0.5b) echo 24 ;;
     *) echo 28 ;;
     esac
 }

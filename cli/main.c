@@ -65,7 +65,7 @@ static void usage(FILE *f, const command *only) {
                "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n");
     if (!only)
         fprintf(f, "Presets: llama-3.2-1b, llama-3.2-3b, qwen2.5-3b, qwen3-8b, qwen1.5-moe-a2.7b,\n"
-                   "qwen3-embedding-0.6b (real shapes, random weights).\n"
+                   "qwen3-embedding-0.6b, qwen2.5-0.5b (real shapes, random weights).\n"
                    "polar CMD --help: one command's usage. Exit status: 0 success, 2 usage error, 1 any other\n"
                    "failure.\n");
 }

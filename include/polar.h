@@ -109,7 +109,8 @@ polar_status polar_model_load(const char *dir, polar_model **out, polar_error *e
 polar_status polar_arch_default(const char *arch, polar_arch *out, polar_error *err);
 
 /* Real shapes: "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b",
- * "qwen1.5-moe-a2.7b". */
+ * "qwen1.5-moe-a2.7b", "qwen3-embedding-0.6b", "qwen2.5-0.5b"
+ * (polar_preset_names lists them). */
 polar_status polar_arch_preset(const char *name, polar_arch *out, polar_error *err);
 
 /* Names of the presets, NULL-terminated. */

@@ -4,9 +4,10 @@
  * corruptions for the bad-input tests. GGUF_Q8_0_FILE writes the matrices
  * that may stay quantized as Q8_0 blocks (d = max|x|/127 as f16);
  * GGUF_K_FILE as llama.cpp's Q4_K_M mix (GGUF_K5_FILE: Q5_K_M, Q5_K in
- * place of Q4_K): Q6_K for attn_v, ffn_down and the
- * embedding, Q4_K for the rest (matrices whose rows are whole 256-blocks;
- * Q8_0 for those whose rows are whole 32-blocks only); GGUF_IQ4_FILE as
+ * place of Q4_K; simplified: attn_v and ffn_down Q6_K in every layer): Q6_K
+ * for attn_v, ffn_down and the embedding, Q4_K for the rest, where rows are
+ * whole 256-blocks; llama.cpp's fallbacks where they are whole 32-blocks
+ * only (Q8_0 for Q6_K, Q5_0 for Q4_K, Q5_1 for Q5_K); GGUF_IQ4_FILE as
  * IQ4_XS (IQ4_NL where 256 does not divide a row). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
@@ -24,8 +25,8 @@ typedef enum {
     GGUF_OFFSET_PAST_END, GGUF_MISALIGNED, GGUF_TRUNCATED, GGUF_BAD_VALUE_TYPE, GGUF_NO_TENSOR,
     GGUF_Q8_0_FILE,   /* a valid file with Q8_0 matrices */
     GGUF_Q8_0_BAD_ROW, /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
-    GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices */
-    GGUF_K5_FILE,      /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix) */
+    GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices (Q5_0 and Q8_0 where 256 does not divide) */
+    GGUF_K5_FILE,      /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix; Q5_1 and Q8_0 likewise) */
     GGUF_IQ4_FILE      /* ... with IQ4_XS matrices (IQ4_NL where rows are not whole 256-blocks) */
 } gguf_fault;
 

@@ -167,7 +167,7 @@ void cpu_quantize_q8_avx2(cpu_q8_block *out, const float *x, int n) {
  * bytes 32h.. of each 64-byte vector), as the AVX2 tile multiplies it: u[j]
  * the bytes maddubs takes unsigned (|q| for Q8_0 and IQ4, whose signs s[j]
  * move onto x), a[h] each row's scale of half h of the block (equal but for
- * Q6_K), m each row's offset (Q4_1, Q4_K), z the zero point. maddubs' pair
+ * Q6_K), m each row's offset (x16_has_offset), z the zero point. maddubs' pair
  * sums stay within int16: |q| <= 128 for Q8_0 (127 for IQ4), q <= 63 otherwise. */
 typedef struct {
     __m256i u[8], s[8];
@@ -303,9 +303,9 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
 
 /* How many maddubs results of one half block an int16 lane can add
  * before the madd to int32: each is two products u x, |x| <= 127, so at
- * most 2 * 127 * max u (Q8_0 |q| 128: 32512; IQ4 |level| 127: 32258; Q6_K 63: 16002; Q5_K 31:
- * 7874, Q4 types 15: 3810), and the sum must stay within 32767. With
- * vpdpbusd, one: it adds into int32 directly. */
+ * most 2 * 127 * max u (Q8_0 |q| 128: 32512; IQ4 |level| 127: 32258; Q6_K
+ * 63: 16002; Q5_K, Q5_0 and Q5_1 31: 7874; Q4 types 15: 3810), and the sum
+ * must stay within 32767. With vpdpbusd, one: it adds into int32 directly. */
 INLINE int x16_int16_terms(cpu_wtype t) {
 #ifdef QUANT_AVX_VNNI
     return 1;
@@ -390,7 +390,7 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
     }
 }
 
-X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_iq4_xs_x16 and LEVEL_EXTRA_ROWS */
+X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_q5_1_x16 and LEVEL_EXTRA_ROWS */
 
 #ifndef QUANT_AVX_VNNI
 #define QUANT_LEVEL avx2

@@ -189,7 +189,7 @@ INLINE void tile_prepared(cpu_wtype t, int R, int C, const prepared_rows *pr, co
 /* One 32-block of a group of 16 interleaved rows, as the tile multiplies
  * it: u[j] the unsigned weight bytes of weights 4j..4j+3 in each row's lane
  * (j < 4: the first half of the block, j >= 4 the second), a[h] each row's
- * scale of half h (equal but for Q6_K), m each row's offset (Q4_1, Q4_K),
+ * scale of half h (equal but for Q6_K), m each row's offset (x16_has_offset),
  * z the zero point vpdpbusd's unsigned bytes carry. */
 typedef struct {
     __m512i u[8];
@@ -392,7 +392,7 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
     }
 }
 
-X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_iq4_xs_x16 and LEVEL_EXTRA_ROWS */
+X16_ROWS_FUNCTIONS /* quant_x86.h: rows_q8_0_x16 .. rows_q5_1_x16 and LEVEL_EXTRA_ROWS */
 
 #define BATCH_ROWS 4
 #define QUANT_LEVEL avx512vnni

@@ -86,8 +86,8 @@ INLINE int x16_has_offset(cpu_wtype t) {
 /* The fifth bits of a Q5_0 / Q5_1 x16 block as 0x10 bytes, for the weights
  * of nibble vector v (< 4: weights 4v..4v+3 of each lane's row, else
  * 16+4(v-4)..): bit k of a lane's qh word is weight k's. The lane's qh byte
- * holding the four bits is copied into each of its bytes (shuffle index
- * byte v), and byte b keeps bit b of the nibble (mask). */
+ * holding the four bits, x16_q5_byte(v), is copied into each of its bytes
+ * (a byte shuffle), and byte b keeps bit b of the nibble (x16_q5_mask). */
 INLINE int x16_q5_byte(int v) { return v < 4 ? v / 2 : 2 + (v - 4) / 2; }
 INLINE uint32_t x16_q5_mask(int v) { return 0x08040201u << (4 * (v % 2)); }
 
