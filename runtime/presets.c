@@ -83,9 +83,9 @@ polar_status polar_arch_default(const char *arch, polar_arch *a, polar_error *er
     return POLAR_OK;
 }
 
-static const char *const preset_names[] = {"llama-3.2-1b",         "llama-3.2-3b", "qwen2.5-3b", "qwen3-8b",
-                                           "qwen1.5-moe-a2.7b",    "qwen3-embedding-0.6b",
-                                           "qwen2.5-0.5b",         NULL};
+static const char *const preset_names[] = {"llama-3.2-1b",      "llama-3.2-3b",         "qwen2.5-3b",
+                                           "qwen3-8b",          "qwen1.5-moe-a2.7b",    "qwen3-embedding-0.6b",
+                                           "qwen2.5-0.5b",      NULL};
 
 const char *const *polar_preset_names(void) { return preset_names; }
 
@@ -97,7 +97,7 @@ polar_status polar_arch_preset(const char *name, polar_arch *a, polar_error *err
         shape(a, "llama", 28, 3072, 24, 8, 128, 8192, 128256);
     } else if (strcmp(name, "qwen2.5-3b") == 0) {
         shape(a, "qwen2", 36, 2048, 16, 2, 128, 11008, 151936);
-    } else if (strcmp(name, "qwen2.5-0.5b") == 0) { /* hidden 896: llama.cpp's k-quant files fall back to Q5_0 / Q5_1 / Q8_0 */
+    } else if (strcmp(name, "qwen2.5-0.5b") == 0) { /* hidden 896: k-quant files fall back to Q5_0 / Q5_1 / Q8_0 */
         shape(a, "qwen2", 24, 896, 14, 2, 64, 4864, 151936);
     } else if (strcmp(name, "qwen3-8b") == 0) {
         shape(a, "qwen3", 36, 4096, 32, 8, 128, 12288, 151936);

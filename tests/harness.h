@@ -63,4 +63,16 @@ static inline void prompt_logits(const polar_model *m, const char *program, floa
 /* Directory of the committed fixtures; tests run from the repo root. */
 #define GOLDEN_DIR "tests/golden"
 
+/* The golden fixture model of arch (GOLDEN_DIR/arch), its info into *info
+ * when info is not NULL; NULL after a failed check. */
+static inline polar_model *golden_model(const char *arch, polar_model_info *info) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(dir, &m, &err));
+    if (m && info) polar_model_info_get(m, info);
+    return m;
+}
+
 #endif

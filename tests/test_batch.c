@@ -154,10 +154,8 @@ static size_t cache_bytes(const polar_model_info *info, int n) {
  * 1 to 40 tokens (longer than a step's budget), greedy and sampled, joining
  * at different steps, one cancelled mid-run. */
 static void mixed_batch(const char *arch, const char *base, const char *skip, const char *repeat, const char *reorder) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
     polar_model_info info;
-    polar_model *m = load(dir, &info);
+    polar_model *m = golden_model(arch, &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     request rq[] = {
@@ -187,7 +185,7 @@ static void batch_moe(void) { mixed_batch("qwen2_moe", "0-5", "0,1,3-5", "0-3,3,
  * reused, and nothing changes what each sequence gets. */
 static void batch_full_pool(void) {
     polar_model_info info;
-    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    polar_model *m = golden_model("llama", &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     request rq[8];
@@ -235,7 +233,7 @@ static void batch_default_model(void) {
  * way. Every sequence still gets what it gets alone. */
 static void batch_shared_prompt(void) {
     polar_model_info info;
-    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    polar_model *m = golden_model("llama", &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
@@ -280,7 +278,7 @@ static void batch_shared_prompt(void) {
  * everything evicts. Every sequence gets what it gets alone. */
 static void batch_prefix_cache(void) {
     polar_model_info info;
-    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    polar_model *m = golden_model("llama", &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
@@ -332,7 +330,7 @@ static void batch_prefix_cache(void) {
  * finds the full blocks. Everything exact. */
 static void batch_cache_pool(void) {
     polar_model_info info;
-    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    polar_model *m = golden_model("llama", &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     polar_batch_stats total;
@@ -453,7 +451,7 @@ static void batch_random(void) {
     static const char *programs[] = {"0-3", "0,1,3", "0,1,1,2,3", "0,2,1,3", "0-2,2,3", "1-3", "0,1,2"};
     static const int lengths[] = {3, 16, 20, 37, 50, 33};
     polar_model_info info;
-    polar_model *m = load(GOLDEN_DIR "/llama", &info);
+    polar_model *m = golden_model("llama", &info);
     if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers;
     uint64_t r = 0x243F6A8885A308D3ull;

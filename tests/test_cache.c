@@ -15,14 +15,10 @@ static float max_diff(const float *a, const float *b, int n) {
 /* Decode `steps` greedy tokens with the cache; after each, recompute the
  * whole sequence in a fresh session and compare the last logits. */
 static void check_consistency(const char *arch, const char *program_text, int n_prompt, int steps) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, arch);
     polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(dir, &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = golden_model(arch, &info);
+    if (!m) return;
     int V = info.arch.vocab, total = n_prompt + steps;
     polar_program prog;
     CHECK_OK(polar_program_parse(program_text, info.arch.n_layers, 0, &prog, &err));

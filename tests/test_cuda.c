@@ -115,11 +115,7 @@ static void model_golden(void) {
     static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "qwen3_yarn", "qwen2_yarn"};
     static const char *programs[] = {"base", "0,3", "0,1-2x2,3", "0,2-3x2", "0,2,1,3"};
     for (int i = 0; i < 7; i++) {
-        char dir[128];
-        snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
-        polar_error err;
-        polar_model *m = NULL;
-        CHECK_OK(polar_model_load(dir, &m, &err));
+        polar_model *m = golden_model(archs[i], NULL);
         for (int p = 0; m && p < (quick || i >= 5 ? 1 : 5); p++)
             for (int n = 7; n <= 40; n += 33) compare_model(m, programs[p], n, 16, 1);
         polar_model_free(m);
@@ -293,14 +289,10 @@ static void gemv_tokens_env(void) {
     const char *saved = getenv("POLAR_CUDA_GEMV_TOKENS");
     char *restore = saved ? strdup(saved) : NULL;
     for (int i = 0; i < 2; i++) {
-        char dir[128];
-        snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", archs[i]);
         polar_error err;
-        polar_model *m = NULL;
-        CHECK_OK(polar_model_load(dir, &m, &err));
-        if (!m) continue;
         polar_model_info info;
-        polar_model_info_get(m, &info);
+        polar_model *m = golden_model(archs[i], &info);
+        if (!m) continue;
         int V = info.arch.vocab, prompt[7] = {5, 17, 2, 99, 41, 8, 63}, ran[4] = {0};
         polar_program p;
         CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));

@@ -57,14 +57,10 @@ typedef struct {
 /* The scenario on the GPU and on the rounding CPU in lockstep. */
 static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     memset(fig, 0, sizeof *fig);
-    char dir[128];
-    snprintf(dir, sizeof dir, GOLDEN_DIR "/%s", arch);
     polar_error err;
-    polar_model *m = NULL;
-    CHECK_OK(polar_model_load(dir, &m, &err));
-    if (!m) return;
     polar_model_info info;
-    polar_model_info_get(m, &info);
+    polar_model *m = golden_model(arch, &info);
+    if (!m) return;
     int V = info.arch.vocab, D = info.arch.n_layers, longest = 0;
     for (int r = 0; r < sc->n_req; r++) longest = sc->reqs[r].n_prompt > longest ? sc->reqs[r].n_prompt : longest;
     polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};

@@ -107,14 +107,10 @@ static void golden_qwen2_yarn(void) { check_arch(archs[7]); }
 static void round_like_cuda(void) {
     static const char *which[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
-        char dir[256];
-        snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, which[a]);
         polar_error err;
-        polar_model *m = NULL;
-        CHECK_OK(polar_model_load(dir, &m, &err));
-        if (!m) continue;
         polar_model_info info;
-        polar_model_info_get(m, &info);
+        polar_model *m = golden_model(which[a], &info);
+        if (!m) continue;
         polar_program prog;
         CHECK_OK(polar_program_base(info.arch.n_layers, &prog, &err));
         int prompt[40], V = info.arch.vocab;

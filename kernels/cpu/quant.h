@@ -153,13 +153,13 @@ extern const cpu_rows_q_fn cpu_rows_q_neon[CPU_W_N];
 
 
 /* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K, IQ4_NL and IQ4_XS,
- * which the AVX2 and AVX-512 levels multiply 16 rows at a time (one row a
- * 32-bit lane, so a block's products need no horizontal sums). Rows go in
- * groups of 16, the last padded with zero blocks; in a group, unit u of its
- * 16 rows lies together (a unit: a 32-block, or a 256-block of the
- * k-quants and IQ4_XS), at byte (g * units + u) * 16 * unit_bytes. In a unit, vectors
- * of sixteen 4-byte lanes, lane r for row r:
+ * Q5_K, Q6_K, IQ4_NL and IQ4_XS, which the AVX2 and AVX-512 levels
+ * multiply 16 rows at a time (one row a 32-bit lane, so a block's products
+ * need no horizontal sums). Rows go in groups of 16, the last padded with
+ * zero blocks; in a group, unit u of its 16 rows lies together (a unit: a
+ * 32-block, or a 256-block of the k-quants and IQ4_XS), at byte (g * units
+ * + u) * 16 * unit_bytes. In a unit, vectors of sixteen 4-byte lanes, lane
+ * r for row r:
  * - Q8_0: 8 vectors, lane r of vector j = row r's quants 4j..4j+3; then
  *   the 16 f16 scales.
  * - Q4_0 / Q4_1: 4 vectors of the 16 nibble bytes (low nibbles: weights

@@ -229,13 +229,12 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
     }
     case CPU_W_IQ4_NL_X16:
     case CPU_W_IQ4_XS_X16: { /* each code's level, signed as Q8_0's bytes (s the level, u |level|) */
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
         int j = k % 8;
         size_t codes = t == CPU_W_IQ4_XS_X16 ? 256 * (size_t)j : 0;
         for (int q = 0; q < 4; q++) { /* as Q4_0's nibbles */
             __m256i p = V(codes + 64 * q);
-            o->s[q] = _mm256_shuffle_epi8(table, _mm256_and_si256(p, low4));
-            o->s[q + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(p, 4), low4));
+            o->s[q] = iq4_level_of(_mm256_and_si256(p, low4));
+            o->s[q + 4] = iq4_level_of(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4));
         }
         for (int q = 0; q < 8; q++) o->u[q] = _mm256_sign_epi8(o->s[q], o->s[q]);
         if (t == CPU_W_IQ4_NL_X16) {

@@ -1,8 +1,8 @@
 /* The interleaved ("x16") layouts of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K, IQ4_NL and IQ4_XS (quant.h): the repacking from row-major blocks and
- * back, one row's unit (a 32-block, or a 256-block of the k-quants and
- * IQ4_XS) at a time. The values do not
- * change, only where they lie. */
+ * Q5_K, Q6_K, IQ4_NL and IQ4_XS (quant.h): the repacking from row-major
+ * blocks and back, one row's unit (a 32-block, or a 256-block of the
+ * k-quants and IQ4_XS) at a time. The values do not change, only where
+ * they lie. */
 #include <string.h>
 
 #include "quant.h"

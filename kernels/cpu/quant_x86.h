@@ -5,8 +5,9 @@
  * A block comes out as raw bytes and a zero point z, the weights being
  * w[i] = d[i / 16] * (raw[i] - z) + m: raw is unsigned (0..15, 0..31 or
  * 0..63) for every type but Q8_0 and IQ4, whose raw bytes are the signed
- * weights themselves (z 0; IQ4's looked up from their codes). The AVX2 level subtracts z to get signed weights;
- * the VNNI level keeps raw unsigned and subtracts z * sum(x) instead. */
+ * weights themselves (z 0; IQ4's looked up from their codes). The AVX2
+ * level subtracts z to get signed weights; the VNNI level keeps raw
+ * unsigned and subtracts z * sum(x) instead. */
 #ifndef POLAR_CPU_QUANT_X86_H
 #define POLAR_CPU_QUANT_X86_H
 
@@ -26,11 +27,14 @@ INLINE __m256i nibbles(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-/* IQ4: 16 bytes of codes -> the 32 signed levels they pick, in element order. */
-INLINE __m256i iq4_levels(const uint8_t *p) {
+/* IQ4: 32 codes (bytes 0..15) -> the signed levels they pick. */
+INLINE __m256i iq4_level_of(__m256i codes) {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_iq4_levels));
-    return _mm256_shuffle_epi8(table, nibbles(p));
+    return _mm256_shuffle_epi8(table, codes);
 }
+
+/* IQ4: 16 bytes of codes -> the 32 signed levels they pick, in element order. */
+INLINE __m256i iq4_levels(const uint8_t *p) { return iq4_level_of(nibbles(p)); }
 
 /* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of
  * Q5_0 / Q5_1 weights; bit i is element i). */
@@ -52,10 +56,10 @@ INLINE int32_t x_word(const cpu_q8_block *xb, int j) {
 }
 
 /* How many units ahead the x16 tiles prefetch. The 32-block units of Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (5-9 KB) go 16 ahead: a batch tile spends long enough on
- * each unit that 4 ahead arrived late (batch 8 decode 10-13% slower), while
- * a decode tile does not care. The 256-block units (k-quants, IQ4_XS) go 2 ahead,
- * fetched at the first 32-block of each. */
+ * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (5-9 KB) go 16 ahead: a batch tile
+ * spends long enough on each unit that 4 ahead arrived late (batch 8 decode
+ * 10-13% slower), while a decode tile does not care. The 256-block units
+ * (k-quants, IQ4_XS) go 2 ahead, fetched at the first 32-block of each. */
 INLINE size_t x16_prefetch_units(int is_k) { return is_k ? 2 : 16; }
 
 /* Bytes of one x16 unit of 16 rows (a 32-block, or a 256-block of the
