@@ -69,8 +69,8 @@ $(BUILD)/obj/kernels/cpu/quant_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mav
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/quant_x16.c $(SIMD_SRC) \
-           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/cpu_batch.c runtime/batch.c runtime/cuda_batch.c \
-           runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_gemm.c \
+           runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/cpu_batch.c runtime/batch.c runtime/batch_step.c \
+           runtime/cuda_batch.c runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_layer.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \

@@ -430,14 +430,64 @@ typedef struct {
                            * call by call (or the CPU) */
 } polar_batch_stats;
 
-/* One step for every sequence not yet ended. Nothing to do is not an error
- * (stats->sequences = 0). */
+/* One step for every sequence with work left. Nothing to do is not an
+ * error (stats->sequences = 0). */
 polar_status polar_batch_step(polar_batch *b, polar_batch_stats *stats, polar_error *err);
 
+/* Called with each token a sequence generates in polar_batch_run (after it
+ * is recorded: polar_batch_logits gives the logits it was chosen from);
+ * return non-zero to end that sequence's generation there. */
+typedef int (*polar_batch_token_cb)(int id, int token, void *user);
+
+typedef struct {
+    int steps;         /* steps taken */
+    int steps_ahead;   /* of them, queued while the step before them ran */
+    int graph_replays; /* of them, replays of a CUDA graph captured at an earlier step */
+    int tokens;        /* tokens generated */
+    int wasted_rows;   /* rows run ahead for a sequence that had stopped at the step before */
+} polar_batch_run_stats;
+
+/* Steps until no sequence has work left or max_steps were taken (stats may
+ * be NULL). While every sequence with work decodes greedily, a GPU runs
+ * ahead: step i + 1 is queued, fed step i's argmax on the device, before
+ * the host reads step i's tokens, so the GPU never waits for the host (a
+ * sequence that stops at step i wastes its row of step i + 1, which is
+ * disregarded). The tokens are those of polar_batch_step. */
+polar_status polar_batch_run(polar_batch *b, int max_steps, polar_batch_token_cb on_token, void *user,
+                             polar_batch_run_stats *stats, polar_error *err);
+
+/* Open a sequence for appends: a program and room for n_tokens tokens (its
+ * KV promise, made now; POLAR_ERR_FULL as polar_batch_add). It starts idle
+ * and stays in the batch, its cache kept, between appends until cancelled
+ * or removed: scoring, perplexity, a session. */
+polar_status polar_batch_open(polar_batch *b, const polar_program *program, int n_tokens, int *id, polar_error *err);
+
+/* Per-token outputs of an append, in the caller's memory (each may be
+ * NULL), filled as the steps run the tokens: every appended token's logits
+ * (n x vocab) and final-normed hidden state (n x hidden). */
+typedef struct {
+    float *logits;
+    float *hidden;
+} polar_batch_outputs;
+
+/* Append n tokens to an idle opened sequence, to be run by the next steps
+ * (in chunks of the step's budget), after its tokens so far. Then, with gen
+ * and gen->max_new > 0, generate as polar_batch_add does; else it goes
+ * idle again, polar_batch_logits giving the last token's logits (unless
+ * out asked for hidden states only). The first append to a sequence is its
+ * prompt (prompt sharing and the prefix cache; an append asking for
+ * outputs computes every row, finding nothing in the cache). A generation
+ * that stops leaves its last token out of the cache: append it to go on.
+ * POLAR_ERR_RANGE when the tokens (and those to generate) do not fit the
+ * room it was opened with. */
+polar_status polar_batch_append(polar_batch *b, int id, const int *tokens, int n, const polar_gen_opts *gen,
+                                const polar_batch_outputs *out, polar_error *err);
+
 typedef enum {
-    POLAR_SEQ_PREFILL, /* its prompt is still being run */
+    POLAR_SEQ_PREFILL, /* its prompt (or appended tokens) is still being run */
     POLAR_SEQ_DECODE,  /* generating */
     POLAR_SEQ_ENDED,   /* eos, a stop id, max_new, or cancelled: its KV blocks are back in the pool */
+    POLAR_SEQ_IDLE,    /* opened (polar_batch_open): every token run, nothing to generate, its cache kept */
 } polar_seq_state;
 
 typedef struct {
@@ -446,7 +496,11 @@ typedef struct {
     int stopped_at_eos;
     long prompt_skipped;  /* (prompt token, program entry) pairs it did not compute: it followed a sequence
                            * with the same prompt, or found them in the prefix cache */
-    const int *tokens;    /* the n_generated ids so far; valid until the sequence is removed */
+    const int *tokens;    /* the n_generated ids of its last generation so far; valid until the sequence is
+                           * removed or appended to */
+    int n_past;           /* tokens in its KV cache */
+    int prompt_resumed;   /* program entries at which all of its prompt came from the prefix cache (its prompt
+                           * ran the rest) */
 } polar_seq_info;
 
 /* A sequence's state and tokens. POLAR_ERR_ARG for an unknown id. */
@@ -468,11 +522,13 @@ polar_status polar_batch_cancel(polar_batch *b, int id, polar_error *err);
 /* Forget a sequence (cancelling it if it still runs): its slot is free. */
 polar_status polar_batch_remove(polar_batch *b, int id, polar_error *err);
 
-/* Sequences not yet ended. */
+/* Sequences with work left: tokens to run or to generate (not ended, not idle). */
 int polar_batch_running(const polar_batch *b);
 
 /* CPU threads the batch computes with. */
 int polar_batch_threads(const polar_batch *b);
+/* The device it computes on: "cpu" or "cuda". */
+const char *polar_batch_device(const polar_batch *b);
 /* The type of its K/V rows: "f32", or "bf16" (kv_bf16, or on the GPU). */
 const char *polar_batch_kv_type(const polar_batch *b);
 /* On a GPU, how its kernels are launched (polar_session_cuda_launches; a

@@ -1,12 +1,18 @@
-/* Where a batch's steps run, behind one set of calls. runtime/batch.c
+/* Where a batch's steps run, behind one set of calls. runtime/batch_step.c
  * plans each step on the host (which rows, which layer passes, which
- * prefix-cache items) and calls these; runtime/cpu_batch.c runs them on
- * the CPU, runtime/cuda_batch.c on a GPU. Both hold the step's residual
- * rows (0..rows-1), the K/V rows of the pool blocks the host hands out, a
- * mirror of every sequence's block tables (a sequence's tables at offset
- * (slot x cap_program + entry) x max_blocks), the rows a sequence's cached
- * prompt blocks start from (start rows: slot x max_ctx + position) and the
- * prefix cache's residual rows (CPU_KV_BLOCK per item). */
+ * prefix-cache items, which outputs) and calls these; runtime/cpu_batch.c
+ * runs them on the CPU, runtime/cuda_batch.c on a GPU. Both hold the step's
+ * residual rows (0..rows-1), the K/V rows of the pool blocks the host hands
+ * out, a mirror of every sequence's block tables (a sequence's tables at
+ * offset (slot x cap_program + entry) x max_blocks), the rows a sequence's
+ * cached prompt blocks start from (start rows: slot x max_ctx + position)
+ * and the prefix cache's residual rows (CPU_KV_BLOCK per item).
+ *
+ * Steps alternate between two halves of the device's per-step state (the
+ * ints a step uploads, its head's ids and logits): step s uses half s % 2.
+ * On an asynchronous device (a GPU) the host may plan and launch step s + 1
+ * while step s runs, feeding s's argmax to s + 1 on the device (embed's
+ * `from`); it waits for s before it plans s + 2. */
 #ifndef POLAR_BATCH_DEVICE_H
 #define POLAR_BATCH_DEVICE_H
 
@@ -15,12 +21,16 @@
 #include "model.h"
 
 typedef struct {
-    /* The start of a step (the GPU clears errors earlier calls left). */
-    void (*begin)(void *d);
+    /* launch returns before the step has run: the next may be planned meanwhile */
+    int async;
+    /* A step begins: its half. */
+    int (*begin)(void *d);
     /* n ints of block tables to the mirror at offset. */
     void (*put_tables)(void *d, const int *tables, int offset, int n);
-    /* Row r embeds tokens[r] at position pos[r], r < R. */
-    void (*embed)(void *d, const int *tokens, const int *pos, int R);
+    /* Row r embeds tokens[r] at position pos[r], r < R; with from (async
+     * devices only), rows whose from[r] >= 0 embed the id the previous
+     * step's head chose for its row from[r] instead. */
+    void (*embed)(void *d, const int *tokens, const int *from, const int *pos, int R);
     /* Layer `layer` over T rows: rows[t] at position pos[t], its table at
      * offset table[t] of the mirror. */
     void (*pass)(void *d, int layer, const int *rows, const int *pos, const int *table, int T);
@@ -32,15 +42,23 @@ typedef struct {
     void (*cache_keep)(void *d, int item, int row, int n);
     void (*cache_take)(void *d, int item, int start, int n);
     void (*rows_from_start)(void *d, const int *rows, const int *starts, int n);
-    /* Final norm and head over rows[0..n): ids[i] the argmax of row i for
-     * the rows without want[i]; the rows with want[i] in host_logits (row i
-     * at i x vocab) now, the others when copy_logits asks. The step's
-     * error, if any. */
-    polar_status (*head)(void *d, const int *rows, int n, const unsigned char *want, int *ids, polar_error *err);
-    float *(*host_logits)(void *d);
-    polar_status (*copy_logits)(void *d, int i, polar_error *err);
-    /* The end of a step without a head: its error, if any. */
-    polar_status (*finish)(void *d, polar_error *err);
+    /* Rows row0..row0+n-1 after the final norm into host memory: their
+     * normed states to hidden (n x hidden) and their logits to logits (n x
+     * vocab), each when not NULL; in place when the step has run. */
+    void (*outputs)(void *d, int row0, int n, float *logits, float *hidden);
+    /* Final norm and head over rows[0..n) (n <= head rows): each row's
+     * argmax, and the logits of the rows with want[i] copied to the host
+     * with the step (the others stay on the device until asked for). */
+    void (*head)(void *d, const int *rows, int n, const unsigned char *want);
+    /* The step's calls go to the device; an error of issuing them. */
+    polar_status (*launch)(void *d, polar_error *err);
+    /* Wait for the last step of this half; *ids (may be NULL): its head
+     * rows' argmax (host memory of the half). The step's error, if any. */
+    polar_status (*wait)(void *d, int half, const int **ids, polar_error *err);
+    /* The half's head logits on the host, row i at i x vocab: the want
+     * rows at once, row i after copy_logits(half, i). */
+    float *(*host_logits)(void *d, int half);
+    polar_status (*copy_logits)(void *d, int half, int i, polar_error *err);
     /* 0: the last step ran call by call; 1 a captured graph replayed; 2
      * captured from it. */
     int (*step_graph)(const void *d);
@@ -56,18 +74,25 @@ typedef struct {
     void *state;
 } batch_device;
 
-/* What a batch's device holds (cuda_batch_shape on a GPU). */
+/* What a batch's device holds. */
 typedef struct {
-    int rows, tables, cache_items, start_rows, head_rows;
-    int n_threads;       /* OpenMP threads of a pass */
-    int max_ctx;         /* positions of a sequence (its attention scratch) */
-    int round_like_cuda; /* round to bf16 where the CUDA step does (polar_batch_opts) */
-} cpu_batch_shape;
+    int rows;            /* tokens per step */
+    int n_blocks;        /* pool blocks */
+    int tables;          /* ints of the host's block tables, all sequences (max_seqs x cap_program x max_blocks) */
+    int cap_program;     /* entries of the longest program (a row takes part in at most that many passes) */
+    int cache_items;     /* prefix cache items (CPU_KV_BLOCK residual rows each); 0: no cache */
+    int start_rows;      /* rows the sequences' cached prompt blocks start from (max_seqs x max_ctx), with a cache */
+    int head_rows;       /* rows of a step's head at most (max_seqs) */
+    int n_threads;       /* CPU: OpenMP threads of a pass */
+    int max_ctx;         /* CPU: positions of a sequence (its attention scratch) */
+    int round_like_cuda; /* CPU: round to bf16 where the CUDA step does (polar_batch_opts) */
+} batch_device_shape;
 
-/* The CPU's device: its K/V rows are pool's (f32 or bf16). NULL when
- * out of memory. */
-void *cpu_batch_create(const polar_model *m, const cpu_batch_shape *shape, kv_pool *pool);
-
-extern const batch_device_ops cpu_batch_ops, cuda_batch_ops;
+/* The CPU's device: its K/V rows are pool's (f32 or bf16). */
+polar_status cpu_batch_device(const polar_model *m, const batch_device_shape *shape, kv_pool *pool, batch_device *out,
+                              polar_error *err);
+/* The GPU's (a build with CUDA; else POLAR_ERR_UNSUPPORTED). */
+polar_status cuda_batch_device(const polar_model *m, const batch_device_shape *shape, batch_device *out,
+                               polar_error *err);
 
 #endif

@@ -102,7 +102,7 @@ static void expert_mlp(const polar_arch *a, cpu_work *w, const layer_weights *lw
  * sigmoid-gated shared expert, then added to the residual stream. Tokens are
  * grouped by expert, so each chosen expert's weights are read once per pass
  * for all the tokens routed to it. */
-static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *lw, int T, int round_in) {
+static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *lw, float *x, int T, int round_in) {
     int H = a->hidden, F = a->moe_ffn, E = a->n_experts, k = a->top_k, nt = w->n_threads;
     int *idx = w->route_idx, *members = w->members;
     float *weight = w->route_w, *member_w = w->member_w;
@@ -148,7 +148,7 @@ static void moe_forward(const polar_arch *a, cpu_work *w, const layer_weights *l
             for (int i = 0; i < H; i++) w->mlp_out[(size_t)t * H + i] += sig * w->expert_out[(size_t)t * H + i];
         }
     }
-    for (size_t i = 0; i < (size_t)T * H; i++) w->x[i] += w->mlp_out[i];
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] += w->mlp_out[i];
 }
 
 /* Tokens from t0 on that are consecutive positions of one sequence, up to
@@ -224,14 +224,14 @@ static void item_attention(const polar_arch *a, cpu_work *w, const kv_pool *pool
                            item->n_heads, a->n_heads, a->n_kv_heads, hd, scores, (size_t)w->max_ctx);
 }
 
-void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,
+void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, float *x, kv_pool *pool,
                        const cpu_token_at *at, int T, int round_in, int round_cache) {
     const polar_arch *a = &m->arch;
     int hd = a->head_dim, nt = w->n_threads;
     int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
     float eps = (float)a->rms_eps;
 
-    for (int t = 0; t < T; t++) cpu_rmsnorm(w->xn + (size_t)t * a->hidden, w->x + (size_t)t * a->hidden, lw->attn_norm, a->hidden, eps);
+    for (int t = 0; t < T; t++) cpu_rmsnorm(w->xn + (size_t)t * a->hidden, x + (size_t)t * a->hidden, lw->attn_norm, a->hidden, eps);
     if (round_in) cpu_round_bf16(w->xn, (size_t)T * a->hidden);
     const cpu_q_out qkv[3] = {{w->q, lw->wq, lw->t_wq, lw->bq, qd}, {w->k, lw->wk, lw->t_wk, lw->bk, kvd},
                               {w->v, lw->wv, lw->t_wv, lw->bv, kvd}};
@@ -253,11 +253,11 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
         item_attention(a, w, pool, at, &w->items[it], scores);
     }
     if (round_in) cpu_round_bf16(w->att, (size_t)T * qd);
-    cpu_matmul_q(w->x, w->att, lw->wo, lw->t_wo, NULL, T, a->hidden, qd, 1, nt, w->xq);
+    cpu_matmul_q(x, w->att, lw->wo, lw->t_wo, NULL, T, a->hidden, qd, 1, nt, w->xq);
 
-    for (int t = 0; t < T; t++) cpu_rmsnorm(w->xn + (size_t)t * a->hidden, w->x + (size_t)t * a->hidden, lw->mlp_norm, a->hidden, eps);
+    for (int t = 0; t < T; t++) cpu_rmsnorm(w->xn + (size_t)t * a->hidden, x + (size_t)t * a->hidden, lw->mlp_norm, a->hidden, eps);
     if (lw->router) {
-        moe_forward(a, w, lw, T, round_in);
+        moe_forward(a, w, lw, x, T, round_in);
         return;
     }
     if (round_in) cpu_round_bf16(w->xn, (size_t)T * a->hidden);
@@ -265,10 +265,9 @@ void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *l
     cpu_matmul_q_multi(gate_up, 2, w->xn, T, a->hidden, 0, nt, w->xq);
     for (int t = 0; t < T; t++) cpu_swiglu(w->gate + (size_t)t * a->ffn, w->up + (size_t)t * a->ffn, a->ffn);
     if (round_in) cpu_round_bf16(w->gate, (size_t)T * a->ffn);
-    cpu_matmul_q(w->x, w->gate, lw->w_down, lw->t_down, NULL, T, a->hidden, a->ffn, 1, nt, w->xq);
+    cpu_matmul_q(x, w->gate, lw->w_down, lw->t_down, NULL, T, a->hidden, a->ffn, 1, nt, w->xq);
 }
 
-void cpu_final_norm(const polar_model *m, cpu_work *w, int t) {
-    const polar_arch *a = &m->arch;
-    cpu_rmsnorm(w->xn + (size_t)t * a->hidden, w->x + (size_t)t * a->hidden, m->final_norm, a->hidden, (float)a->rms_eps);
+void cpu_final_norm(const polar_model *m, float *out, const float *x) {
+    cpu_rmsnorm(out, x, m->final_norm, m->arch.hidden, (float)m->arch.rms_eps);
 }

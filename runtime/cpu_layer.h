@@ -1,8 +1,7 @@
 /* One decoder layer on the CPU over a group of tokens that may belong to
  * different sequences, each at its own position with its own KV table: the
- * one layer implementation of a session (one sequence) and of a batch (many,
- * each with its own program). The layer's weights are read once for the
- * whole group. */
+ * one layer implementation of a batch's passes (runtime/cpu_batch.c). The
+ * layer's weights are read once for the whole group. */
 #ifndef POLAR_CPU_LAYER_H
 #define POLAR_CPU_LAYER_H
 
@@ -21,7 +20,7 @@ typedef struct {
 /* Workspaces for a forward over up to `rows` tokens at once. */
 typedef struct {
     int rows, n_threads, max_ctx;
-    float *x;           /* [rows, hidden] residual stream */
+    float *x;           /* [rows, hidden] a pass's rows gathered from the step's */
     float *xn;          /* [rows, hidden] normed input of a sublayer */
     float *q;           /* [rows, n_heads*head_dim] */
     float *k, *v;       /* [rows, n_kv*head_dim] */
@@ -52,16 +51,16 @@ typedef struct {
 int cpu_work_init(cpu_work *w, const polar_model *m, int rows, int max_ctx, int n_threads);
 void cpu_work_free(cpu_work *w);
 
-/* Layer lw over the T tokens in w->x (T <= w->rows), in place: each token's
+/* Layer lw over the T tokens of x ([T, hidden], T <= w->rows), in place: each token's
  * K/V are stored at its position in its table, then it attends over its own
  * positions 0..pos. round_in: the GEMM inputs are rounded to bf16 (a CUDA
  * prefill chunk's); round_cache: K/V are stored rounded to bf16 (a CUDA
  * cache's) in an f32 pool. A bf16 pool rounds them the same way, so its
  * attention gives the bits of round_cache's. */
-void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, kv_pool *pool,
+void cpu_layer_forward(const polar_model *m, cpu_work *w, const layer_weights *lw, float *x, kv_pool *pool,
                        const cpu_token_at *at, int T, int round_in, int round_cache);
 
-/* Final norm of token t of w->x into w->xn. */
-void cpu_final_norm(const polar_model *m, cpu_work *w, int t);
+/* The final norm of one row x into out ([hidden] each). */
+void cpu_final_norm(const polar_model *m, float *out, const float *x);
 
 #endif

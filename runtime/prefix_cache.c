@@ -94,6 +94,10 @@ int prefix_cache_evict(prefix_cache *c, kv_pool *p) {
     return 1;
 }
 
+void prefix_cache_keep_newest(prefix_cache *c, kv_pool *p, int n) {
+    while (c->n_items > n) prefix_cache_evict(c, p);
+}
+
 int prefix_cache_unmapped(const prefix_cache *c, const kv_pool *p) {
     int n = 0;
     for (int i = c->oldest; i >= 0; i = c->items[i].newer) n += p->refs[c->items[i].block] == 1;

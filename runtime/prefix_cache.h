@@ -56,6 +56,9 @@ int prefix_cache_insert(prefix_cache *c, kv_pool *p, uint64_t tokens_hash, uint6
  * no sequence maps it); 0 when empty. */
 int prefix_cache_evict(prefix_cache *c, kv_pool *p);
 
+/* Drop every item but the n most recently used. */
+void prefix_cache_keep_newest(prefix_cache *c, kv_pool *p, int n);
+
 /* Items whose block no sequence maps (dropping one gives a block back). */
 int prefix_cache_unmapped(const prefix_cache *c, const kv_pool *p);
 

@@ -116,7 +116,7 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
     float *dl = to_dev(x, (size_t)n * 4);
     int *di, out = -1;
     cudaMalloc((void **)&di, sizeof(int));
-    cuda_argmax(di, dl, n, NULL);
+    cuda_argmax_rows(di, NULL, dl, 1, n, NULL);
     cudaMemcpy(&out, di, sizeof out, cudaMemcpyDeviceToHost);
     CHECK(out == 700, "argmax ties to the lowest index: %d", out);
     /* one block per row (a batch's head): each row as polar_argmax, with an
@@ -129,14 +129,18 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
         for (int i = 0; i < width; i++) x[2 * width + i] = -INFINITY;
         x[3 * width] = x[3 * width + 77] = x[3 * width + 2000] = NAN;
         float *drows = to_dev(x, (size_t)T * width * 4);
-        int *dids, ids[5];
+        /* the ids also straight to mapped host memory (a step's head) */
+        int *dids, ids[5], *mapped = NULL, *dmapped = NULL;
         cudaMalloc((void **)&dids, T * sizeof(int));
-        cuda_argmax_rows(dids, drows, T, width, NULL);
+        cudaHostAlloc((void **)&mapped, T * sizeof(int), cudaHostAllocMapped);
+        if (mapped) memset(mapped, 0xff, T * sizeof(int)), cudaHostGetDevicePointer((void **)&dmapped, mapped, 0);
+        cuda_argmax_rows(dids, dmapped, drows, T, width, NULL);
         cudaMemcpy(ids, dids, T * sizeof(int), cudaMemcpyDeviceToHost);
         for (int t = 0; t < T; t++)
-            CHECK(ids[t] == polar_argmax(x + (size_t)t * width, width), "argmax rows (width %d) row %d: %d, host %d",
-                  width, t, ids[t], polar_argmax(x + (size_t)t * width, width));
-        cudaFree(drows), cudaFree(dids);
+            CHECK(ids[t] == polar_argmax(x + (size_t)t * width, width) && mapped && mapped[t] == ids[t],
+                  "argmax rows (width %d) row %d: %d (mapped %d), host %d", width, t, ids[t], mapped ? mapped[t] : -2,
+                  polar_argmax(x + (size_t)t * width, width));
+        cudaFree(drows), cudaFree(dids), cudaFreeHost(mapped);
     }
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(du), cudaFree(dl), cudaFree(di);
     free(x), free(want), free(got), free(w), free(u);
@@ -200,9 +204,10 @@ static void kernel_fused_gemv(void) {
     }
 }
 
-/* The ops only whole models reached before: embedding rows, bf16 rounding,
- * the cuBLASLt GEMM (beyond 8 tokens) with its bias/residual epilogue, and
- * the argmax fed back for greedy decoding. */
+/* The ops only whole models reached before: embedding rows (of given
+ * tokens, and of ids a greedy step chose, fed back on the device), bf16
+ * rounding, the cuBLASLt GEMM (beyond 8 tokens) with its bias/residual
+ * epilogue. */
 static void kernel_prefill_ops(void) {
     int T = 37, hidden = 320, vocab = 50, rows = 200;
     /* embed */
@@ -214,10 +219,22 @@ static void kernel_prefill_ops(void) {
     bf16 *dtable = to_dev(table, (size_t)vocab * hidden * 2);
     int *dtok = to_dev(tokens, sizeof tokens);
     float *dx = dev_floats((size_t)T * hidden);
-    cuda_embed(dx, dtable, dtok, T, hidden, NULL);
+    cuda_embed(dx, dtable, dtok, NULL, NULL, T, hidden, NULL);
     float *got = from_dev(dx, (size_t)T * hidden);
     CHECK(!memcmp(got, want, (size_t)T * hidden * 4), "embed: rows differ from the table's");
     free(got);
+    /* rows with from[t] >= 0 take ids[from[t]] (the others their token): every third row from the ids */
+    int ids[4] = {41, 7, 19, 0}, from[37];
+    for (int t = 0; t < T; t++) {
+        from[t] = t % 3 ? -1 : t % 4;
+        if (from[t] >= 0) cpu_embed(want + (size_t)t * hidden, table, ids[from[t]], hidden);
+    }
+    int *dids = to_dev(ids, sizeof ids), *dfrom = to_dev(from, sizeof from);
+    cuda_embed(dx, dtable, dtok, dids, dfrom, T, hidden, NULL);
+    got = from_dev(dx, (size_t)T * hidden);
+    CHECK(!memcmp(got, want, (size_t)T * hidden * 4), "embed from fed-back ids: rows differ from the table's");
+    free(got);
+    cudaFree(dids), cudaFree(dfrom);
     /* to_bf16, then the GEMM + epilogue against cpu_matmul on the rounded input */
     float *x = rand_floats((size_t)T * hidden, 2), *xr = malloc((size_t)T * hidden * 4);
     memcpy(xr, x, (size_t)T * hidden * 4);
@@ -265,24 +282,8 @@ static void kernel_prefill_ops(void) {
         free(got);
         cuda_gemm_free(g);
     }
-    /* argmax fed back: token, ring slot, position and step all advance */
-    float logits[300];
-    for (int i = 0; i < 300; i++) logits[i] = frand();
-    logits[123] = 9, logits[250] = 9;
-    float *dl = to_dev(logits, sizeof logits);
-    int state[3] = {-1, 40, 5}, *dstate = to_dev(state, sizeof state), *ring = NULL, host_state[3];
-    cudaHostAlloc((void **)&ring, 2 * sizeof(int), cudaHostAllocMapped);
-    int *dring = NULL;
-    if (ring) ring[0] = ring[1] = -1, cudaHostGetDevicePointer((void **)&dring, ring, 0);
-    cuda_argmax_feed(dstate, dring, dstate + 1, dstate + 2, dl, 300, NULL);
-    cudaDeviceSynchronize();
-    cudaMemcpy(host_state, dstate, sizeof host_state, cudaMemcpyDeviceToHost);
-    CHECK(host_state[0] == 123 && host_state[1] == 41 && host_state[2] == 6 && ring && ring[1] == 123 && ring[0] == -1,
-          "argmax_feed: token %d pos %d step %d ring %d/%d", host_state[0], host_state[1], host_state[2],
-          ring ? ring[0] : -2, ring ? ring[1] : -2);
-    cudaFreeHost(ring);
     cudaFree(dtable), cudaFree(dtok), cudaFree(dx), cudaFree(dxf), cudaFree(dxb), cudaFree(dw), cudaFree(db);
-    cudaFree(dacc), cudaFree(dy), cudaFree(dl), cudaFree(dstate);
+    cudaFree(dacc), cudaFree(dy);
     free(table), free(want), free(x), free(xr), free(xb), free(w), free(b), free(y), free(ywant);
 }
 

@@ -488,6 +488,109 @@ static void batch_random(void) {
     polar_model_free(m);
 }
 
+/* Opened sequences, appended to: a 23-token prompt appended in three
+ * pieces gives, row for row, the bits of one append (logits and hidden
+ * states as outputs), beside other sequences running; an append with a
+ * generation gives the tokens of polar_batch_add with the same prompt; a
+ * generation stopped by on_token leaves its last token out of the cache,
+ * and appending it goes on exactly as a longer generation; an append of
+ * hidden states only is done without a head; and the errors. */
+static int stop_at_4(int id, int token, void *user) {
+    (void)token;
+    int *n = user;
+    return ++n[id] == 4;
+}
+
+static void batch_append(void) {
+    polar_model_info info;
+    polar_model *m = golden_model("qwen3", &info);
+    if (!m) return;
+    polar_error err;
+    int V = info.arch.vocab, H = info.arch.hidden, D = info.arch.n_layers, prompt[23], other[30];
+    for (int i = 0; i < 23; i++) prompt[i] = (i * 41 + 9) % V;
+    for (int i = 0; i < 30; i++) other[i] = (i * 13 + 2) % V;
+    polar_program p, q;
+    CHECK_OK(polar_program_parse("0,1-2x2,3", D, 0, &p, &err));
+    CHECK_OK(polar_program_parse("1-3", D, 0, &q, &err));
+    polar_batch_opts bo = {.max_seqs = 4, .max_ctx = 48, .max_program_len = 2 * D, .step_tokens = 16, .n_threads = 2};
+    polar_batch *b = NULL;
+    CHECK_OK(polar_batch_create(m, &bo, &b, &err));
+    float *whole = malloc((size_t)23 * V * 4), *parts = malloc((size_t)23 * V * 4);
+    float *hw = malloc((size_t)23 * H * 4), *hp = malloc((size_t)23 * H * 4);
+    if (!b || !whole || !parts || !hw || !hp) goto done;
+    int one, three, busy, stops[8] = {0};
+    polar_gen_opts busy_gen = {.max_new = 12, .ignore_eos = 1};
+    CHECK_OK(polar_batch_add(b, &q, other, 30, &busy_gen, &busy, &err)); /* runs beside them */
+    CHECK_OK(polar_batch_open(b, &p, 40, &one, &err));
+    CHECK_OK(polar_batch_open(b, &p, 40, &three, &err));
+    polar_batch_outputs ow = {whole, hw};
+    CHECK_OK(polar_batch_append(b, one, prompt, 23, NULL, &ow, &err));
+    static const int cuts[4] = {0, 5, 6, 23};
+    for (int c = 0; c < 3; c++) {
+        polar_batch_outputs op = {parts + (size_t)cuts[c] * V, hp + (size_t)cuts[c] * H};
+        CHECK_OK(polar_batch_append(b, three, prompt + cuts[c], cuts[c + 1] - cuts[c], NULL, &op, &err));
+        polar_seq_info si;
+        CHECK_OK(polar_batch_seq(b, three, &si, &err));
+        CHECK(si.state == POLAR_SEQ_PREFILL, "an append runs at the next steps (state %d)", si.state);
+        CHECK(polar_batch_append(b, three, prompt, 1, NULL, NULL, &err) == POLAR_ERR_ARG && strstr(err.msg, "running"),
+              "an append to a running sequence: %s", err.msg);
+        CHECK_OK(polar_batch_run(b, 1000, NULL, NULL, NULL, &err));
+        CHECK_OK(polar_batch_seq(b, three, &si, &err));
+        CHECK(si.state == POLAR_SEQ_IDLE && si.n_past == cuts[c + 1], "piece %d: state %d, %d tokens in the cache", c,
+              si.state, si.n_past);
+    }
+    CHECK(!memcmp(whole, parts, (size_t)23 * V * 4) && !memcmp(hw, hp, (size_t)23 * H * 4),
+          "three appends differ from one");
+    CHECK(polar_batch_logits(b, three) && !memcmp(polar_batch_logits(b, three), whole + (size_t)22 * V, (size_t)V * 4),
+          "the last appended token's logits are not its outputs' row");
+    /* generation: as polar_batch_add's; stopped at 4 tokens, then the 4th appended, 5 more */
+    polar_gen_opts g = {.max_new = 9, .ignore_eos = 1};
+    int added;
+    CHECK_OK(polar_batch_add(b, &p, prompt, 23, &g, &added, &err));
+    CHECK_OK(polar_batch_run(b, 1000, NULL, NULL, NULL, &err));
+    polar_seq_info want, got;
+    CHECK_OK(polar_batch_seq(b, added, &want, &err));
+    CHECK_OK(polar_batch_remove(b, one, &err));
+    CHECK_OK(polar_batch_open(b, &p, 40, &one, &err));
+    CHECK_OK(polar_batch_append(b, one, prompt, 23, &g, NULL, &err));
+    polar_batch_run_stats rs;
+    CHECK_OK(polar_batch_run(b, 1000, stop_at_4, stops, &rs, &err));
+    CHECK_OK(polar_batch_seq(b, one, &got, &err));
+    CHECK(got.state == POLAR_SEQ_IDLE && got.n_generated == 4 && got.n_past == 23 + 3 && rs.tokens >= 4 &&
+              !memcmp(got.tokens, want.tokens, 4 * sizeof(int)),
+          "stopped at 4: state %d, %d tokens, %d in the cache", got.state, got.n_generated, got.n_past);
+    int fourth = got.tokens[3];
+    g.max_new = 5;
+    CHECK_OK(polar_batch_append(b, one, &fourth, 1, &g, NULL, &err));
+    CHECK_OK(polar_batch_run(b, 1000, NULL, NULL, NULL, &err));
+    CHECK_OK(polar_batch_seq(b, one, &got, &err));
+    CHECK(got.n_generated == 5 && !memcmp(got.tokens, want.tokens + 4, 5 * sizeof(int)),
+          "continued: %d tokens, not the longer generation's", got.n_generated);
+    /* hidden states only: no head, idle at once */
+    CHECK_OK(polar_batch_remove(b, three, &err));
+    CHECK_OK(polar_batch_open(b, &p, 40, &three, &err));
+    polar_batch_outputs oh = {NULL, hp};
+    CHECK_OK(polar_batch_append(b, three, prompt, 23, NULL, &oh, &err));
+    CHECK_OK(polar_batch_run(b, 1000, NULL, NULL, NULL, &err));
+    CHECK(!memcmp(hw, hp, (size_t)23 * H * 4) && !polar_batch_logits(b, three), "hidden states only");
+    /* errors */
+    CHECK(polar_batch_append(b, added, prompt, 3, NULL, NULL, &err) == POLAR_ERR_ARG, "an added sequence: %s", err.msg);
+    CHECK(polar_batch_append(b, three, prompt, 18, NULL, NULL, &err) == POLAR_ERR_RANGE, "past its room: %s", err.msg);
+    g.max_new = 11; /* 8 + 10 cache rows in a room of 40 - 23 */
+    CHECK(polar_batch_append(b, three, prompt, 8, &g, NULL, &err) == POLAR_ERR_RANGE, "generated past its room: %s",
+          err.msg);
+    prompt[0] = V;
+    CHECK(polar_batch_append(b, three, prompt, 3, NULL, NULL, &err) == POLAR_ERR_RANGE, "a token outside the vocabulary");
+    CHECK(polar_batch_open(b, &p, 49, &busy, &err) == POLAR_ERR_RANGE, "opened past the context: %s", err.msg);
+    CHECK(polar_batch_append(b, 999, prompt, 3, NULL, NULL, &err) == POLAR_ERR_ARG, "an unknown id");
+done:
+    free(whole), free(parts), free(hw), free(hp);
+    polar_batch_free(b);
+    polar_program_free(&p);
+    polar_program_free(&q);
+    polar_model_free(m);
+}
+
 /* The same with bf16 K/V rows, sessions and batches alike: a mixed batch
  * on a dense and an MoE model, and the prefix cache (whose partial blocks
  * are copied row by row). */
@@ -511,6 +614,7 @@ int main(void) {
     RUN(batch_passes);
     RUN(batch_errors);
     RUN(batch_random);
+    RUN(batch_append);
     RUN(batch_kv_bf16);
     TEST_EXIT();
 }

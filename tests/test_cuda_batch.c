@@ -280,6 +280,104 @@ static void batch_prefix_cache(void) {
     if (!quick) against_cpu("qwen2_moe", &sc, &fig);
 }
 
+/* polar_batch_run's tokens per sequence (its on_token), and where it stops one. */
+typedef struct {
+    int ids[3], tokens[3][24], n[3];
+    int stop_id, stop_after; /* on_token ends sequence stop_id at its stop_after-th token */
+} run_log;
+
+static int log_token(int id, int token, void *user) {
+    run_log *g = user;
+    for (int i = 0; i < 3; i++)
+        if (g->ids[i] == id && g->n[i] < 24) {
+            g->tokens[i][g->n[i]++] = token;
+            return id == g->stop_id && g->n[i] == g->stop_after;
+        }
+    return 0;
+}
+
+/* polar_batch_run on the GPU against the rounding CPU's: greedy decode runs
+ * ahead (each step queued while the one before runs, fed its argmax on the
+ * device) and replays graphs, a batch of one sequence (a session's way:
+ * opened, appended to, its generation stopped by on_token mid-way, which
+ * wastes its row of the step ahead, then continued from the token it left
+ * out) and of three (different lengths, one stopped mid-way). The same
+ * tokens, the logits after the stop those that chose its last token. */
+static void batch_run_ahead(void) {
+    static const char *archs[] = {"llama", "qwen2_moe"}, *programs[] = {"base", "0,1-2x2,3", "0,2,1,3"};
+    for (int a = 0; a < (quick ? 1 : 2); a++)
+        for (int n_seqs = 1; n_seqs <= 3; n_seqs += 2) {
+            polar_error err;
+            polar_model_info info;
+            polar_model *m = golden_model(archs[a], &info);
+            if (!m) continue;
+            int V = info.arch.vocab, D = info.arch.n_layers, prompt[9];
+            for (int t = 0; t < 9; t++) prompt[t] = (t * 53 + 11) % V;
+            polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
+            polar_batch *b[2] = {NULL, NULL};
+            run_log log[2];
+            polar_batch_run_stats rs[2];
+            memset(log, 0, sizeof log);
+            for (int i = 0; i < 2; i++) {
+                o[i].max_seqs = 3, o[i].max_ctx = 48, o[i].max_program_len = 2 * D, o[i].step_tokens = 16;
+                CHECK_OK(polar_batch_create(m, &o[i], &b[i], &err));
+                log[i].stop_after = 7;
+                for (int q = 0; b[i] && q < n_seqs; q++) {
+                    polar_program p;
+                    CHECK_OK(polar_program_parse(programs[q], D, 0, &p, &err));
+                    polar_gen_opts g = {.max_new = 12 + 4 * q, .ignore_eos = 1};
+                    if (n_seqs == 1) {
+                        CHECK_OK(polar_batch_open(b[i], &p, 40, &log[i].ids[q], &err));
+                        CHECK_OK(polar_batch_append(b[i], log[i].ids[q], prompt, 9, &g, NULL, &err));
+                    } else {
+                        CHECK_OK(polar_batch_add(b[i], &p, prompt + q, 9 - q, &g, &log[i].ids[q], &err));
+                    }
+                    polar_program_free(&p);
+                }
+                log[i].stop_id = log[i].ids[n_seqs == 1 ? 0 : 1];
+                if (b[i]) CHECK_OK(polar_batch_run(b[i], 1000, log_token, &log[i], &rs[i], &err));
+            }
+            if (!b[0] || !b[1]) goto next;
+            for (int q = 0; q < n_seqs; q++)
+                CHECK(log[0].n[q] == log[1].n[q] && !memcmp(log[0].tokens[q], log[1].tokens[q], (size_t)log[0].n[q] * sizeof(int)),
+                      "%s, %d sequences: sequence %d's %d tokens differ from the rounding CPU's %d", archs[a], n_seqs,
+                      q, log[0].n[q], log[1].n[q]);
+            CHECK(rs[0].steps_ahead > 0 && rs[0].graph_replays > 0 && rs[0].wasted_rows > 0 && rs[1].steps_ahead == 0,
+                  "%s, %d sequences: %d of %d GPU steps run ahead, %d replayed a graph, %d rows wasted (CPU: %d ahead)",
+                  archs[a], n_seqs, rs[0].steps_ahead, rs[0].steps, rs[0].graph_replays, rs[0].wasted_rows,
+                  rs[1].steps_ahead);
+            printf("  %-9s %d sequences: %d steps, %d run ahead, %d replayed a graph, %d rows wasted, %d tokens\n",
+                   archs[a], n_seqs, rs[0].steps, rs[0].steps_ahead, rs[0].graph_replays, rs[0].wasted_rows,
+                   rs[0].tokens);
+            if (n_seqs == 1) { /* stopped at its 7th token: idle, that token out of the cache; then 5 more from it */
+                polar_seq_info si[2];
+                const float *l[2];
+                for (int i = 0; i < 2; i++) {
+                    CHECK_OK(polar_batch_seq(b[i], log[i].ids[0], &si[i], &err));
+                    l[i] = polar_batch_logits(b[i], log[i].ids[0]);
+                }
+                CHECK(si[0].state == POLAR_SEQ_IDLE && si[0].n_past == 9 + 7 - 1 && si[1].n_past == si[0].n_past,
+                      "%s: after the stop: state %d, %d and %d tokens in the caches", archs[a], si[0].state,
+                      si[0].n_past, si[1].n_past);
+                double cosine, rel;
+                float d = l[0] && l[1] ? max_abs_diff(l[0], l[1], (size_t)V, &cosine, &rel) : 1e9f;
+                CHECK(l[0] && l[1] && d <= TOL_ROUNDED, "%s: the stopping step's logits differ by %g", archs[a], d);
+                polar_gen_opts g = {.max_new = 5, .ignore_eos = 1};
+                for (int i = 0; i < 2; i++) {
+                    log[i].stop_id = -1, log[i].n[0] = 0;
+                    int last = log[i].tokens[0][6];
+                    CHECK_OK(polar_batch_append(b[i], log[i].ids[0], &last, 1, &g, NULL, &err));
+                    CHECK_OK(polar_batch_run(b[i], 1000, log_token, &log[i], &rs[i], &err));
+                }
+                CHECK(log[0].n[0] == 5 && log[1].n[0] == 5 && !memcmp(log[0].tokens[0], log[1].tokens[0], 5 * sizeof(int)),
+                      "%s: the continued generation differs (%d and %d tokens)", archs[a], log[0].n[0], log[1].n[0]);
+            }
+        next:
+            for (int i = 0; i < 2; i++) polar_batch_free(b[i]);
+            polar_model_free(m);
+        }
+}
+
 int main(int argc, char **argv) {
     quick = argc > 1 && !strcmp(argv[1], "--quick");
     char why[256];
@@ -298,5 +396,6 @@ int main(int argc, char **argv) {
     RUN(batch_launch_fails);
 #endif
     RUN(batch_prefix_cache);
+    RUN(batch_run_ahead);
     TEST_EXIT();
 }

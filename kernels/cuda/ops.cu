@@ -10,16 +10,18 @@
 
 // ------------------------------------------------------------------ embedding
 
-__global__ void embed_kernel(float *x, const bf16_bits *table, const int *tokens, int hidden) {
+__global__ void embed_kernel(float *x, const bf16_bits *table, const int *tokens, const int *ids, const int *from,
+                             int hidden) {
     await_previous_kernel();
-    const bf16_bits *row = table + (size_t)tokens[blockIdx.x] * hidden;
+    int token = from && from[blockIdx.x] >= 0 ? ids[from[blockIdx.x]] : tokens[blockIdx.x];
+    const bf16_bits *row = table + (size_t)token * hidden;
     float *out = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf(row[i]);
 }
 
-extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden,
-                           const cuda_queue *queue) {
-    launch(queue, T, 256, 0, embed_kernel, x, table, tokens, hidden);
+extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, const int *ids, const int *from, int T,
+                           int hidden, const cuda_queue *queue) {
+    launch(queue, T, 256, 0, embed_kernel, x, table, tokens, ids, from, hidden);
 }
 
 // -------------------------------------------------------------------- rmsnorm
@@ -264,14 +266,12 @@ extern "C" void cuda_swiglu(float *g, const float *u, int count, const cuda_queu
 
 // One block per row of n logits; each thread scans its share in ascending
 // order keeping the first maximum, then a tree keeps the lower index on
-// ties. With feed (one row), the
-// chosen id also becomes the next step's input on the device: token[0], a
-// copy in ring[*step % 2] (mapped host memory the host reads after the
-// step's event), and the position and step counters advance.
-__global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, int *pos, int *step) {
+// ties. The chosen id goes to out[row] and, when given, host[row] (host
+// memory mapped into the device's address space: the host reads it after
+// the step's event, without a copy).
+__global__ void argmax_kernel(int *out, int *host, const float *logits, int n) {
     await_previous_kernel();
     logits += (size_t)blockIdx.x * n;
-    out += blockIdx.x;
     __shared__ float best_v[1024];
     __shared__ int best_i[1024];
     float bv = -INFINITY;
@@ -304,25 +304,12 @@ __global__ void argmax_kernel(int *out, const float *logits, int n, int *ring, i
     }
     if (threadIdx.x == 0) {
         int id = best_i[0] < n ? best_i[0] : 0;
-        out[0] = id;
-        if (ring) {
-            ring[*step & 1] = id;
-            *pos += 1;
-            *step += 1;
-        }
+        out[blockIdx.x] = id;
+        if (host) host[blockIdx.x] = id;
     }
 }
 
-extern "C" void cuda_argmax(int *out, const float *logits, int n, const cuda_queue *queue) {
-    launch(queue, 1, 1024, 0, argmax_kernel, out, logits, n, nullptr, nullptr, nullptr);
-}
-
-extern "C" void cuda_argmax_rows(int *out, const float *logits, int rows, int n, const cuda_queue *queue) {
-    launch(queue, rows, 1024, 0, argmax_kernel, out, logits, n, nullptr, nullptr, nullptr);
-}
-
-extern "C" void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n,
-                                 const cuda_queue *queue) {
-    launch(queue, 1, 1024, 0, argmax_kernel, token, logits, n, ring, pos, step);
+extern "C" void cuda_argmax_rows(int *out, int *host, const float *logits, int rows, int n, const cuda_queue *queue) {
+    launch(queue, rows, 1024, 0, argmax_kernel, out, host, logits, n);
 }
 

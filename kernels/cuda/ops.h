@@ -48,8 +48,11 @@ typedef struct {
     const int *tables;
 } cuda_kv_map;
 
-/* x[T, hidden] = table[tokens[t], :] */
-void cuda_embed(float *x, const bf16_bits *table, const int *tokens, int T, int hidden, const cuda_queue *queue);
+/* x[T, hidden] = table[tokens[t], :]; with from, the rows whose from[t] >=
+ * 0 take ids[from[t]] as their token instead (a greedy step's argmax fed to
+ * the next step on the device). */
+void cuda_embed(float *x, const bf16_bits *table, const int *tokens, const int *ids, const int *from, int T, int hidden,
+                const cuda_queue *queue);
 
 /* out[T, n] = x / sqrt(mean(x^2) + eps) * w, row by row */
 void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps, const cuda_queue *queue);
@@ -127,16 +130,11 @@ void cuda_copy_rows(float *dst, const float *src, const int *dst_idx, const int 
 /* g[T, n] = silu(g) * u */
 void cuda_swiglu(float *g, const float *u, int count, const cuda_queue *queue);
 
-/* out[0] = argmax(logits[n]), the lowest index on ties */
-void cuda_argmax(int *out, const float *logits, int n, const cuda_queue *queue);
-
-/* out[r] = argmax(logits[r, n]) for each of rows rows, as cuda_argmax */
-void cuda_argmax_rows(int *out, const float *logits, int rows, int n, const cuda_queue *queue);
-
-/* The same, fed back for greedy decoding without the host: token[0] = the
- * argmax, ring[*step % 2] = it too (host-mapped memory), then *pos and *step
- * advance by one. */
-void cuda_argmax_feed(int *token, int *ring, int *pos, int *step, const float *logits, int n, const cuda_queue *queue);
+/* out[r] = argmax(logits[r, n]), the lowest index on ties, NaNs passed over
+ * and 0 when no logit is above -infinity (as polar_argmax), for each of
+ * rows rows; host (may be NULL) gets the ids too: host memory mapped for
+ * the device (cudaHostAllocMapped, its device pointer). */
+void cuda_argmax_rows(int *out, int *host, const float *logits, int rows, int n, const cuda_queue *queue);
 
 /* MoE routing of T tokens from their normed states x[T, H] and the router
  * W[E, H], as cpu_route: the logits[T, E] (a scratch the caller provides)
