@@ -73,10 +73,10 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            runtime/cuda_batch.c runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_layer.c runtime/cuda_gemm.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
-           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c \
-           predictor/search.c predictor/answer.c predictor/prompt.c loader/dataset.c \
-           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/labels.c predictor/train_features.c predictor/train_gemm.c \
-           eval/record.c eval/summary.c eval/plot.c eval/labels.c
+           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c predictor/planner.c \
+           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_gemm.c \
+           search/search.c search/labels.c search/findings.c \
+           eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
@@ -327,7 +327,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset fuzz_predictor
 FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c runtime/error.c \
             runtime/program.c tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c \
-            tokenizer/load.c tokenizer/chat.c loader/dataset.c predictor/answer.c predictor/prompt.c \
+            tokenizer/load.c tokenizer/chat.c eval/dataset.c eval/answer.c eval/prompt.c \
             kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz: deps

@@ -88,7 +88,7 @@ static int cmp_double(const void *a, const void *b) {
  * network, beam, in ms; *device: where the network ran. */
 static int time_warm(const char *cmd, const char *model_dir, int D, const char *predictor, const char *encoder,
                      const char *question, double *min, double *median, const char **device) {
-    auto_ctx *a;
+    polar_planner *a;
     int rc = auto_open(cmd, model_dir, D, predictor, encoder, &a);
     if (rc) return rc;
     polar_decode_opts o = polar_decode_defaults();
@@ -96,17 +96,17 @@ static int time_warm(const char *cmd, const char *model_dir, int D, const char *
     for (int c = -1; !rc && c < WARM_CALLS; c++) {
         polar_candidate cand[8];
         int n;
-        auto_timing tm;
+        polar_planner_timing tm;
         rc = auto_predict(cmd, a, question, &o, cand, 5, &n, &tm);
         for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);
         if (!rc && c >= 0) ms[0][c] = tm.encoder_ms, ms[1][c] = tm.predictor_ms, ms[2][c] = tm.beam_ms;
-        if (!rc) *device = tm.predictor_device;
+        if (!rc) *device = polar_planner_device(a);
     }
     for (int k = 0; !rc && k < 3; k++) {
         qsort(ms[k], WARM_CALLS, sizeof ms[k][0], cmp_double);
         min[k] = ms[k][0], median[k] = ms[k][WARM_CALLS / 2];
     }
-    auto_close(a);
+    polar_planner_free(a);
     return rc;
 }
 
@@ -147,8 +147,8 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
     for (int r = 0; r < reps; r++) {
         polar_candidate cand[8];
         int n;
-        auto_timing tm;
-        int rc = predict_programs(cmd, model_dir, D, predictor, encoder, question, &o, cand, 5, &n, &tm);
+        polar_planner_timing tm;
+        int rc = predict_programs(cmd, model_dir, D, predictor, encoder, question, &o, cand, 5, &n, &tm, NULL);
         if (rc) {
             free(question);
             return rc;

@@ -53,7 +53,7 @@ def last_boxed(text):
 
 def same_answer(got, gold):
     """Numeric equality within 1e-4 relative after light normalisation
-    (polar's predictor/answer.c does more; enough for numeric sets)."""
+    (polar's eval/answer.c does more; enough for numeric sets)."""
     if got is None:
         return False
     clean = lambda s: re.sub(r"[\s$,]|\\!|\\text\{[^}]*\}", "", str(s)).rstrip(".")

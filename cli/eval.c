@@ -154,7 +154,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
     int n_done = 0, max_prompt = 0, cap_len = 4 * D;
     FILE *f = NULL;
     planned_run *plan = NULL;
-    auto_ctx *predictor = NULL;
+    polar_planner *predictor = NULL;
     eval_ctx c = {.tok = tok, .style = style, .fallback = a->fallback != NULL, .max_new = a->max_new};
     c.acc = (text_acc){.tok = tok, .stop_at_box = style != STYLE_MC, .stop_id = -1, .arch = &info.arch};
     if (!done || !runs || !kept || polar_program_parse("base", D, 0, &base, &err) != POLAR_OK) {
@@ -212,8 +212,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         polar_status st = question_prompt(tok, style, q, shots, n_shots, &text, &ids, &n_ids, &err);
         if (st == POLAR_OK && auto_mode) {
             polar_decode_opts o = polar_decode_defaults();
-            auto_timing tm;
-            if (auto_predict(cmd, predictor, q->question, &o, predicted, a->k, &n_prog, &tm)) {
+            if (auto_predict(cmd, predictor, q->question, &o, predicted, a->k, &n_prog, NULL)) {
                 polar_free(text), polar_free(ids);
                 goto done;
             }
@@ -266,7 +265,7 @@ done:
     for (int i = 0; i < n_fixed; i++) polar_program_free(&programs[i].program);
     polar_program_free(&base);
     polar_batch_free(c.b);
-    auto_close(predictor);
+    polar_planner_free(predictor);
     for (int i = 0; c.accs && i < n_runs_max; i++) text_acc_free(&c.accs[i]);
     text_acc_free(&c.acc);
     free(done), free(runs), free(kept), free(c.accs), free(c.ids), free(c.fed), free(c.ended), free(plan);

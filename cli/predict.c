@@ -27,8 +27,8 @@ int cmd_predict(int argc, char **argv) {
     o.max_layers = max_layers;
     polar_candidate cand[64];
     int n = 0;
-    auto_timing tm;
-    int rc = predict_programs(cmd, model_path, arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm);
+    polar_planner_timing tm;
+    int rc = predict_programs(cmd, model_path, arch.n_layers, predictor, encoder, question, &o, cand, k, &n, &tm, NULL);
     for (int i = 0; rc == 0 && i < n; i++) {
         char text[1024];
         polar_program_format(&cand[i].program, text, sizeof text);

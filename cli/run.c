@@ -179,8 +179,8 @@ int cmd_run(int argc, char **argv) {
     /* The programs to run: the one given, or the predictor's top N. */
     if (predicted) {
         polar_decode_opts o = polar_decode_defaults();
-        auto_timing tm;
-        if ((rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, prompt, &o, cand, top_n, &n_cand, &tm)))
+        if ((rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, prompt, &o, cand, top_n, &n_cand,
+                                   NULL, NULL)))
             goto done;
         rc = 1;
     } else if (polar_program_parse(program_text, info.arch.n_layers, 0, &cand[0].program, &err) != POLAR_OK) {

@@ -177,7 +177,7 @@ int cmd_train(int argc, char **argv) {
     /* Default encoder: the target model's first quarter of layers (a
      * Qwen3-Embedding-0.6B folder is the reference's, when one is at hand). */
     char default_program[32];
-    snprintf(default_program, sizeof default_program, "0-%d", default_encoder_last_layer(D));
+    snprintf(default_program, sizeof default_program, "0-%d", polar_default_encoder_last_layer(D));
     if (!encoder) encoder = getenv("POLAR_ENCODER");
     int own_encoder = !encoder || !*encoder;
     if (own_encoder) encoder = model_path;

@@ -632,6 +632,50 @@ typedef struct {
 polar_status polar_decode_programs(const float *seg, const float *op, int D, const polar_decode_opts *opts,
                                    polar_candidate *out, int max_out, int *n_out, polar_error *err);
 
+/* A question's programs, end to end: the encoder (any model the runtime
+ * loads, run with any program) gives the question's token states, the
+ * predictor scores the layers, the beam decoder ranks programs. Opened once
+ * (predictor, encoder model, tokenizer, encoder session, buffers) for any
+ * number of questions; one thread at a time. */
+typedef struct polar_planner polar_planner;
+
+/* Tokens of a question the encoder takes at most (the reference truncates
+ * questions here). */
+#define POLAR_PLANNER_MAX_TOKENS 512
+
+/* The default encoder of a model of n_layers layers (polar train's, and
+ * --program auto's): the model itself running layers 0..this (its first
+ * quarter). */
+int polar_default_encoder_last_layer(int n_layers);
+
+/* The predictor at predictor_path for a model of n_layers layers, with the
+ * encoder encoder_spec ("PATH" or "PATH@PROGRAM": the program after the
+ * last '@', base without one). The predictor runs where the encoder's
+ * session runs: on the GPU when the encoder does and the GPU takes the
+ * fused kernel (polar_planner_note says why not). POLAR_ERR_CONFIG when
+ * the predictor's layers or input width do not match the model's and the
+ * encoder's. */
+polar_status polar_planner_open(const char *predictor_path, const char *encoder_spec, int n_layers,
+                                polar_planner **out, polar_error *err);
+void polar_planner_free(polar_planner *p);
+
+/* Where the predictor runs ("cpu" or "cuda"), and, when on the CPU beside
+ * an encoder on the GPU, why (else NULL). */
+const char *polar_planner_device(const polar_planner *p);
+const char *polar_planner_note(const polar_planner *p);
+
+typedef struct {
+    double encoder_ms, predictor_ms, beam_ms;
+    int question_tokens;  /* after truncation to POLAR_PLANNER_MAX_TOKENS */
+} polar_planner_timing;
+
+/* Up to k programs for the question, best first (free each with
+ * polar_program_free); tm may be NULL. POLAR_ERR_ARG when the question
+ * gives no tokens, POLAR_ERR_PROGRAM when the decoder leaves no program
+ * within opts' layer bounds. */
+polar_status polar_planner_predict(polar_planner *p, const char *question, const polar_decode_opts *opts,
+                                   polar_candidate *out, int k, int *n_out, polar_planner_timing *tm, polar_error *err);
+
 /* PoLar's segment form of a program: seg_start[D] (1 where a segment starts,
  * seg_start[0] = 1) and ops[D] (0 skip, 1 keep, 2 repeat at segment starts,
  * -1 elsewhere), segments of at most kmax layers. The parse reproduces the
@@ -775,7 +819,7 @@ void polar_train_features_free(polar_train_features *f);
 #define POLAR_SEARCH_MAX_DEPTH 256
 
 /* PoLar's Monte Carlo tree search for programs that earn a reward (the
- * reference's rules; predictor/search.c says them in full). */
+ * reference's rules; search/search.c says them in full). */
 typedef struct {
     int n_layers;      /* D: the root is the base program 0..D-1 */
     int min_len;       /* programs shorter than this are not explored */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../runtime/error.h"
-#include "json.h"
+#include "../loader/json.h"
 
 #define DATASET_MAX_BYTES ((size_t)1 << 30)
 

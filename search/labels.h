@@ -1,8 +1,8 @@
 /* Reading `polar search` labels files (JSONL, the reference's field names):
- * one reader for the trainer's examples (predictor/labels.c) and the
- * search summary (eval/labels.c). */
-#ifndef POLAR_PREDICTOR_LABELS_H
-#define POLAR_PREDICTOR_LABELS_H
+ * one reader for the trainer's examples (labels.c) and the search's
+ * findings (findings.c). */
+#ifndef POLAR_SEARCH_LABELS_H
+#define POLAR_SEARCH_LABELS_H
 
 #include "../loader/json.h"
 #include "polar.h"

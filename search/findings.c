@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../predictor/labels.h"
+#include "labels.h"
 #include "../runtime/error.h"
-#include "eval.h"
+#include "../eval/eval.h"
 
 enum { MAX_LEN = 1024 };
 
