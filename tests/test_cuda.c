@@ -175,8 +175,9 @@ static void model_moe_deterministic(void) {
     polar_model_free(m);
 }
 
-/* One GPU session switching among 11 programs, more than the 8 decode graphs
- * a session keeps, so graphs are evicted and re-captured: every generation
+/* One GPU session switching among 11 programs: each program's decode step
+ * is captured on both halves of the step state, 22 graphs against the 16 a
+ * batch keeps, so graphs are evicted and re-captured: every generation
  * equals the CPU's, and device memory stays flat once the cache is full. */
 static void graph_recapture(void) {
     polar_error err;
