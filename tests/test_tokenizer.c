@@ -69,6 +69,10 @@ static void tokenizer_smollm2_gguf(void) { check_source("smollm2-gguf", getenv("
 static void tokenizer_smollm2_json(void) {
     check_source("smollm2-json", data_path("POLAR_FIXTURES", "smollm2.tokenizer.json"));
 }
+/* StarCoder's pre-tokenizer: digits split off before the GPT-2 regex. */
+static void tokenizer_smollm2_digits(void) {
+    check_source("smollm2-digits", data_path("POLAR_FIXTURES", "smollm2-digits.tokenizer.json"));
+}
 static void tokenizer_llama3_tiktoken(void) {
     check_source("llama3-tiktoken", data_path("POLAR_DEPS", "llama_models/llama3/tokenizer.model"));
 }
@@ -303,6 +307,7 @@ static void tokenizer_bad_json(void) {
 int main(void) {
     RUN(tokenizer_smollm2_gguf);
     RUN(tokenizer_smollm2_json);
+    RUN(tokenizer_smollm2_digits);
     RUN(tokenizer_llama3_tiktoken);
     RUN(tokenizer_llama3_json);
     RUN(tokenizer_qwen_tiktoken);

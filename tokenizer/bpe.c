@@ -270,19 +270,33 @@ static int bpe_word(const polar_tokenizer *t, const unsigned char *w, size_t n, 
     return 1;
 }
 
-/* Split a stretch of ordinary text into words and BPE each. */
+/* The bytes of the number character (\p{N}: what Rust's char::is_numeric,
+ * and so the Digits pre-tokenizer, means) at s[i], or 0 if it is not one. */
+static size_t number_at(const unsigned char *s, size_t n, size_t i) {
+    if (s[i] < 0x80) return s[i] >= '0' && s[i] <= '9';
+    uint32_t cp;
+    int valid, len = utf8_decode(s + i, n - i, &cp, &valid);
+    return valid && uc_is_number(cp) ? (size_t)len : 0;
+}
+
+/* Split a stretch of ordinary text into words and BPE each. With a Digits
+ * pre-tokenizer first (digits_split), every number character is a piece of
+ * its own and the regex runs within the pieces between them, as Hugging
+ * Face's Sequence does: a whitespace run before a digit ends its piece, so
+ * it stays whole rather than leaving its last space to start a word. */
 static int encode_text(const polar_tokenizer *t, const unsigned char *s, size_t n, symbol *sym, candidate *heap,
                        id_list *out) {
+    size_t piece_end = 0, number;
     for (size_t i = 0; i < n;) {
         size_t end;
-        if (t->digits_split && s[i] >= '0' && s[i] <= '9') end = i + 1;
-        else end = pretok_next(t->style, s, n, i);
-        if (t->digits_split)
-            for (size_t k = i + 1; k < end; k++)
-                if (s[k] >= '0' && s[k] <= '9') {
-                    end = k; /* a digit ends the word; it is its own next word */
-                    break;
+        if (t->digits_split && (number = number_at(s, n, i))) {
+            end = i + number;
+        } else {
+            if (t->digits_split && piece_end <= i)
+                for (piece_end = i + 1; piece_end < n && !number_at(s, n, piece_end); piece_end++) {
                 }
+            end = pretok_next(t->style, s, t->digits_split ? piece_end : n, i);
+        }
         if (!bpe_word(t, s + i, end - i, sym, heap, out)) return 0;
         i = end;
     }

