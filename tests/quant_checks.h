@@ -411,6 +411,46 @@ static void x16_same_on_levels(void) {
     }
 }
 
+/* The reference level (POLAR_CPU=reference): every kept type's rows times
+ * f32 activations, as cpu_dequantize_row's weights (checked against
+ * gguf-py above) summed in double, to float rounding; T past its 64-token
+ * tile, a bias, and accumulation. */
+static void reference_level(void) {
+    enum { ROWS = 19, COLS = 512, T = 67 };
+    static float x[T * COLS], y[T * ROWS], wf[COLS];
+    bf16 bias[ROWS];
+    for (int i = 0; i < T * COLS; i++) x[i] = frand();
+    for (int r = 0; r < ROWS; r++) bias[r] = f32_to_bf16(frand());
+    for (int t = CPU_W_Q8_0; t < CPU_W_N; t++) {
+        if (!cpu_wtype_kept((cpu_wtype)t)) continue;
+        size_t rb = cpu_wtype_row_bytes((cpu_wtype)t, COLS);
+        uint8_t *w = malloc(ROWS * rb);
+        rand_rows((cpu_wtype)t, ROWS, COLS, w);
+        for (int acc = 0; acc < 2; acc++) {
+            for (int i = 0; i < T * ROWS; i++) y[i] = acc ? 0.25f : 0.0f;
+            cpu_q_out out = {y, w, (cpu_wtype)t, acc ? NULL : bias, ROWS};
+            cpu_matmul_q_multi_with(&cpu_kernels_reference, &out, 1, x, T, COLS, acc, 2, NULL);
+            int bad = 0;
+            double worst = 0;
+            for (int r = 0; r < ROWS; r++) {
+                cpu_dequantize_row((cpu_wtype)t, w + r * rb, wf, COLS);
+                for (int tok = 0; tok < T; tok++) {
+                    double sum = 0, mag = 0;
+                    for (int i = 0; i < COLS; i++)
+                        sum += (double)wf[i] * x[tok * COLS + i], mag += fabs((double)wf[i] * x[tok * COLS + i]);
+                    double want = sum + (acc ? 0.25 : bf16_to_f32(bias[r]));
+                    double e = fabs(y[tok * ROWS + r] - want) / (mag + 1.0);
+                    worst = e > worst ? e : worst;
+                    bad += e > 2e-7;
+                }
+            }
+            CHECK(!bad, "reference %s acc=%d: %d of %d outputs off the double sum (worst %.2g of the magnitude)",
+                  cpu_wtype_name((cpu_wtype)t), acc, bad, T * ROWS, worst);
+        }
+        free(w);
+    }
+}
+
 static void levels(void) {
     for (int l = 0; l < CPU_N_LEVELS; l++) {
         const char *why;
@@ -426,6 +466,7 @@ static void levels(void) {
         long_rows_on_level(k, cpu_level_name((cpu_level)l));
     }
     x16_same_on_levels();
+    reference_level();
 }
 
 #endif

@@ -59,11 +59,15 @@ static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
     const char *want = getenv("POLAR_CPU");
+    if (want && !strcmp(want, "reference")) {
+        active = &cpu_kernels_reference;
+        return;
+    }
     if (want && *want) {
         int level = -1;
         for (int l = 0; l < CPU_N_LEVELS; l++)
             if (!strcmp(want, level_names[l])) level = l;
-        const char *why = "not a level (generic|avx2|avx2vnni|avx512|avx512vnni|neon)";
+        const char *why = "not a level (generic|avx2|avx2vnni|avx512|avx512vnni|neon|reference)";
         if (level >= 0 && (active = cpu_kernels_for((cpu_level)level, &why))) return;
         for (int l = CPU_N_LEVELS - 1; !active; l--) active = cpu_kernels_for((cpu_level)l, NULL);
         fprintf(stderr, "polar: POLAR_CPU=%s refused (%s); using %s kernels\n", want, why, active->name);

@@ -52,6 +52,12 @@ typedef struct cpu_kernels {
     /* Activations into int8 blocks for dot_q / rows_q: cpu_quantize_q8's
      * blocks exactly (quant.h). */
     void (*quantize_q8)(cpu_q8_block *out, const float *x, int n);
+    /* The reference level (POLAR_CPU=reference, never chosen by itself):
+     * quantized weights meet f32 activations, each block dequantized by
+     * the format's definition and the products summed in double: the
+     * exact math the other levels' int8 activations approximate (what
+     * polar perplexity's KL divergence of a level is measured against). */
+    int f32_activations;
 } cpu_kernels;
 
 /* The K/V rows a level reads are f32, or bf16 (a bf16 pool) when kv16:
@@ -65,7 +71,7 @@ static inline __attribute__((always_inline)) float kv_scalar(const void *rows, s
 }
 
 /* One table per level; only those built for the target exist. */
-extern const cpu_kernels cpu_kernels_generic;
+extern const cpu_kernels cpu_kernels_generic, cpu_kernels_reference;
 #if defined(__x86_64__)
 extern const cpu_kernels cpu_kernels_avx2, cpu_kernels_avx2vnni, cpu_kernels_avx512, cpu_kernels_avx512vnni;
 #endif
@@ -75,7 +81,7 @@ extern const cpu_kernels cpu_kernels_neon;
 
 /* The table the cpu_* functions use: the best level this CPU runs, or the
  * one POLAR_CPU names (generic|avx2|avx2vnni|avx512|avx512vnni|neon) when the CPU
- * can run it. */
+ * can run it, or reference. */
 const cpu_kernels *cpu_kernels_active(void);
 
 /* A level's name, as POLAR_CPU spells it. */

@@ -196,3 +196,19 @@ const cpu_kernels cpu_kernels_generic = {
     .rows_q = cpu_rows_q_generic,
     .quantize_q8 = cpu_quantize_q8,
 };
+
+const cpu_kernels cpu_kernels_reference = {
+    .name = "reference",
+    .matmul_bf16 = generic_matmul_bf16,
+    .row_block = 4,
+    .rmsnorm = generic_rmsnorm,
+    .rope = generic_rope,
+    .attention_head = generic_attention_head,
+    .attention_rows = generic_attention_rows,
+    .attention_rows_bf16 = generic_attention_rows_bf16,
+    .swiglu = generic_swiglu,
+    .dot_q = cpu_dot_q_generic,
+    .rows_q = cpu_rows_q_generic,
+    .quantize_q8 = cpu_quantize_q8,
+    .f32_activations = 1,
+};

@@ -106,8 +106,59 @@ static void run_blocks(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, 
     }
 }
 
+/* The reference level's rows: the weights dequantized as the format
+ * defines them, CHUNK at a time for all T tokens, times the f32
+ * activations, summed in double. */
+static void rows_f32(const cpu_q_out *o, const float *x, int T, int cols, int accumulate, int r0, int r1) {
+    enum { CHUNK = 1024, MAX_T = 64 };
+    size_t row_bytes = cpu_wtype_row_bytes(o->t, (size_t)cols);
+    float w[CHUNK];
+    double sum[MAX_T];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)o->w + (size_t)r * row_bytes;
+        for (int t0 = 0; t0 < T; t0 += MAX_T) {
+            int nt = T - t0 < MAX_T ? T - t0 : MAX_T;
+            for (int t = 0; t < nt; t++) sum[t] = 0;
+            for (int c0 = 0; c0 < cols; c0 += CHUNK) {
+                int n = cols - c0 < CHUNK ? cols - c0 : CHUNK;
+                for (int k = 0; k < n / CPU_QK; k++) {
+                    int8_t q[32];
+                    float a[2], m[2];
+                    cpu_unpack32(o->t, wr, c0 / CPU_QK + k, q, a, m);
+                    for (int i = 0; i < 32; i++) w[32 * k + i] = a[i / 16] * (float)q[i] - m[i / 16];
+                }
+                for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (size_t)(t0 + t) * cols + c0;
+                    double s[8] = {0}; /* eight chains: a sum's latency, not its adds, would bound it */
+                    for (int i = 0; i < n; i += 8)
+                        for (int j = 0; j < 8; j++) s[j] += (double)w[i + j] * xt[i + j];
+                    sum[t] += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                float v = (float)sum[t] + (o->bias ? bf16_to_f32(o->bias[r]) : 0.0f);
+                float *dst = &o->y[(size_t)(t0 + t) * o->rows + r];
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+    }
+}
+
+static void matmul_f32_activations(const cpu_q_out *o, const float *x, int T, int cols, int accumulate, int n_threads) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int b = 0; b < (o->rows + 15) / 16; b++)
+        rows_f32(o, x, T, cols, accumulate, 16 * b, 16 * b + 16 < o->rows ? 16 * b + 16 : o->rows);
+}
+
 void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const float *x, int T, int cols,
                              int accumulate, int n_threads, cpu_q8_block *xq) {
+    if (k->f32_activations) {
+        for (int i = 0; i < n_outs; i++) {
+            if (cpu_wtype_kept(outs[i].t)) matmul_f32_activations(&outs[i], x, T, cols, accumulate, n_threads);
+            else cpu_matmul_with(k, outs[i].y, x, outs[i].w, outs[i].bias, T, outs[i].rows, cols, accumulate, n_threads);
+        }
+        return;
+    }
     int quantized = 1;
     for (int i = 0; i < n_outs; i++) quantized &= cpu_wtype_kept(outs[i].t) || cpu_wtype_is_x16(outs[i].t);
     if (!quantized) { /* bf16 models keep their own matmul, bit for bit */
