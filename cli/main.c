@@ -16,7 +16,7 @@ static const command commands[] = {
      "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--kv f32|bf16]\n"
      "            [--ignore-eos] [--temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--json]\n"
      "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
-    {"tokenize", cmd_tokenize, "tokenize [--model PATH] --text TEXT [--json] [--no-special] [--bos]\n"},
+    {"tokenize", cmd_tokenize, "tokenize [--model PATH] (--text TEXT | -f FILE) [--json] [--no-special] [--bos]\n"},
     {"predict", cmd_predict,
      "predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
      "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"},
@@ -40,6 +40,10 @@ static const command commands[] = {
      "            [--batch 128] [--lr 5e-4] [--warmup 10] [--orig-weight 0.3] [--max-paths 50] [--dropout 0.1]\n"
      "            [--seed S] [--log FILE] [--features-cache FILE]\n"
      "            (default encoder: the model's first quarter of layers)\n"},
+    {"perplexity", cmd_perplexity,
+     "perplexity [--model PATH] (-f TEXT | --kl-divergence FILE) [--ctx 512] [--chunks N]\n"
+     "            [--program SPEC] [--threads N] [--device D] [--kv f32|bf16]\n"
+     "            [--kl-divergence-base FILE [--kl-top-k K]] [--json] [--quiet]\n"},
     {"mkmodel", cmd_mkmodel,
      "mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
      "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"

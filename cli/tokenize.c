@@ -1,5 +1,6 @@
 /* polar tokenize: text -> ids and pieces, for checking against other tools. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
@@ -18,15 +19,19 @@ static void print_piece_json(const char *p, size_t n) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *cmd = "tokenize", *model = NULL, *text = NULL;
+    const char *cmd = "tokenize", *model = NULL, *text = NULL, *file = NULL;
     int json = 0, no_special = 0, bos = 0;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model, 0},          {"--text", OPT_STR, &text, 0},
         {"--json", OPT_FLAG, &json, 0},           {"--no-special", OPT_FLAG, &no_special, 0},
-        {"--bos", OPT_FLAG, &bos, 0},
+        {"--bos", OPT_FLAG, &bos, 0},             {"-f", OPT_STR, &file, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
-    if (!text) return fail_usage(cmd, "--text TEXT is required");
+    if (!text == !file) return fail_usage(cmd, "one of --text TEXT and -f FILE is required");
+    size_t text_len = text ? strlen(text) : 0;
+    char *contents = file ? read_text_file(cmd, file, &text_len) : NULL;
+    if (file && !contents) return 1;
+    if (file) text = contents;
     char *default_model = NULL;
     if (!model && !(model = default_model = find_default_model(cmd))) return 1;
     polar_error err;
@@ -34,9 +39,10 @@ int cmd_tokenize(int argc, char **argv) {
     int *ids = NULL, n = 0, rc = 1;
     if (polar_tokenizer_load(model, &t, &err) != POLAR_OK) {
         polar_free(default_model);
+        free(contents);
         return fail_status(cmd, &err);
     }
-    if (polar_tokenize(t, text, strlen(text), !no_special, bos, &ids, &n, &err) != POLAR_OK) {
+    if (polar_tokenize(t, text, text_len, !no_special, bos, &ids, &n, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
     } else {
         if (json) printf("{\"ids\":[");
@@ -61,5 +67,6 @@ int cmd_tokenize(int argc, char **argv) {
     polar_free(ids);
     polar_tokenizer_free(t);
     polar_free(default_model);
+    free(contents);
     return rc;
 }

@@ -566,6 +566,10 @@ polar_status polar_detokenize(const polar_tokenizer *t, const int *ids, int n, c
 /* Id of a token given its exact text, or -1. */
 int polar_token_id(const polar_tokenizer *t, const char *text);
 
+/* The token polar_tokenize's add_special puts first (a BOS the vocabulary
+ * adds: Llama-3's <|begin_of_text|>, a GGUF's bos when add_bos_token), or -1. */
+int polar_tokenizer_bos(const polar_tokenizer *t);
+
 /* The token that ends an assistant turn in this model's chat format
  * (<|eot_id|>, <|im_end|>), or -1. */
 int polar_tokenizer_end_of_turn(const polar_tokenizer *t);
@@ -987,6 +991,50 @@ typedef enum { POLAR_PROMPT_BOXED, POLAR_PROMPT_MC } polar_prompt_style;
  * MC: the gold letter), then a blank line. *out is malloc'd. */
 polar_status polar_prompt_format(polar_prompt_style style, const polar_question *q, const polar_question *const *shots,
                                  int n_shots, char **out, polar_error *err);
+
+/* ----------------------------------------------- evaluation: perplexity */
+
+/* A text's perplexity, computed as llama.cpp's llama-perplexity computes
+ * it: its tokens in chunks of ctx, each chunk run from an empty cache (its
+ * first token replaced by bos, when the vocabulary adds one) through the
+ * batch engine, and the second half of each chunk scored: every token of
+ * it but the first, given the ones before. With a reference's
+ * log-probabilities (the same tokens through another model file, device,
+ * CPU level or program, saved by an earlier run), the KL divergence from
+ * them too. */
+typedef struct {
+    int ctx;                /* tokens per chunk; 0: 512 */
+    int max_chunks;         /* at most this many chunks; 0: every whole chunk of the tokens */
+    int bos;                /* the id each chunk runs with first (polar_tokenizer_bos), or -1: its own token */
+    int n_threads;          /* 0: all available */
+    polar_device device;
+    int kv_bf16;            /* CPU: the K/V rows in bf16 */
+    const char *save;       /* write the scored tokens' log-probabilities here: a reference for later runs */
+    int save_top_k;         /* ... only each token's top k and the mass of the rest (a lower bound on the KL
+                             * divergence then); 0: the whole vocabulary, 2 bytes each */
+    const char *reference;  /* compare with the log-probabilities saved in this file (its tokens, ctx and chunks
+                             * are the run's: tokens may be NULL) */
+    void (*progress)(int chunk, int n_chunks, double ppl, void *user); /* after each chunk (may be NULL) */
+    void *user;
+} polar_ppl_opts;
+
+typedef struct {
+    double ppl, ppl_err;    /* e^(mean negative log-likelihood), and its standard error */
+    long tokens;            /* tokens scored */
+    int chunks, ctx;
+    int compared;           /* 1 when a reference was given; then: */
+    double ref_ppl, ref_ppl_err;
+    double ln_ratio, ln_ratio_err; /* mean ln(PPL / PPL(reference)) */
+    double cor;             /* correlation of the tokens' log-likelihoods here and in the reference */
+    double kld, kld_err;    /* mean KL divergence from the reference, and its standard error */
+    double kld_max, kld_p999, kld_p99, kld_p95, kld_p90, kld_median, kld_p10, kld_p5, kld_p1, kld_min;
+    double same_top, same_top_err; /* the share of tokens whose most likely next token is the reference's */
+    double dp_rms, dp_rms_err;     /* RMS of the change in the scored token's probability */
+} polar_ppl_result;
+
+/* The perplexity of tokens[0..n_tokens) under the model running program. */
+polar_status polar_perplexity(const polar_model *m, const polar_program *program, const int *tokens, int n_tokens,
+                              const polar_ppl_opts *opts, polar_ppl_result *out, polar_error *err);
 
 /* -------------------------------------------------- evaluation: results */
 

@@ -304,6 +304,20 @@ printf '{"question":"q"}\n' >"$D/nolabels.jsonl"
 expect train_not_labels 1 "not a polar search line" $P train --model "$M" --labels "$D/nolabels.jsonl" -o "$D/x.safetensors"
 expect train_bad_lr 2 "--lr must be" $P train --model "$M" --labels "$L" -o "$D/x.safetensors" --lr fast
 
+# polar perplexity on the default model and the committed GSM8K text: a run
+# saving its log-probabilities, a skip program against them, and the errors.
+T=tests/data/gsm8k_train_40.txt
+expect_out ppl '"ppl":' $P perplexity --model "$M" -f "$T" --ctx 64 --chunks 2 --quiet --json \
+    --kl-divergence-base "$D/base.lp"
+expect_out ppl_text "PPL = " $P perplexity --model "$M" -f "$T" --ctx 64 --chunks 1 --quiet
+expect_out ppl_kld '"same_top":' $P perplexity --model "$M" --kl-divergence "$D/base.lp" --program 0-13,15-29 --quiet --json
+expect usage_ppl_text 2 "-f TEXT is required" $P perplexity --model "$M"
+expect usage_ppl_both 2 "one of them" $P perplexity --model "$M" -f "$T" --kl-divergence-base x --kl-divergence y
+expect usage_ppl_ctx 2 "--ctx must be 4 at least" $P perplexity --model "$M" -f "$T" --ctx 2
+expect ppl_no_text 1 "cannot open the text" $P perplexity --model "$M" -f "$D/none.txt"
+expect ppl_short 1 "fewer than one chunk" $P perplexity --model "$M" -f "$T" --ctx 100000
+expect ppl_bad_reference 1 "not a file of log-probabilities" $P perplexity --model "$M" --kl-divergence "$T"
+
 # The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
 # can; --device cuda runs on a GPU or says in one line why it cannot.
 expect usage_device 2 "--device must be cpu, cuda or auto" $P run --model "$G" --tokens 1 --device gpu

@@ -8,7 +8,7 @@
  * for attn_v, ffn_down and the embedding, Q4_K for the rest, where rows are
  * whole 256-blocks; llama.cpp's fallbacks where they are whole 32-blocks
  * only (Q8_0 for Q6_K, Q5_0 for Q4_K, Q5_1 for Q5_K); GGUF_IQ4_FILE as
- * IQ4_XS (IQ4_NL where 256 does not divide a row). */
+ * IQ4_XS (IQ4_NL where 256 does not divide a row); GGUF_Q4_0_FILE as Q4_0. */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -27,7 +27,8 @@ typedef enum {
     GGUF_Q8_0_BAD_ROW, /* ... whose first tensor (Q8_0 embedding) claims a row of cols + 1 (not whole blocks) */
     GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices (Q5_0 and Q8_0 where 256 does not divide) */
     GGUF_K5_FILE,      /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix; Q5_1 and Q8_0 likewise) */
-    GGUF_IQ4_FILE      /* ... with IQ4_XS matrices (IQ4_NL where rows are not whole 256-blocks) */
+    GGUF_IQ4_FILE,     /* ... with IQ4_XS matrices (IQ4_NL where rows are not whole 256-blocks) */
+    GGUF_Q4_0_FILE     /* ... with Q4_0 matrices */
 } gguf_fault;
 
 /* f32 -> IEEE half, nearest (ties away); subnormal halves kept (a Q6_K
@@ -91,6 +92,24 @@ static void gw_q5(const float *x, size_t n, unsigned char *out, int one) {
             qs[i % 16] |= (unsigned char)((q & 15) << (i < 16 ? 0 : 4));
         }
         for (int k = 0; k < 4; k++) qh[k] = (unsigned char)(high >> (8 * k));
+    }
+}
+
+/* n f32 (n % 32 == 0) -> Q4_0 blocks (18 bytes: d, 16 nibble bytes; x ~=
+ * d * (q - 8), q of element i in the low nibble of byte i for i < 16, the
+ * high nibble of byte i - 16 after). */
+static void gw_q4_0(const float *x, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += 18) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        uint16_t hd = gw_f16(amax / 7.0f);
+        float d = f16_to_f32(hd);
+        out[0] = (unsigned char)hd, out[1] = (unsigned char)(hd >> 8);
+        memset(out + 2, 0, 16);
+        for (int i = 0; i < 32; i++) {
+            int q = d > 0 ? gw_clamp(x[i] / d + 8, 0, 15) : 8;
+            out[2 + i % 16] |= (unsigned char)(q << (i < 16 ? 0 : 4));
+        }
     }
 }
 
@@ -226,6 +245,7 @@ static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
                : fault == GGUF_K5_FILE ? GGML_Q5_1
                                        : GGML_Q5_0;
     if (fault == GGUF_IQ4_FILE && r->cols % 32 == 0) return r->cols % 256 == 0 ? GGML_IQ4_XS : GGML_IQ4_NL;
+    if (fault == GGUF_Q4_0_FILE && r->cols % 32 == 0) return GGML_Q4_0;
     return GGML_F32;
 }
 
@@ -393,6 +413,7 @@ static int gguf_write_model(polar_model *m, const char *path, gguf_fault fault) 
             bytes = cnt / ggml_block_elems(type) * ggml_block_bytes(type);
             unsigned char *q = malloc(bytes);
             if (type == GGML_Q8_0) gw_q8_0(v, cnt, q);
+            else if (type == GGML_Q4_0) gw_q4_0(v, cnt, q);
             else if (type == GGML_Q4_K || type == GGML_Q5_K) gw_k_quant(v, cnt, q, type == GGML_Q5_K ? 5 : 4);
             else if (type == GGML_IQ4_NL || type == GGML_IQ4_XS) gw_iq4(v, cnt, q, type == GGML_IQ4_XS);
             else if (type == GGML_Q5_0 || type == GGML_Q5_1) gw_q5(v, cnt, q, type == GGML_Q5_1);

@@ -649,6 +649,44 @@ static void threads_share_gpu(void) {
     polar_model_free(m[1]);
 }
 
+/* polar perplexity on the GPU (every row's logits of a chunk's second
+ * half, through the batch engine) against the CPU's f32 log-probabilities
+ * of the same program: the perplexity within the GPU's rounding of it and
+ * a small KL divergence (under the emulation on the golden models: llama
+ * 1.9e-5, qwen2_moe 7.2e-5, from rounding GEMM inputs and K/V to bf16;
+ * the bounds about 5x, for cuBLASLt's other sum orders on a GPU), the most
+ * likely token the same nearly always. */
+static void perplexity_gpu(void) {
+    static const char *archs[] = {"llama", "qwen2_moe"};
+    static const double bound[] = {1e-4, 4e-4};
+    for (int a = 0; a < 2; a++) {
+        polar_error err;
+        polar_model_info info;
+        polar_model *m = golden_model(archs[a], &info);
+        if (!m) continue;
+        int tokens[96];
+        for (int i = 0; i < 96; i++) tokens[i] = (i * 131 + i * i * 7 + 3) % info.arch.vocab;
+        polar_program p;
+        CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));
+        char ref[64];
+        snprintf(ref, sizeof ref, "/tmp/polar-cuda-ppl-%d.lp", (int)getpid());
+        polar_ppl_opts o = {.ctx = 32, .bos = 1, .n_threads = 2, .device = POLAR_DEVICE_CPU, .save = ref};
+        polar_ppl_result cpu, gpu;
+        CHECK_OK(polar_perplexity(m, &p, tokens, 96, &o, &cpu, &err));
+        o.device = POLAR_DEVICE_CUDA, o.save = NULL, o.reference = ref;
+        CHECK_OK(polar_perplexity(m, &p, tokens, 96, &o, &gpu, &err));
+        CHECK(gpu.compared && gpu.tokens == cpu.tokens && fabs(gpu.ppl / cpu.ppl - 1) < 2e-3 && gpu.kld < bound[a] &&
+                  gpu.same_top > 0.9,
+              "%s: PPL %g on the GPU, %g on the CPU; KLD %g (bound %g), same top %g", archs[a], gpu.ppl, cpu.ppl,
+              gpu.kld, bound[a], gpu.same_top);
+        printf("  %-9s PPL %.4f GPU, %.4f CPU (f32): KLD %.2e (max %.2e), same top %.1f%%\n", archs[a], gpu.ppl,
+               cpu.ppl, gpu.kld, gpu.kld_max, 100 * gpu.same_top);
+        unlink(ref);
+        polar_program_free(&p);
+        polar_model_free(m);
+    }
+}
+
 /* Cached decode on the GPU equals a fresh prefill on the GPU. */
 static void gpu_cache_consistency(void) {
     polar_error err;
@@ -773,5 +811,6 @@ int main(int argc, char **argv) {
     RUN_IF(shared_weights);
     RUN_IF(threads_share_gpu);
     RUN_IF(gpu_cache_consistency);
+    RUN_IF(perplexity_gpu);
     TEST_EXIT();
 }

@@ -17,6 +17,8 @@ const char *polar_chat_template_name(const polar_tokenizer *t) {
 
 int polar_token_id(const polar_tokenizer *t, const char *text) { return t ? tok_find(t, text, strlen(text)) : -1; }
 
+int polar_tokenizer_bos(const polar_tokenizer *t) { return t && t->n_prefix ? t->prefix[0] : -1; }
+
 int polar_tokenizer_end_of_turn(const polar_tokenizer *t) {
     if (!t) return -1;
     if (t->chat == CHAT_LLAMA3) return polar_token_id(t, "<|eot_id|>");
