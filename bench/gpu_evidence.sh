@@ -64,7 +64,7 @@ bench() {
             "$(printf '%s' "$res" | head -n 1)" \
             "${extra:+,\"overhead\":$extra}" >>"$OUT/$name.jsonl"
         [ -n "$extra" ] && echo "  $name: $extra"
-        printf '%s' "$res" | head -n 1 | sed 's/},{/}\n{/g' | grep -o '"program":"[^"]*".*"fraction_of_copy":[0-9.]*' |
+        printf '%s' "$res" | head -n 1 | sed 's/},{/}\n{/g' | grep -o '"program":"[^"]*".*"fraction_of_read":[0-9.]*' |
             sed -e "s/^/  $name: /" -e 's/"executed_layers".*"prefill_ms"/"prefill_ms"/' -e 's/"prefill_tok_s":[0-9.]*,//' \
                 -e 's/"decode_tok_s".*"fraction_of_copy"/"fraction_of_copy"/'
     else

@@ -885,6 +885,13 @@ polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hid
  * POLAR_DEVICE_CPU, a device-to-device cudaMemcpy for POLAR_DEVICE_CUDA. */
 polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threads, double *gbps, polar_error *err);
 
+/* Bandwidth of reading `bytes` bytes, in GB/s, best of 5 passes after a
+ * warm-up: n_threads threads (0: all) each summing its slice of a host
+ * buffer for POLAR_DEVICE_CPU, a kernel summing a device buffer for
+ * POLAR_DEVICE_CUDA. A decode step only reads its weights, so this, not a
+ * copy, is its limit; give more bytes than the caches hold. */
+polar_status polar_read_bandwidth(polar_device device, size_t bytes, int n_threads, double *gbps, polar_error *err);
+
 /* Bytes one decode step at context length ctx reads on a device: the
  * executed layers' weights (MoE: router, top-k and shared experts), their KV
  * cache rows (f32 on the CPU unless kv_bf16, bf16 on CUDA), one embedding

@@ -32,4 +32,7 @@ void cuda_weights_free(void *weights);
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);
 
+/* GB/s of a kernel that reads bytes and sums them, best of 5. */
+polar_status cuda_read_bandwidth(size_t bytes, double *gbps, polar_error *err);
+
 #endif

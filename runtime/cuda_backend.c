@@ -25,6 +25,11 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
 }
 
+polar_status cuda_read_bandwidth(size_t bytes, double *gbps, polar_error *err) {
+    (void)bytes, (void)gbps;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
+}
+
 #else
 
 #include <cuda_runtime_api.h>
@@ -314,6 +319,40 @@ polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     cudaFree(a);
     cudaFree(b);
     if (e != cudaSuccess) return cuda_error(err, e, "copy bandwidth");
+    *gbps = best;
+    return POLAR_OK;
+}
+
+polar_status cuda_read_bandwidth(size_t bytes, double *gbps, polar_error *err) {
+    char why[256];
+    if (!polar_cuda_available(why, sizeof why)) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: %s", why);
+    bytes &= ~(size_t)15;
+    int sms = 0;
+    void *buf = NULL;
+    unsigned *sums = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    int blocks = 4 * (sms > 0 ? sms : 1); /* 2048 threads an SM: every SM's loads in flight */
+    if (e == cudaSuccess) e = cudaMalloc(&buf, bytes);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&sums, (size_t)blocks * sizeof *sums);
+    if (e == cudaSuccess) e = cudaMemset(buf, 1, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&t0);
+    if (e == cudaSuccess) e = cudaEventCreate(&t1);
+    double best = 0;
+    for (int rep = 0; rep < 6 && e == cudaSuccess; rep++) { /* the first is a warm-up */
+        float ms = 0;
+        e = cudaEventRecord(t0, 0);
+        if (e == cudaSuccess) cuda_read_sum(sums, blocks, buf, bytes, NULL), e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaEventRecord(t1, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(t1);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, t0, t1);
+        if (e == cudaSuccess && rep > 0 && ms > 0 && (double)bytes / (ms * 1e6) > best) best = (double)bytes / (ms * 1e6);
+    }
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cudaFree(buf);
+    cudaFree(sums);
+    if (e != cudaSuccess) return cuda_error(err, e, "read bandwidth");
     *gbps = best;
     return POLAR_OK;
 }

@@ -58,6 +58,15 @@ expect_out run_json_fields '"decode_ms_per_token":' $P run --model "$G" --tokens
 expect_out mkmodel "wrote $D/mk: qwen3, 2 layers" $P mkmodel --arch qwen3 --layers 2 --seed 4 --out "$D/mk"
 expect_out mkmodel_runs "executed layers: 3 of 2" $P run --model "$D/mk" --tokens 5 --program 0,1,1 --max-new 2
 expect_out bench '"decode_time_vs_base":' $P bench --arch llama --program 0-1,2-3x2 --prompt-len 8 --gen 4 --reps 1 --json
+# the memory's read bandwidth beside its copy, and each run's share of it
+field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$D/out"; }
+if $P bench --arch llama --prompt-len 8 --gen 4 --reps 1 --json >"$D/out" 2>"$D/err" &&
+    awk -v r="$(field read_gbps)" -v c="$(field copy_gbps)" -v f="$(field fraction_of_read)" -v g="$(field gbps)" \
+        'BEGIN { d = f * r - g; exit !(r > 0 && c > 0 && g > 0 && (d < 0 ? -d : d) < 1e-4 * r + 1e-3 * g) }'; then
+    echo "PASS cli_bench_read_bandwidth"
+else
+    echo "FAIL cli_bench_read_bandwidth: $(head -c 300 "$D/err") $(head -c 600 "$D/out")"
+fi
 # polar bench --batch: one program and distinct ones per size; a programs file; bad sizes and files.
 expect_out bench_batch '"programs":"mixed","prefill_ms"' $P bench --arch llama --batch 1,3 --prompt-len 5 --gen 2 --reps 1 --json
 printf '# two programs\n0-3\n0,1,1,2,3\n' >"$D/batch_progs.txt"

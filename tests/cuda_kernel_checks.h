@@ -64,6 +64,28 @@ static float *dev_floats(size_t n) {
     return d;
 }
 
+/* The read-bandwidth kernel reads every word once: its blocks' sums add
+ * up to the host's (a count of words no grid divides); then
+ * polar_read_bandwidth on the device gives a positive figure. */
+static void kernel_read_sum(void) {
+    enum { WORDS = 3 * 512 * 7 + 5, BLOCKS = 3 };
+    uint32_t *h = malloc(WORDS * 16), want = 0, got = 0, sums[BLOCKS];
+    for (int i = 0; i < WORDS * 4; i++) frand(), h[i] = (uint32_t)(rng >> 17);
+    for (int i = 0; i < WORDS; i++) want += h[4 * i] ^ h[4 * i + 1] ^ h[4 * i + 2] ^ h[4 * i + 3];
+    void *d = to_dev(h, WORDS * 16);
+    unsigned *dsums = NULL;
+    cudaMalloc((void **)&dsums, sizeof sums);
+    cuda_read_sum(dsums, BLOCKS, d, WORDS * 16, NULL);
+    cudaMemcpy(sums, dsums, sizeof sums, cudaMemcpyDeviceToHost);
+    for (int b = 0; b < BLOCKS; b++) got += sums[b];
+    CHECK(got == want, "read sum %u, the host's %u", got, want);
+    cudaFree(d), cudaFree(dsums), free(h);
+    double gbps = 0;
+    polar_error err;
+    CHECK_OK(polar_read_bandwidth(POLAR_DEVICE_CUDA, 1 << 20, 0, &gbps, &err));
+    CHECK(gbps > 0, "read bandwidth %g GB/s", gbps);
+}
+
 /* Shapes of the presets' projections: q/o (hidden x hidden), kv, MLP, head rows. */
 static void kernel_matmul(void) {
     static const int shapes[][2] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {3072, 3072},

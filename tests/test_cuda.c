@@ -797,6 +797,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_kv_store);
     RUN_IF(kernel_attention);
     RUN_IF(kernel_moe);
+    RUN_IF(kernel_read_sum);
     RUN_IF(model_golden);
     RUN_IF(model_long_prompt);
     RUN_IF(model_preset);

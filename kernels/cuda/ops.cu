@@ -313,3 +313,28 @@ extern "C" void cuda_argmax_rows(int *out, int *host, const float *logits, int r
     launch(queue, rows, 1024, 0, argmax_kernel, out, host, logits, n);
 }
 
+
+// Read bandwidth: each thread sums 16-byte words a grid's stride apart (so
+// a warp's loads are whole lines), a block's sum goes to out[blockIdx.x]
+// so the loads cannot be dropped. words: 16-byte words of buf.
+__global__ void read_sum_kernel(unsigned *out, const uint4 *buf, size_t words) {
+    await_previous_kernel();
+    unsigned sum = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = buf[i];
+        sum += v.x ^ v.y ^ v.z ^ v.w;
+    }
+    for (int o = WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    __shared__ unsigned warp_sums[32];
+    if (threadIdx.x % WARP == 0) warp_sums[threadIdx.x / WARP] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned block_sum = 0;
+        for (int w = 0; w < (int)blockDim.x / WARP; w++) block_sum += warp_sums[w];
+        out[blockIdx.x] = block_sum;
+    }
+}
+
+extern "C" void cuda_read_sum(unsigned *out, int blocks, const void *buf, size_t bytes, const cuda_queue *queue) {
+    launch(queue, blocks, 512, 0, read_sum_kernel, out, (const uint4 *)buf, bytes / 16);
+}

@@ -169,6 +169,11 @@ int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const in
 void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
                       const bf16_bits *gate_w, int T, int k, int H, const cuda_queue *queue);
 
+/* A read of bytes (a multiple of 16) of buf by `blocks` blocks of 512
+ * threads, each block's sum of its words into out[blocks]: what the
+ * device's read bandwidth is measured with. */
+void cuda_read_sum(unsigned *out, int blocks, const void *buf, size_t bytes, const cuda_queue *queue);
+
 #ifdef __cplusplus
 }
 #endif
