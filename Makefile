@@ -103,7 +103,8 @@ endif
 LIB_OBJ := $(patsubst %.c,$(SHARED_OBJ_DIR)/obj/%.o,$(filter-out $(CUDA_C_SRC),$(LIB_SRC))) \
            $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
 CLI_OBJ := $(CLI_SRC:%.c=$(SHARED_OBJ_DIR)/obj/%.o)
-TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor $(BUILD)/tests/mkgguf
+TEST_BIN := $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/tests/mkbad $(BUILD)/tests/mkpredictor $(BUILD)/tests/mkgguf \
+            $(BUILD)/kernel_speed
 
 .PHONY: all test deps fuzz run demo bench clean cuda test-cuda test-neon test-cuda-emu test-cuda-race
 all: $(BUILD)/polar $(BUILD)/libpolar.a $(BUILD)/libpolar.so
@@ -183,6 +184,10 @@ $(BUILD)/tests/test_cuda: LDLIBS += -Wl,--wrap=cudaMalloc,--wrap=cudaMallocHost,
 # the linker's wraps instead.
 COMMA := ,
 $(BUILD)/tests/test_alloc: LDLIBS += $(if $(filter 1,$(SAN)),-Wl$(COMMA)--wrap=malloc$(COMMA)--wrap=calloc$(COMMA)--wrap=realloc)
+
+# The quantized kernels' speed per type and level (bench/kernel_speed.c).
+$(BUILD)/kernel_speed: bench/kernel_speed.c $(wildcard kernels/cpu/*.h) $(BUILD)/libpolar.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpolar.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libpolar.a
 	@mkdir -p $(dir $@)
@@ -401,6 +406,6 @@ bench: all
 	$(BUILD)/polar bench --preset llama-3.2-1b --program 0-5,6-7x2,8-13 --prompt-len 32 --gen 16 --reps 3
 
 clean:
-	rm -rf build build-san build-fuzz build-cuda build-neon build-emu build-emu-race
+	rm -rf build build-san build-fuzz build-cuda build-neon build-emu build-emu-race build-arm64
 
 -include $(shell find $(sort $(BUILD)/obj $(SHARED_OBJ_DIR)/obj) -name '*.d' 2>/dev/null)

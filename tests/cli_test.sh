@@ -67,6 +67,16 @@ if $P bench --arch llama --prompt-len 8 --gen 4 --reps 1 --json >"$D/out" 2>"$D/
 else
     echo "FAIL cli_bench_read_bandwidth: $(head -c 300 "$D/err") $(head -c 600 "$D/out")"
 fi
+# bench/kernel_speed: a row per type and level with positive figures, both of them when cold is asked; usage errors.
+KS=$BUILD/kernel_speed
+if "$KS" --types q4_0,q6_k --levels generic --rows 16 --cols 256 --ms 2 --cold-mb 1 --json >"$D/out" 2>"$D/err" &&
+    [ "$(grep -c '"level":"generic".*"hot_gbps":[0-9.]*[1-9][0-9.]*,"cold_gbps":[0-9.]*[1-9]' "$D/out")" -eq 2 ] &&
+    "$KS" --types q8_0 --ms 1 --cold-mb 0 --rows 16 --cols 256 | grep -q "^q8_0 .*generic"; then
+    echo "PASS cli_kernel_speed"
+else
+    echo "FAIL cli_kernel_speed: $(head -c 300 "$D/err") $(head -c 600 "$D/out")"
+fi
+expect usage_kernel_speed 2 "--cols of 256" "$KS" --cols 100
 # polar bench --batch: one program and distinct ones per size; a programs file; bad sizes and files.
 expect_out bench_batch '"programs":"mixed","prefill_ms"' $P bench --arch llama --batch 1,3 --prompt-len 5 --gen 2 --reps 1 --json
 printf '# two programs\n0-3\n0,1,1,2,3\n' >"$D/batch_progs.txt"

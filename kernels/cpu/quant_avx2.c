@@ -182,28 +182,25 @@ INLINE __m256i lane_byte(const __m256i *w, int b) {
     return _mm256_and_si256(_mm256_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm256_set1_epi32(0xFF));
 }
 
-/* 32-block k, rows 8h..8h+7, of the group starting at g. */
-INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
+/* Rows 8h..8h+7 of 32-block j (0 but for the 256-block units) of the unit
+ * at b. The tile calls it with j and h constants (unrolled loops), so the
+ * offsets and shifts below fold into the instructions. */
+INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const size_t ub = x16_unit_bytes(t);
-    const uint8_t *b = g + (size_t)(x16_is_k(t) ? k / 8 : k) * ub;
 #define V(off) _mm256_loadu_si256((const __m256i *)(b + (off) + 32 * h)) /* rows 8h.. of the 64-byte vector at off */
-    if (h == 0 && (!x16_is_k(t) || k % 8 == 0))
-        for (size_t line = 0; line < ub; line += 64)
-            _mm_prefetch((const char *)b + x16_prefetch_units(x16_is_k(t)) * ub + line, _MM_HINT_T0);
     o->m = _mm256_setzero_ps();
     o->z = 0;
     switch (t) {
     case CPU_W_Q8_0_X16:
-        for (int j = 0; j < 8; j++) o->s[j] = V(64 * j), o->u[j] = _mm256_sign_epi8(o->s[j], o->s[j]);
+        for (int v = 0; v < 8; v++) o->s[v] = V(64 * v), o->u[v] = _mm256_sign_epi8(o->s[v], o->s[v]);
         o->a[0] = o->a[1] = load_f16x8(b + 512 + 16 * h);
         return;
     case CPU_W_Q4_0_X16:
     case CPU_W_Q4_1_X16:
-        for (int j = 0; j < 4; j++) { /* low nibbles: weights 4j.., high: 16+4j.. */
-            __m256i p = V(64 * j);
-            o->u[j] = _mm256_and_si256(p, low4);
-            o->u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
+        for (int v = 0; v < 4; v++) { /* low nibbles: weights 4v.., high: 16+4v.. */
+            __m256i p = V(64 * v);
+            o->u[v] = _mm256_and_si256(p, low4);
+            o->u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
         }
         o->a[0] = o->a[1] = load_f16x8(b + 256 + 16 * h);
         if (t == CPU_W_Q4_1_X16) o->m = load_f16x8(b + 288 + 16 * h);
@@ -229,7 +226,6 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
     }
     case CPU_W_IQ4_NL_X16:
     case CPU_W_IQ4_XS_X16: { /* each code's level, signed as Q8_0's bytes (s the level, u |level|) */
-        int j = k % 8;
         size_t codes = t == CPU_W_IQ4_XS_X16 ? 256 * (size_t)j : 0;
         for (int q = 0; q < 4; q++) { /* as Q4_0's nibbles */
             __m256i p = V(codes + 64 * q);
@@ -251,7 +247,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
     }
     case CPU_W_Q4_K_X16:
     case CPU_W_Q5_K_X16: {
-        int j = k % 8, shift = 4 * (j % 2);
+        int shift = 4 * (j % 2);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm256_and_si256(_mm256_srli_epi16(V(512 * (j / 2) + 64 * v), shift), low4);
         for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
@@ -276,7 +272,6 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
         return;
     }
     default: { /* Q6_K */
-        int j = k % 8;
         const size_t n = 384 * (size_t)j;
         __m256i h0 = V(n + 256), h1 = V(n + 320), three = _mm256_set1_epi8(3);
         for (int q = 0; q < 4; q++) {
@@ -290,7 +285,8 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, int h, x16_half *o) {
         for (int i = 0; i < 4; i++) s[i] = V(3072 + 64 * i);
         __m256 d = load_f16x8(b + 3328 + 16 * h);
         for (int e = 0; e < 2; e++) { /* int8 scales 2j and 2j + 1, sign-extended */
-            __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(lane_byte(s, 2 * j + e), 24), 24);
+            int byte = 2 * j + e; /* moved to the top of the lane, then shifted back down with its sign */
+            __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(s[byte / 4], 24 - 8 * (byte % 4)), 24);
             o->a[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
         }
         o->z = 32;
@@ -320,19 +316,17 @@ INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const cpu_q8_block *x
     return x16_signed(t) ? _mm256_sign_epi8(xv, w->s[j]) : xv;
 }
 
-/* C tokens against rows 8h..8h+7 of one group (its blocks from g): f[c]
- * lane r = the dot of row 8h + r with token c, by the operations of the
- * AVX-512 x16 tile (quant_avx512.c) with maddubs + madd in place of
- * vpdpbusd (the integer sums exact either way): the same for every C, so
- * decode and batches agree bit for bit. */
-INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const cpu_q8_block *x, size_t xs, __m256 f[4]) {
+/* 32-block jb of the unit at b, halves h0..h0+nh-1, for C tokens (x:
+ * their blocks of it, xs apart): added into acc[h][c] (x16_tile). */
+INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int nh, const cpu_q8_block *x, size_t xs,
+                      __m256 acc[2][4]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();
-    for (int k = 0; k < nb; k++) {
+#pragma GCC unroll 2
+    for (int hi = 0; hi < nh; hi++) {
         x16_half w;
-        x16_load(t, g, k, h, &w);
+        x16_load(t, b, jb, h0 + hi, &w);
         for (int c = 0; c < C; c++) {
-            const cpu_q8_block *xb = &x[(size_t)c * xs + k];
+            const cpu_q8_block *xb = &x[(size_t)c * xs];
             __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])};
             for (int j = 0; j < 8; j += x16_int16_terms(t)) {
                 if (x16_int16_terms(t) == 1) {
@@ -344,47 +338,87 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h, int nb, const 
                     sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w.u[i], x16_x_bytes(t, &w, xb, i)));
                 a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(sum16, ones));
             }
-            __m256 xd = _mm256_set1_ps(xb->d);
+            __m256 xd = _mm256_set1_ps(xb->d), *fc = &acc[hi][c];
             if (t == CPU_W_Q6_K_X16) {
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w.a[0], xd), f[c]);
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(w.a[1], xd), f[c]);
+                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w.a[0], xd), *fc);
+                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(w.a[1], xd), *fc);
             } else {
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), f[c]);
+                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), *fc);
             }
-            if (x16_has_offset(t)) f[c] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), f[c]);
+            if (x16_has_offset(t)) *fc = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), *fc);
         }
     }
 }
 
+/* C tokens against halves h0..h0+nh-1 of one group (its units from g):
+ * f[h][c] lane r = the dot of row 8h + r with token c, by the operations
+ * of the AVX-512 x16 tile (quant_avx512.c) with maddubs + madd in place of
+ * vpdpbusd (the integer sums exact either way): the same for every C and
+ * either order of the halves, so decode and batches agree bit for bit.
+ * nh 2 broadcasts the activations once for 16 rows; rows_x16 says when.
+ * One token unrolls a 256-block unit's eight 32-blocks, so that their
+ * offsets and shifts are constants (k-quants 1.4-1.6x faster, measured);
+ * tiles of several tokens have registers enough to spare for no unrolling. */
+INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h0, int nh, int nb, const cpu_q8_block *x, size_t xs,
+                     __m256 f[2][4]) {
+    const size_t ub = x16_unit_bytes(t);
+    const int per_unit = x16_is_k(t) ? 8 : 1; /* 32-blocks a unit */
+    __m256 acc[2][4];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < C; c++) acc[h][c] = _mm256_setzero_ps();
+    for (int unit = 0; unit < nb / per_unit; unit++) {
+        const uint8_t *b = g + (size_t)unit * ub;
+        const cpu_q8_block *xu = x + (size_t)unit * per_unit;
+        if (h0 == 0)
+            for (size_t line = 0; line < ub; line += 64)
+                _mm_prefetch((const char *)b + x16_prefetch_units(x16_is_k(t)) * ub + line, _MM_HINT_T0);
+        if (C == 1) {
+#pragma GCC unroll 8
+            for (int jb = 0; jb < per_unit; jb++) x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+        } else {
+            for (int jb = 0; jb < per_unit; jb++) x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < C; c++) f[h0 + h][c] = acc[h][c];
+}
+
 /* Rows r0..r1-1 (r0 a multiple of 16) of an x16 matrix for every token:
- * each half of a group, 4, 2 or 1 tokens a tile. */
+ * one token both halves of a group at once, more 4 or 2 tokens a tile per
+ * half. Groups are padded to 16 rows, so a half past r1 reads zero blocks
+ * and is not stored. */
 INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *w, size_t row_bytes, const bf16 *bias,
                      int T, int rows, int nb, int accumulate, int r0, int r1) {
     for (int r = r0; r < r1; r += 16) {
         const uint8_t *g = (const uint8_t *)w + (size_t)r * row_bytes;
-        for (int h = 0; h < 2 && r + 8 * h < r1; h++) {
-            int rb = r + 8 * h, n_valid = r1 - rb < 8 ? r1 - rb : 8;
-            __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            float bv[8] = {0};
-            for (int i = 0; i < n_valid && bias; i++) bv[i] = bf16_to_f32(bias[rb + i]);
-            __m256 b = _mm256_loadu_ps(bv);
-            for (int c = 0; c < T;) {
-                __m256 f[4];
-                int n = T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
-                const cpu_q8_block *xc = xq + (size_t)c * nb;
-                switch (n) { /* constant tile widths, unrolled */
-                case 4: x16_tile(t, 4, g, h, nb, xc, nb, f); break;
-                case 2: x16_tile(t, 2, g, h, nb, xc, nb, f); break;
-                default: x16_tile(t, 1, g, h, nb, xc, nb, f); break;
-                }
+        int halves = r1 - r > 8 ? 2 : 1;
+        for (int c = 0; c < T;) {
+            __m256 f[2][4];
+            int n = T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
+            const cpu_q8_block *xc = xq + (size_t)c * nb;
+            switch (n) { /* constant tile widths, unrolled */
+            case 4: for (int h = 0; h < halves; h++) x16_tile(t, 4, g, h, 1, nb, xc, nb, f); break;
+            case 2: for (int h = 0; h < halves; h++) x16_tile(t, 2, g, h, 1, nb, xc, nb, f); break;
+            default: /* one token: both halves a pass for the 32-block types (measured 12-15% faster), a half a pass
+                        for the 256-block ones (both at once spilled registers: 5-15% slower) */
+                if (x16_is_k(t)) for (int h = 0; h < halves; h++) x16_tile(t, 1, g, h, 1, nb, xc, nb, f);
+                else x16_tile(t, 1, g, 0, 2, nb, xc, nb, f);
+                break;
+            }
+            for (int h = 0; h < halves; h++) {
+                int rb = r + 8 * h, n_valid = r1 - rb < 8 ? r1 - rb : 8;
+                __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                float bv[8] = {0};
+                for (int i = 0; i < n_valid && bias; i++) bv[i] = bf16_to_f32(bias[rb + i]);
+                __m256 bvec = _mm256_loadu_ps(bv);
                 for (int j = 0; j < n; j++) { /* as row_group stores: acc ? dst + (out + b) : out + b */
                     float *dst = y + (size_t)(c + j) * rows + rb;
-                    __m256 v = _mm256_add_ps(f[j], b);
+                    __m256 v = _mm256_add_ps(f[h][j], bvec);
                     if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(dst, valid), v);
                     _mm256_maskstore_ps(dst, valid, v);
                 }
-                c += n;
             }
+            c += n;
         }
     }
 }
