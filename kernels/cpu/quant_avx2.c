@@ -316,6 +316,16 @@ INLINE __m256i x16_x_bytes(cpu_wtype t, const x16_half *w, const cpu_q8_block *x
     return x16_signed(t) ? _mm256_sign_epi8(xv, w->s[j]) : xv;
 }
 
+/* The unit x16_prefetch_units ahead of the one at b, its part jb of
+ * per-unit 32-blocks: a 256-block unit's lines spread over its eight
+ * 32-blocks rather than 36-53 at once. */
+INLINE void x16_prefetch_part(cpu_wtype t, const uint8_t *b, int jb) {
+    const size_t ub = x16_unit_bytes(t), parts = x16_is_k(t) ? 8 : 1;
+    const char *ahead = (const char *)b + x16_prefetch_units(x16_is_k(t)) * ub;
+    for (size_t line = ub * (size_t)jb / parts / 64 * 64; line < ub * (size_t)(jb + 1) / parts; line += 64)
+        _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
 /* 32-block jb of the unit at b, halves h0..h0+nh-1, for C tokens (x:
  * their blocks of it, xs apart): added into acc[h][c] (x16_tile). */
 INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int nh, const cpu_q8_block *x, size_t xs,
@@ -369,14 +379,17 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h0, int nh, int n
     for (int unit = 0; unit < nb / per_unit; unit++) {
         const uint8_t *b = g + (size_t)unit * ub;
         const cpu_q8_block *xu = x + (size_t)unit * per_unit;
-        if (h0 == 0)
-            for (size_t line = 0; line < ub; line += 64)
-                _mm_prefetch((const char *)b + x16_prefetch_units(x16_is_k(t)) * ub + line, _MM_HINT_T0);
         if (C == 1) {
 #pragma GCC unroll 8
-            for (int jb = 0; jb < per_unit; jb++) x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+            for (int jb = 0; jb < per_unit; jb++) {
+                if (h0 == 0) x16_prefetch_part(t, b, jb);
+                x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+            }
         } else {
-            for (int jb = 0; jb < per_unit; jb++) x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+            for (int jb = 0; jb < per_unit; jb++) {
+                if (h0 == 0) x16_prefetch_part(t, b, jb);
+                x16_block(t, C, b, jb, h0, nh, xu + jb, xs, acc);
+            }
         }
     }
     for (int h = 0; h < nh; h++)
