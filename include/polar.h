@@ -392,6 +392,13 @@ typedef struct {
                                 * and 16 x hidden floats of residual rows; each sequence slot then also
                                 * holds max_ctx x hidden floats of them, on the batch's device; bf16 K/V
                                 * rows make a CUDA item smaller, so the same bytes hold more); 0: none */
+    /* Tensor parallel (docs/tensor-parallel.md): the model split over tp GPUs
+     * through NCCL, each holding its share of the heads (and their KV
+     * cache), MLP columns, experts and head rows, every step run on all of
+     * them; a CUDA batch. 0: one GPU without NCCL; 1: one GPU through NCCL.
+     * NCCL runs one rank per GPU: a machine with one GPU runs tp 1 at most. */
+    int tp;
+    const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
 } polar_batch_opts;
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
