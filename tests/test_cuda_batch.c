@@ -14,6 +14,8 @@
  * same greedy tokens (the argmax on the device; a few requests sampled on
  * the host with a one-token nucleus, their rows brought back with the
  * step), the same admissions and plans. */
+#include <cuda_runtime_api.h>
+
 #include "harness.h"
 #include "logit_compare.h"
 
@@ -37,6 +39,7 @@ typedef struct {
     int pool_seqs;   /* > 0: a pool for this many base programs of the longest prompt; 0: room for all */
     int shared;      /* the first `shared` prompt tokens are the same in every request */
     int cache_items; /* prefix cache items, the same number on both (their bytes differ); 0: none */
+    int tp;          /* > 0: the GPU batch tensor parallel over tp ranks, against one GPU without NCCL */
 } scenario;
 
 /* Both batches' ids of one request (0: not added yet, -1: done). */
@@ -52,9 +55,12 @@ typedef struct {
     long cached;  /* (token, entry) pairs found in the prefix cache */
     int captured, replayed; /* GPU steps captured as a graph, and replaying one */
     const char *launches;   /* the GPU batch's polar_batch_cuda_launches at the end */
+    double worst_rel;       /* the logits' largest relative L2 and max difference */
+    float worst_max;
 } figures;
 
-/* The scenario on the GPU and on the rounding CPU in lockstep. */
+/* The scenario on the GPU and on the rounding CPU in lockstep (or, with
+ * sc->tp, tensor parallel against one GPU). */
 static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     memset(fig, 0, sizeof *fig);
     polar_error err;
@@ -64,6 +70,8 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     int V = info.arch.vocab, D = info.arch.n_layers, longest = 0;
     for (int r = 0; r < sc->n_req; r++) longest = sc->reqs[r].n_prompt > longest ? sc->reqs[r].n_prompt : longest;
     polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
+    if (sc->tp) o[0].tp = sc->tp, o[1] = (polar_batch_opts){.device = POLAR_DEVICE_CUDA};
+    const char *ref = sc->tp ? "one GPU" : "CPU";
     for (int i = 0; i < 2; i++) {
         o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
         o[i].step_tokens = sc->step_tokens;
@@ -95,8 +103,8 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
             if (sc->reqs[r].sampled) g.temperature = 0.8f, g.top_p = 1e-6f, g.seed = (uint64_t)r + 1;
             for (int i = 0; i < 2; i++)
                 s[i] = polar_batch_add(b[i], &req[r].p, req[r].prompt, sc->reqs[r].n_prompt, &g, &req[r].id[i], &err);
-            CHECK(s[0] == s[1], "request %d: added %s on the GPU, %s on the CPU", r, polar_status_name(s[0]),
-                  polar_status_name(s[1]));
+            CHECK(s[0] == s[1], "request %d: added %s on the GPU, %s on the %s", r, polar_status_name(s[0]),
+                  polar_status_name(s[1]), ref);
             if (s[0] != POLAR_OK || s[1] != POLAR_OK) {
                 fig->refused += s[0] == POLAR_ERR_FULL;
                 req[r].id[0] = req[r].id[1] = 0;
@@ -111,18 +119,18 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
               "step %d plans differ", steps);
         fig->followed += st[0].shared_prompt_tokens, fig->cached += st[0].cached_entries;
         fig->captured += st[0].graph == 2, fig->replayed += st[0].graph == 1;
-        CHECK(st[1].graph == 0, "a CPU step says it ran a graph");
+        CHECK(sc->tp || st[1].graph == 0, "a CPU step says it ran a graph");
         steps++;
         for (int r = 0; r < sc->n_req; r++) {
             if (req[r].id[0] <= 0) continue;
             const float *l[2] = {polar_batch_logits(b[0], req[r].id[0]), polar_batch_logits(b[1], req[r].id[1])};
-            CHECK(!l[0] == !l[1], "%s step %d request %d: logits on the %s only", arch, steps, r, l[0] ? "GPU" : "CPU");
+            CHECK(!l[0] == !l[1], "%s step %d request %d: logits on the %s only", arch, steps, r, l[0] ? "GPU" : ref);
             if (!l[0] || !l[1]) continue;
             double cosine, rel;
             float d = max_abs_diff(l[0], l[1], (size_t)V, &cosine, &rel);
             worst_rel = rel > worst_rel ? rel : worst_rel, worst_max = d > worst_max ? d : worst_max;
-            CHECK(rel <= TOL_REL_GEMM && d <= TOL_GEMM_MAX, "%s step %d request %d: relative L2 %g, max diff %g", arch,
-                  steps, r, rel, d);
+            CHECK(rel <= TOL_REL_GEMM && d <= TOL_GEMM_MAX, "%s tp %d step %d request %d: relative L2 %g, max diff %g",
+                  arch, sc->tp, steps, r, rel, d);
             compared++;
         }
         for (int r = 0; r < sc->n_req; r++) { /* ended or cancelled sequences leave, freeing their slots */
@@ -146,8 +154,10 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     }
     CHECK(done == sc->n_req, "%s: %d of %d requests done in %d steps", arch, done, sc->n_req, steps);
     fig->launches = polar_batch_cuda_launches(b[0]);
-    CHECK(fig->launches && !polar_batch_cuda_launches(b[1]), "launches: the GPU batch's %s, the CPU's %s",
+    CHECK(fig->launches && (sc->tp || !polar_batch_cuda_launches(b[1])), "launches: the GPU batch's %s, the CPU's %s",
           fig->launches ? fig->launches : "NULL", polar_batch_cuda_launches(b[1]) ? "not NULL" : "NULL");
+    fig->worst_rel = worst_rel, fig->worst_max = worst_max;
+    if (sc->tp) printf("  tp %d against one GPU:", sc->tp);
     printf("  %-10s %d requests, %d steps, %d logit rows compared, %d adds refused, %d prompt tokens followed, %ld "
            "pairs cached, %d graphs captured, %d steps replayed one, launches %s: worst relative L2 %.1e, max diff "
            "%.2e\n", arch, sc->n_req, steps, compared, fig->refused, fig->followed, fig->cached, fig->captured,
@@ -165,7 +175,7 @@ static const request mixed_reqs[] = {
     {"base", 20, 1, 0, 0, 0},      {"0,3", 20, 2, 0, 0, 1},  {"0-1,3", 20, 1, 0, 0, 0}, /* the first's prompt */
     {"0,1-2x2,3", 12, 3, 0, 0, 0}, {"0,2,1,3", 3, 4, 2, 0, 0},  {"0,2-3x2", 31, 5, 2, 0, 0},
     {"0-1,3", 9, 6, 4, 0, 0}};
-static const scenario mixed_sc = {mixed_reqs, 7, 5, 16, MAX_NEW, 2, 0, 0};
+static const scenario mixed_sc = {mixed_reqs, 7, 5, 16, MAX_NEW, 2, 0, 0, 0};
 
 static void mixed(const char *arch) {
     figures fig;
@@ -195,7 +205,7 @@ static void wide(figures *fig) {
     int n = 38;
     for (int r = 0; r < n; r++)
         reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0, r % 5 == 2};
-    scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0};
+    scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0, 0};
     against_cpu("llama", &sc, fig);
 }
 
@@ -268,7 +278,7 @@ static void batch_prefix_cache(void) {
     static const request reqs[] = {
         {"base", 40, 1, 0, 0, 0},      {"0-1,3", 40, 2, 0, 0, 0},  {"0-1,3", 38, 3, 0, 0, 0}, {"0,2,1,3", 39, 4, 3, 0, 0},
         {"0-1x2,2-3", 37, 5, 6, 0, 0}, {"base", 40, 1, 9, 0, 0},   {"0,3", 36, 6, 9, 0, 0}};
-    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096};
+    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096, 0};
     figures fig;
     long all_kept;
     against_cpu("llama", &sc, &fig);
@@ -378,24 +388,106 @@ static void batch_run_ahead(void) {
         }
 }
 
+/* GPUs the tensor-parallel cases may use: every one (the emulation has 4). */
+static int gpus(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+/* Tensor parallel (the emulated NCCL when there is no GPU): the mixed
+ * scenario (skips, repeats and reorders, prompts chunked beside decode
+ * tokens, a pool that refuses, a prompt followed) on 1 to 4 ranks against
+ * one GPU without NCCL: the same admissions, plans and greedy tokens, the
+ * logits within the bounds logit_compare.h derives for it; one rank
+ * through NCCL bit for bit. The MoE model's experts split over 2 ranks.
+ * Without --quick, again with every pass through the GEMVs (steps of 8
+ * tokens). */
+static void batch_tp(void) {
+    static const char *archs[] = {"llama", "qwen2_moe"};
+    for (int a = 0; a < 2; a++)
+        for (int tp = a ? 2 : 1; tp <= (a ? 2 : 4); tp++) {
+            if (tp > gpus()) {
+                printf("  tp %d skipped: %d GPU%s here\n", tp, gpus(), gpus() == 1 ? "" : "s");
+                continue;
+            }
+            scenario sc = mixed_sc;
+            sc.tp = tp;
+            figures fig;
+            for (int pass = 0; pass < (quick ? 1 : 2); pass++) {
+                sc.step_tokens = pass ? GEMV_PROMPT_TOKENS : mixed_sc.step_tokens;
+                against_cpu(archs[a], &sc, &fig);
+                CHECK(fig.captured > 0 && fig.replayed > 0, "%s tp %d: %d step graphs captured, %d steps replayed one",
+                      archs[a], tp, fig.captured, fig.replayed);
+                CHECK(tp > 1 || fig.worst_max == 0, "%s: one rank through NCCL differs from one GPU by %g", archs[a],
+                      fig.worst_max);
+            }
+        }
+}
+
+/* Shapes and devices tensor parallel refuses, each with what to change. */
+static void batch_tp_refused(void) {
+    polar_error err;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info), *wide = NULL;
+    polar_arch a;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    a.n_heads = 8, a.n_kv_heads = 2, a.hidden = 8 * a.head_dim; /* 3 ranks: heads 2-4 span two groups of 4 */
+    CHECK_OK(polar_model_random(&a, 1, &wide, &err));
+    static const int twice[2] = {1, 1}, missing[2] = {0, 99};
+    struct {
+        polar_model *m;
+        int tp;
+        const int *devices;
+        polar_status want;
+        const char *says;
+    } cases[] = {{m, 5, NULL, POLAR_ERR_UNSUPPORTED, "5 ranks, but the model has 4 attention heads"},
+                 {wide, 3, NULL, POLAR_ERR_UNSUPPORTED, "not whole groups of the 4 heads"},
+                 {m, 2, twice, POLAR_ERR_ARG, "device 1 given twice"},
+                 {m, 2, missing, POLAR_ERR_ARG, "device 99 does not exist"}};
+    for (size_t i = 0; m && wide && i < sizeof cases / sizeof cases[0]; i++) {
+        polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .tp = cases[i].tp, .tp_devices = cases[i].devices};
+        polar_batch *b = NULL;
+        polar_status st = polar_batch_create(cases[i].m, &o, &b, &err);
+        CHECK(st == cases[i].want && !b && strstr(err.msg, cases[i].says), "tp %d: %s (%s), not %s saying '%s'",
+              cases[i].tp, polar_status_name(st), st == POLAR_OK ? "" : err.msg, polar_status_name(cases[i].want),
+              cases[i].says);
+        if (st == cases[i].want) printf("  refused: %s\n", err.msg);
+        polar_batch_free(b);
+    }
+    polar_model_free(wide);
+    polar_model_free(m);
+}
+
 int main(int argc, char **argv) {
-    quick = argc > 1 && !strcmp(argv[1], "--quick");
+    /* [--quick] [names...]: a smaller set; only the named cases */
+    int first = 1;
+    if (argc > 1 && !strcmp(argv[1], "--quick")) quick = 1, first = 2;
+    h_only = argv + first, h_n_only = argc - first;
+#ifdef POLAR_CUDA_EMU
+    setenv("POLAR_CUDA_EMU_DEVICES", "4", 0); /* the tensor-parallel cases' GPUs */
+#endif
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) {
         printf("FAIL test_cuda_batch: %s (make test-cuda needs a GPU)\n", why);
         return 1;
     }
-    RUN(batch_dense);
-    RUN(batch_qwen3);
-    RUN(batch_moe);
-    RUN(batch_wide);
-    RUN(batch_graphs_off);
+    RUN_IF(batch_dense);
+    RUN_IF(batch_qwen3);
+    RUN_IF(batch_moe);
+    RUN_IF(batch_wide);
+    RUN_IF(batch_graphs_off);
 #ifdef POLAR_CUDA_EMU
-    RUN(batch_capture_fails);
-    RUN(batch_overlap_capture_fails);
-    RUN(batch_launch_fails);
+    RUN_IF(batch_capture_fails);
+    RUN_IF(batch_overlap_capture_fails);
+    RUN_IF(batch_launch_fails);
 #endif
-    RUN(batch_prefix_cache);
-    RUN(batch_run_ahead);
+    RUN_IF(batch_prefix_cache);
+    RUN_IF(batch_run_ahead);
+    /* make test runs these once, in forward order, by name: they add no
+     * kernel that the thread orders could show wrong */
+    if (!quick || h_n_only) {
+        RUN_IF(batch_tp);
+        RUN_IF(batch_tp_refused);
+    }
     TEST_EXIT();
 }
