@@ -281,7 +281,7 @@ test-build: $(TEST_BUILDS)
 test-build-cuda: all
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
 test-build-emu: all
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/polar build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
 test-build-emu-race: all
 	@if $(TSAN_WORKS); then $(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda \
@@ -331,7 +331,7 @@ test-cuda:
 # test runs the reduced set.
 CUDA_EMU_TESTS ?=
 test-cuda-emu: deps
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/polar build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
 	@rc=0; ./build-emu/tests/test_cuda_emu || rc=1; \
 	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda $(CUDA_EMU_TESTS) || rc=1; \

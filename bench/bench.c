@@ -213,8 +213,8 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
-    const char *kv_text = NULL, *prompts_text = NULL;
-    int kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
+    const char *kv_text = NULL, *prompts_text = NULL, *devices_text = NULL;
+    int tp = 0, kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
         {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
@@ -225,11 +225,15 @@ int cmd_bench(int argc, char **argv) {
         {"--question-len", OPT_INT, &question_len, 0},
         {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
         {"--kv", OPT_STR, &kv_text, 0},        {"--prompts", OPT_STR, &prompts_text, 0},
+        {"--tp", OPT_INT, &tp, 0},             {"--devices", OPT_STR, &devices_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
     polar_device device;
-    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
+    cli_tp par;
+    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16) ||
+        !parse_tp(cmd, tp, devices_text, &par))
+        return EXIT_USAGE;
     if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
     if (batch && predictor) return fail_usage(cmd, "--batch runs without --predictor");
     if (prompts_text && !batch) return fail_usage(cmd, "--prompts goes with --batch");
@@ -243,7 +247,8 @@ int cmd_bench(int argc, char **argv) {
             .sizes = batch, .programs_file = programs_file, .program = program_text, .n_prompt = n_prompt,
             .gen = gen, .reps = reps, .threads = threads, .kv_bf16 = kv_bf16, .json = json,
             .shared_prompt = prompts_text && !strcmp(prompts_text, "shared"),
-            .cuda = device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0))};
+            .cuda = device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && (par.tp || polar_cuda_available(NULL, 0))),
+            .tp = &par};
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, &bo);
         polar_model_free(m);
         return rc;
@@ -279,7 +284,7 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
     polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads,
-                             .device = device, .kv_bf16 = kv_bf16};
+                             .device = device, .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices};
     if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;

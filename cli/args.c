@@ -100,6 +100,24 @@ int parse_device(const char *cmd, const char *text, polar_device *out) {
     return 1;
 }
 
+int parse_tp(const char *cmd, int tp, const char *devices_text, cli_tp *out) {
+    if (tp < 0 || tp > CLI_MAX_TP) {
+        fail_usage(cmd, "--tp must be 0 to %d, got %d", CLI_MAX_TP, tp);
+        return 0;
+    }
+    out->tp = tp;
+    for (int i = 0; i < tp; i++) out->devices[i] = i;
+    if (!devices_text) return 1;
+    int *devices = NULL, n = 0;
+    if (!parse_int_list(cmd, "--devices", devices_text, &devices, &n)) return 0;
+    int ok = n <= CLI_MAX_TP && (!tp || n == tp);
+    if (n > CLI_MAX_TP) fail_usage(cmd, "--devices lists %d GPUs, at most %d", n, CLI_MAX_TP);
+    else if (!ok) fail_usage(cmd, "--devices lists %d GPU%s but --tp is %d", n, n == 1 ? "" : "s", tp);
+    if (ok) out->tp = n, memcpy(out->devices, devices, (size_t)n * sizeof *devices);
+    free(devices);
+    return ok;
+}
+
 int parse_kv(const char *cmd, const char *text, int *kv_bf16) {
     if (!text || !strcmp(text, "f32")) *kv_bf16 = 0;
     else if (!strcmp(text, "bf16")) *kv_bf16 = 1;
@@ -116,7 +134,7 @@ int check_sampling(const char *cmd, const polar_gen_opts *g) {
     return 1;
 }
 
-int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
+int parse_int_list(const char *cmd, const char *opt, const char *text, int **out, int *n) {
     size_t cap = strlen(text) / 2 + 1;
     int *ids = malloc(cap * sizeof *ids);
     if (!ids) {
@@ -128,7 +146,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
     for (;;) {
         while (*s == ' ') s++;
         if (*s < '0' || *s > '9') {
-            fail_usage(cmd, "--tokens: token id expected at column %d of '%s'", (int)(s - text) + 1, text);
+            fail_usage(cmd, "%s: a number expected at column %d of '%s'", opt, (int)(s - text) + 1, text);
             free(ids);
             return 0;
         }
@@ -137,7 +155,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
         while (*s >= '0' && *s <= '9') {
             v = v * 10 + (*s++ - '0');
             if (v > INT_MAX) {
-                fail_usage(cmd, "--tokens: id too large at column %d", (int)(start - text) + 1);
+                fail_usage(cmd, "%s: number too large at column %d", opt, (int)(start - text) + 1);
                 free(ids);
                 return 0;
             }
@@ -146,7 +164,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
         while (*s == ' ') s++;
         if (!*s) break;
         if (*s != ',' || (size_t)k >= cap) {
-            fail_usage(cmd, "--tokens: ',' expected at column %d of '%s'", (int)(s - text) + 1, text);
+            fail_usage(cmd, "%s: ',' expected at column %d of '%s'", opt, (int)(s - text) + 1, text);
             free(ids);
             return 0;
         }

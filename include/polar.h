@@ -183,6 +183,10 @@ typedef struct {
      * 0..L-1 are still the ones that program would write. Exactly the same
      * results; costs (max_program_len + 1) x max_ctx x hidden floats. */
     int share_prompt;
+    /* Tensor parallel over tp GPUs through NCCL (as polar_batch_opts): 0:
+     * one GPU without NCCL. */
+    int tp;
+    const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
 } polar_session_opts;
 
 /* The device a session computes on ("cpu" or "cuda"). */
@@ -392,11 +396,14 @@ typedef struct {
                                 * and 16 x hidden floats of residual rows; each sequence slot then also
                                 * holds max_ctx x hidden floats of them, on the batch's device; bf16 K/V
                                 * rows make a CUDA item smaller, so the same bytes hold more); 0: none */
-    /* Tensor parallel (docs/tensor-parallel.md): the model split over tp GPUs
-     * through NCCL, each holding its share of the heads (and their KV
-     * cache), MLP columns, experts and head rows, every step run on all of
-     * them; a CUDA batch. 0: one GPU without NCCL; 1: one GPU through NCCL.
-     * NCCL runs one rank per GPU: a machine with one GPU runs tp 1 at most. */
+    /* Tensor parallel (docs/cuda.md): the model split over tp GPUs through
+     * NCCL, each holding its share of the heads (and their KV cache), MLP
+     * columns, experts and head rows, every step run on all of them; a CUDA
+     * batch. 0: one GPU without NCCL; 1: one GPU through NCCL. NCCL runs one
+     * rank per GPU: a machine with one GPU runs tp 1 at most. Shapes that do
+     * not split (more ranks than heads, experts or vocabulary rows, heads
+     * that cannot go out in whole groups sharing a key/value head) are
+     * refused with POLAR_ERR_UNSUPPORTED. */
     int tp;
     const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
 } polar_batch_opts;
