@@ -81,7 +81,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            search/search.c search/labels.c search/findings.c \
            eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c
-CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
+CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c cli/perplexity.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \

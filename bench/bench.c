@@ -213,8 +213,9 @@ static int bench_predictor(const char *cmd, polar_model *m, const char *model_di
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
-    const char *kv_text = NULL, *prompts_text = NULL, *devices_text = NULL;
-    int tp = 0, kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
+    const char *kv_text = NULL, *prompts_text = NULL;
+    cli_tp_args tpa = CLI_TP_ARGS_INIT;
+    int kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
         {"--arch", OPT_STR, &arch, 0},         {"--program", OPT_STR, &program_text, 0},
@@ -225,22 +226,22 @@ int cmd_bench(int argc, char **argv) {
         {"--question-len", OPT_INT, &question_len, 0},
         {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
         {"--kv", OPT_STR, &kv_text, 0},        {"--prompts", OPT_STR, &prompts_text, 0},
-        {"--tp", OPT_INT, &tp, 0},             {"--devices", OPT_STR, &devices_text, 0},
+        CLI_TP_OPTS(tpa),
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
     polar_device device;
-    cli_tp par;
-    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16) ||
-        !parse_tp(cmd, tp, devices_text, &par))
-        return EXIT_USAGE;
+    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     if (programs_file && !batch) return fail_usage(cmd, "--programs goes with --batch");
     if (batch && predictor) return fail_usage(cmd, "--batch runs without --predictor");
     if (prompts_text && !batch) return fail_usage(cmd, "--prompts goes with --batch");
     if (prompts_text && strcmp(prompts_text, "distinct") && strcmp(prompts_text, "shared"))
         return fail_usage(cmd, "--prompts wants distinct or shared (got \"%s\")", prompts_text);
+    cli_tp par;
+    int rc = cli_tp_setup(cmd, &tpa, &par);
+    if (rc) return rc;
     polar_model *m;
-    int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
+    rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
     if (batch) {
         bench_batch_opts bo = {
@@ -284,7 +285,8 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
     polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads,
-                             .device = device, .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices};
+                             .device = device, .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices,
+                             .tp_world = par.world, .tp_rank = par.rank, .tp_nccl_id = par.nccl_id};
     if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;

@@ -155,7 +155,8 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_b
     polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + o->gen + 1, .max_program_len = cap,
                            .step_tokens = max_size * (n_prompt + 1), .n_threads = o->threads,
                            .device = o->cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = o->kv_bf16,
-                           .tp = o->tp->tp, .tp_devices = o->tp->devices};
+                           .tp = o->tp->tp, .tp_devices = o->tp->devices, .tp_world = o->tp->world,
+                           .tp_rank = o->tp->rank, .tp_nccl_id = o->tp->nccl_id};
     bo.kv_bytes = polar_batch_kv_bytes(m, &bo, max_size, cap, bo.max_ctx);
     if (polar_batch_create(m, &bo, &b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);

@@ -2,7 +2,7 @@
 #ifndef POLAR_BENCH_BATCH_H
 #define POLAR_BENCH_BATCH_H
 
-#include "../cli/args.h"
+#include "../cli/tp.h"
 #include "polar.h"
 
 typedef struct {

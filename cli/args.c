@@ -100,24 +100,6 @@ int parse_device(const char *cmd, const char *text, polar_device *out) {
     return 1;
 }
 
-int parse_tp(const char *cmd, int tp, const char *devices_text, cli_tp *out) {
-    if (tp < 0 || tp > CLI_MAX_TP) {
-        fail_usage(cmd, "--tp must be 0 to %d, got %d", CLI_MAX_TP, tp);
-        return 0;
-    }
-    out->tp = tp;
-    for (int i = 0; i < tp; i++) out->devices[i] = i;
-    if (!devices_text) return 1;
-    int *devices = NULL, n = 0;
-    if (!parse_int_list(cmd, "--devices", devices_text, &devices, &n)) return 0;
-    int ok = n <= CLI_MAX_TP && (!tp || n == tp);
-    if (n > CLI_MAX_TP) fail_usage(cmd, "--devices lists %d GPUs, at most %d", n, CLI_MAX_TP);
-    else if (!ok) fail_usage(cmd, "--devices lists %d GPU%s but --tp is %d", n, n == 1 ? "" : "s", tp);
-    if (ok) out->tp = n, memcpy(out->devices, devices, (size_t)n * sizeof *devices);
-    free(devices);
-    return ok;
-}
-
 int parse_kv(const char *cmd, const char *text, int *kv_bf16) {
     if (!text || !strcmp(text, "f32")) *kv_bf16 = 0;
     else if (!strcmp(text, "bf16")) *kv_bf16 = 1;

@@ -29,16 +29,6 @@ polar_status cli_error(polar_error *err, polar_status code, const char *fmt, ...
 /* "cpu", "cuda" or "auto" (NULL: auto); on error print and return 0. */
 int parse_device(const char *cmd, const char *text, polar_device *out);
 
-/* --tp N and --devices LIST: tensor parallel over N GPUs (docs/cuda.md),
- * those listed (rank 0 first; else 0..N-1); --devices alone means N = its
- * count; tp 0: one GPU without NCCL. On error print and return 0. */
-#define CLI_MAX_TP 64
-typedef struct {
-    int tp;
-    int devices[CLI_MAX_TP]; /* [tp] */
-} cli_tp;
-int parse_tp(const char *cmd, int tp, const char *devices_text, cli_tp *out);
-
 /* --kv: "f32" or "bf16" (NULL: f32) -> *kv_bf16 (polar_session_opts); on
  * error print and return 0. */
 int parse_kv(const char *cmd, const char *text, int *kv_bf16);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "auto.h"
+#include "tp.h"
 
 /* Streams generated text: token bytes are held back while they end in an
  * incomplete UTF-8 character, so a character split across tokens prints
@@ -121,8 +122,9 @@ static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, c
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
-    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL, *devices_text = NULL;
-    int tp = 0, kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL;
+    cli_tp_args tpa = CLI_TP_ARGS_INIT;
+    int kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     polar_gen_opts sampling = {.top_p = 1};
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},   {"--tokens", OPT_STR, &tokens, 0},
@@ -136,7 +138,7 @@ int cmd_run(int argc, char **argv) {
         {"--temperature", OPT_FLOAT, &sampling.temperature, 0}, {"--top-p", OPT_FLOAT, &sampling.top_p, 0},
         {"--top-k", OPT_INT, &sampling.top_k, 0}, {"--min-p", OPT_FLOAT, &sampling.min_p, 0},
         {"--seed", OPT_U64, &sampling.seed, 0}, {"--kv", OPT_STR, &kv_text, 0},
-        {"--tp", OPT_INT, &tp, 0},             {"--devices", OPT_STR, &devices_text, 0},
+        CLI_TP_OPTS(tpa),
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -150,10 +152,10 @@ int cmd_run(int argc, char **argv) {
     if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
     if (!check_sampling(cmd, &sampling)) return EXIT_USAGE;
     polar_device device;
+    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
     cli_tp par;
-    if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16) ||
-        !parse_tp(cmd, tp, devices_text, &par))
-        return EXIT_USAGE;
+    int tp_rc = cli_tp_setup(cmd, &tpa, &par);
+    if (tp_rc) return tp_rc;
     char *default_model = NULL;
     const char *model_path = model_arg;
     if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
@@ -197,7 +199,8 @@ int cmd_run(int argc, char **argv) {
     for (int i = 0; i < n_cand; i++) cap = cand[i].program.n > cap ? cand[i].program.n : cap;
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
     polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads, .device = device,
-                             .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices};
+                             .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices, .tp_world = par.world,
+                             .tp_rank = par.rank, .tp_nccl_id = par.nccl_id};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!out) {
         fprintf(stderr, "polar run: error: out of memory\n");
@@ -221,7 +224,8 @@ int cmd_run(int argc, char **argv) {
                                   cand[c].score);
             printf("program: %s\nexecuted layers: %d of %d\ndevice: %s", text, prog->n, info.arch.n_layers,
                    polar_session_device(s));
-            if (par.tp) printf(" (tensor parallel over %d GPU%s)", par.tp, par.tp == 1 ? "" : "s");
+            if (par.tp) printf(" (tensor parallel: %d GPU%s here, %d in all)", par.tp, par.tp == 1 ? "" : "s",
+                               par.world ? par.world : par.tp);
             printf("\nKV cache: %s\nprompt tokens: %d\n%s", kv, n_ids, tok ? "" : "generated:");
             fflush(stdout);
         }

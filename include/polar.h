@@ -187,6 +187,8 @@ typedef struct {
      * one GPU without NCCL. */
     int tp;
     const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
+    int tp_world, tp_rank; /* several processes (as polar_batch_opts) */
+    const void *tp_nccl_id;
 } polar_session_opts;
 
 /* The device a session computes on ("cpu" or "cuda"). */
@@ -406,7 +408,21 @@ typedef struct {
      * refused with POLAR_ERR_UNSUPPORTED. */
     int tp;
     const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
+    /* Several processes (one per node), each with its tp GPUs: tp_world
+     * ranks in all, this process's GPUs ranks tp_rank .. tp_rank + tp - 1,
+     * joined under tp_nccl_id (POLAR_NCCL_ID_BYTES made by polar_nccl_id in
+     * the process holding rank 0, the same bytes given to every process).
+     * Every process must then add the same sequences in the same order and
+     * step alike. tp_world 0: this process's tp GPUs alone. */
+    int tp_world, tp_rank;
+    const void *tp_nccl_id;
 } polar_batch_opts;
+
+/* A new NCCL unique id (ncclGetUniqueId) for a tensor-parallel group of
+ * several processes (polar_batch_opts.tp_nccl_id): made by the process that
+ * holds rank 0, which must stay up while the others join. */
+#define POLAR_NCCL_ID_BYTES 128
+polar_status polar_nccl_id(unsigned char id[POLAR_NCCL_ID_BYTES], polar_error *err);
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
  * tokens each in a batch of these options (their device and kv_bf16: f32

@@ -76,8 +76,11 @@ polar_status batch_create(const polar_model *m, const polar_batch_opts *opts, in
     if (!m) return polar_fail(err, POLAR_ERR_ARG, "batch: no model given");
     const polar_arch *a = &m->arch;
     polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
-    if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0 || o.tp < 0)
+    if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0 || o.tp < 0 ||
+        o.tp_world < 0 || o.tp_rank < 0)
         return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
+    if (!o.tp && (o.tp_world || o.tp_rank || o.tp_nccl_id))
+        return polar_fail(err, POLAR_ERR_ARG, "batch: tp_world, tp_rank and tp_nccl_id go with tp (this process's GPUs)");
     if (o.tp && o.device == POLAR_DEVICE_CPU)
         return polar_fail(err, POLAR_ERR_ARG, "batch: tensor parallel (tp %d) runs on GPUs, not the CPU", o.tp);
     int cuda = on_gpu(&o);
@@ -123,7 +126,8 @@ polar_status batch_create(const polar_model *m, const polar_batch_opts *opts, in
                              .cap_program = o.max_program_len, .cache_items = (int)cached,
                              .start_rows = (int)start_rows, .head_rows = o.max_seqs, .n_threads = o.n_threads,
                              .max_ctx = o.max_ctx, .round_like_cuda = o.round_like_cuda, .tp = o.tp,
-                             .devices = o.tp_devices};
+                             .devices = o.tp_devices, .tp_world = o.tp_world, .tp_rank = o.tp_rank,
+                             .nccl_id = o.tp_nccl_id};
     if (st == POLAR_OK)
         st = cuda ? cuda_batch_device(m, &sh, &b->dev, err) : cpu_batch_device(m, &sh, &b->pool, &b->dev, err);
     if (st != POLAR_OK) {

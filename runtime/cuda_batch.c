@@ -354,7 +354,7 @@ static polar_status op_launch(void *state, polar_error *err) {
     return POLAR_OK;
 }
 
-/* Every rank's part of the step done (each host copy of rank 0's, each
+/* Every rank's part of the step done (each host copy of the first rank's, each
  * all-gather of all of them). */
 static polar_status op_wait(void *state, int half, const int **ids, polar_error *err) {
     cuda_batch *d = state;

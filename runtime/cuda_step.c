@@ -12,7 +12,8 @@
  * Under tensor parallel the head is split by vocabulary: each rank's
  * argmax over its rows, the (value, id) pairs all-gathered and merged on
  * every rank (each feeds the next step's embedding); logits go to the host
- * only when asked for, all-gathered and copied by rank 0. Built with
+ * only when asked for, all-gathered and copied by the first rank of each
+ * process. Built with
  * POLAR_CUDA. */
 #ifdef POLAR_CUDA
 
@@ -62,8 +63,8 @@ int find_runs(const int *pos, const int *table, int T, cuda_run *runs) {
 }
 
 /* Tensor parallel: rows row..row+n-1 of every rank's logits (src: this
- * rank's, rows of its vocabulary) gathered, then copied by rank 0 into the
- * host rows at dst (n x vocab): each rank's columns where its vocabulary
+ * rank's, rows of its vocabulary) gathered, then copied by the process's
+ * first rank into the host rows at dst (n x vocab): each rank's columns where its vocabulary
  * starts. src must have n x vocab_part floats after it (the gather's equal
  * parts; what lies past its own rows is sent and never read). */
 static void gathered_to_host(cuda_batch *d, int r, int half, const float *src, int n, float *dst) {
@@ -72,7 +73,7 @@ static void gathered_to_host(cuda_batch *d, int r, int half, const float *src, i
     size_t part = (size_t)n * d->vocab_part, V = (size_t)c->m->arch.vocab;
     ncclResult_t e = ncclAllGather(src, k->gathered, part, ncclFloat32, c->comm, c->queue.stream);
     if (e != ncclSuccess && c->nccl_error == ncclSuccess) c->nccl_error = e;
-    if (c->shard.rank != 0) return;
+    if (r != 0) return; /* each process's first rank */
     for (int j = 0; j < d->world; j++) {
         size_t w = (size_t)d->vocab[j] * sizeof(float);
         if (cudaMemcpy2DAsync(dst + d->v0[j], V * sizeof(float), k->gathered + j * part, w, w, (size_t)n,
@@ -84,7 +85,8 @@ static void gathered_to_host(cuda_batch *d, int r, int half, const float *src, i
 /* The final norm of n rows (rows at idx, or row0.. when idx is NULL) into
  * c->xn, and their logits over the rank's vocabulary into logits (device),
  * in slices of LOGIT_ROWS (a CPU rounding like the GPU mirrors the slices);
- * to the host's (whole rows) and its hidden states when given (rank 0). */
+ * to the host's (whole rows) and its hidden states when given (by the
+ * process's first rank: every process of a multi-node group plans alike). */
 static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int row0, int n, float *logits,
                           float *host_logits, float *host_hidden) {
     rank_state *k = &d->rank[r];
@@ -97,7 +99,7 @@ static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int ro
         x = c->x;
     }
     cuda_rmsnorm(c->xn, x, c->final_norm, n, H, (float)a->rms_eps, &c->queue);
-    if (host_hidden && c->shard.rank == 0) to_host(d, r, half, host_hidden, c->xn, (size_t)n * H * sizeof(float));
+    if (host_hidden && r == 0) to_host(d, r, half, host_hidden, c->xn, (size_t)n * H * sizeof(float));
     for (int r0 = 0; r0 < n && (logits || host_logits); r0 += LOGIT_ROWS) {
         int m = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
         float *y = logits ? logits + (size_t)r0 * V : k->logits;
@@ -108,8 +110,8 @@ static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int ro
     }
 }
 
-/* The head's argmax into the half's ids (and rank 0's into the host's
- * mapped ids): one kernel over the whole vocabulary, or under tensor
+/* The head's argmax into the half's ids (and the process's first rank's
+ * into the host's mapped ids): one kernel over the whole vocabulary, or under tensor
  * parallel each rank's part, gathered and merged on every rank; then the
  * rows wanted on the host. */
 static void head_outputs(cuda_batch *d, int r, int half, int n) {
@@ -117,7 +119,7 @@ static void head_outputs(cuda_batch *d, int r, int half, int n) {
     cuda_state *c = k->c;
     rank_half *h = &k->half[half];
     step_half *host = &d->half[half];
-    int *host_ids = c->shard.rank == 0 ? host->host_ids_dev : NULL;
+    int *host_ids = r == 0 ? host->host_ids_dev : NULL;
     size_t V = (size_t)c->m->arch.vocab, Vr = (size_t)c->shard.vocab;
     if (!c->comm) {
         cuda_argmax_rows(h->ids, host_ids, h->logits, n, (int)V, &c->queue);

@@ -53,7 +53,7 @@ typedef struct {
     size_t used;
     int *table_staging;   /* pinned host [n_tables]: block tables on their way to the mirrors */
     size_t tables_used;
-    int *host_ids;        /* mapped host [head_rows]: the argmax, written there by rank 0's kernel */
+    int *host_ids;        /* mapped host [head_rows]: the argmax, written there by the first rank's kernel */
     int *host_ids_dev;    /* the same memory, as the device addresses it */
     float *host_logits;   /* pinned host [head_rows, vocab]: the rows the host asked for */
     int failed;           /* the ints ran out: wait reports it */

@@ -1,6 +1,18 @@
-/* A tensor-parallel group's ranks, communicators and threads (cuda_tp.h).
- * Built with POLAR_CUDA; without it there is no tensor parallelism. */
-#ifdef POLAR_CUDA
+/* A tensor-parallel group's ranks, communicators and threads (cuda_tp.h),
+ * and the NCCL id several processes join under (polar_nccl_id). Built with
+ * POLAR_CUDA; without it there is no tensor parallelism. */
+#include "polar.h"
+
+#ifndef POLAR_CUDA
+
+#include "error.h"
+
+polar_status polar_nccl_id(unsigned char id[POLAR_NCCL_ID_BYTES], polar_error *err) {
+    (void)id;
+    return polar_fail(err, POLAR_ERR_UNSUPPORTED, "tensor parallel: this build has no CUDA backend (build it with make cuda)");
+}
+
+#else
 
 #include "cuda_tp.h"
 
@@ -33,6 +45,16 @@ typedef struct {
 
 polar_status tp_nccl_error(polar_error *err, ncclResult_t r, const char *what) {
     return polar_fail(err, POLAR_ERR_IO, "nccl: %s: %s", what, ncclGetErrorString(r));
+}
+
+_Static_assert(sizeof(ncclUniqueId) == POLAR_NCCL_ID_BYTES, "polar.h's NCCL id size is NCCL's");
+
+polar_status polar_nccl_id(unsigned char id[POLAR_NCCL_ID_BYTES], polar_error *err) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) return tp_nccl_error(err, r, "making the group's id (ncclGetUniqueId)");
+    memcpy(id, &u, sizeof u);
+    return POLAR_OK;
 }
 
 static void *worker(void *p) {

@@ -59,7 +59,10 @@ static polar_status make_batch(polar_session *s, const polar_session_opts *o, po
                            .kv_bf16 = o->kv_bf16,
                            .prefix_cache_bytes = o->share_prompt ? blocks * prefix_cache_item_bytes(block, a->hidden) : 0,
                            .tp = o->tp,
-                           .tp_devices = o->tp_devices};
+                           .tp_devices = o->tp_devices,
+                           .tp_world = o->tp_world,
+                           .tp_rank = o->tp_rank,
+                           .tp_nccl_id = o->tp_nccl_id};
     return batch_create(s->m, &bo, 1, &s->b, err);
 }
 

@@ -46,6 +46,11 @@ expect usage_tp_devices 2 "--devices lists 1 GPU but --tp is 2" $P run --model "
 expect usage_devices 2 "--devices: a number expected at column 3 of '0,x'" $P bench --arch llama --devices 0,x
 expect usage_tp_range 2 "--tp must be 0 to 64, got 65" $P run --model "$G" --tokens 1,2 --tp 65
 expect tp_cpu 2 "tensor parallel (tp 2) runs on GPUs, not the CPU" $P run --model "$G" --tokens 1,2 --tp 2 --device cpu
+# --nccl-id FILE (several processes): rank 0 refuses a file already there, the others one that is not an id.
+expect usage_rank_alone 2 "--rank and --world go with --nccl-id FILE" $P run --model "$G" --tokens 1,2 --rank 1 --world 2
+echo x >"$D/id"
+expect nccl_id_exists 1 "--nccl-id $D/id exists already" $P run --model "$G" --tokens 1,2 --nccl-id "$D/id" --rank 0 --world 2
+expect nccl_id_short 1 "not an NCCL id (fewer than 128 bytes)" env RANK=1 WORLD_SIZE=2 $P run --model "$G" --tokens 1,2 --nccl-id "$D/id"
 # Sampling: top-k 1 at any temperature is the greedy choice; all four knobs with one seed repeat.
 tokens_of() { "$@" --json 2>/dev/null | grep -o '"tokens":\[[0-9,]*\]'; }
 greedy=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos)
@@ -345,6 +350,11 @@ if [ -n "$POLAR_CUDA_EMU" ]; then
     [ -n "$one" ] && [ "$one" = "$three" ] && echo "PASS cli_tp_emulated" ||
         echo "FAIL cli_tp_emulated: one GPU $one, 3 ranks $three"
     expect tp_heads 1 "5 ranks, but the model has 4 attention heads" $E run --model "$G" --tokens 1,2 --tp 5
+    # rank 0 of one process writes the group's id (128 bytes) and runs
+    two=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --tp 2 --nccl-id "$D/new-id" \
+        --rank 0 --world 1)
+    [ "$one" = "$two" ] && [ "$(wc -c <"$D/new-id")" -eq 128 ] && echo "PASS cli_tp_nccl_id" ||
+        echo "FAIL cli_tp_nccl_id: one GPU $one, 2 ranks $two, id of $(wc -c <"$D/new-id") bytes"
 fi
 if [ -n "$POLAR_CUDA_CLI" ]; then
     C=$POLAR_CUDA_CLI

@@ -15,6 +15,7 @@
  * the host with a one-token nucleus, their rows brought back with the
  * step), the same admissions and plans. */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include "harness.h"
 #include "logit_compare.h"
@@ -424,6 +425,74 @@ static void batch_tp(void) {
         }
 }
 
+/* One process of a multi-node group (a thread of this test): 2 GPUs as
+ * ranks 2 * node and 2 * node + 1 of 4, or (node -1) one GPU alone, running
+ * three sequences through polar_batch_run. */
+typedef struct {
+    polar_model *m;
+    int node;
+    const unsigned char *id;
+    run_log log;
+    polar_status st;
+    polar_error err;
+} node_job;
+
+static void *run_node(void *arg) {
+    node_job *j = arg;
+    static const char *programs[] = {"base", "0,1-2x2,3", "0,2,1,3"};
+    int devices[2] = {2 * j->node, 2 * j->node + 1}, prompt[9];
+    for (int t = 0; t < 9; t++) prompt[t] = (t * 53 + 11) % 256;
+    polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .max_seqs = 3, .max_ctx = 48, .max_program_len = 8,
+                          .step_tokens = 16};
+    if (j->node >= 0) o.tp = 2, o.tp_devices = devices, o.tp_world = 4, o.tp_rank = 2 * j->node, o.tp_nccl_id = j->id;
+    polar_batch *b = NULL;
+    j->st = polar_batch_create(j->m, &o, &b, &j->err);
+    for (int q = 0; j->st == POLAR_OK && q < 3; q++) {
+        polar_program p;
+        polar_gen_opts g = {.max_new = 8 + 4 * q, .ignore_eos = 1};
+        j->st = polar_program_parse(programs[q], 4, 0, &p, &j->err);
+        if (j->st == POLAR_OK) j->st = polar_batch_add(b, &p, prompt + q, 9 - q, &g, &j->log.ids[q], &j->err);
+        polar_program_free(&p);
+    }
+    j->log.stop_id = -1;
+    if (j->st == POLAR_OK) j->st = polar_batch_run(b, 1000, log_token, &j->log, NULL, &j->err);
+    polar_batch_free(b);
+    return NULL;
+}
+
+/* Two processes of 2 GPUs each (threads here, on the emulation's 4) joined
+ * under one polar_nccl_id as a group of 4 ranks (ncclCommInitRank): both
+ * give one GPU's greedy tokens, run ahead. */
+static void batch_tp_nodes(void) {
+    if (gpus() < 4) {
+        printf("  skipped: %d GPU%s here, 4 wanted\n", gpus(), gpus() == 1 ? "" : "s");
+        return;
+    }
+    polar_error err;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info);
+    unsigned char id[POLAR_NCCL_ID_BYTES];
+    CHECK_OK(polar_nccl_id(id, &err));
+    node_job jobs[3] = {{.m = m, .node = -1}, {.m = m, .node = 0, .id = id}, {.m = m, .node = 1, .id = id}};
+    pthread_t threads[2];
+    run_node(&jobs[0]);
+    int started[2];
+    for (int i = 0; m && i < 2; i++) started[i] = !pthread_create(&threads[i], NULL, run_node, &jobs[1 + i]);
+    for (int i = 0; m && i < 2; i++)
+        if (started[i]) pthread_join(threads[i], NULL);
+    for (int i = 0; m && i < 3; i++) {
+        CHECK(jobs[i].st == POLAR_OK, "node %d: %s: %s", jobs[i].node, polar_status_name(jobs[i].st), jobs[i].err.msg);
+        for (int q = 0; i && q < 3; q++)
+            CHECK(jobs[i].log.n[q] == jobs[0].log.n[q] &&
+                      !memcmp(jobs[i].log.tokens[q], jobs[0].log.tokens[q], (size_t)jobs[0].log.n[q] * sizeof(int)),
+                  "node %d: sequence %d's %d tokens differ from one GPU's %d", jobs[i].node, q, jobs[i].log.n[q],
+                  jobs[0].log.n[q]);
+    }
+    printf("  2 nodes x 2 GPUs: %d, %d and %d tokens as one GPU's\n", jobs[1].log.n[0], jobs[1].log.n[1],
+           jobs[1].log.n[2]);
+    polar_model_free(m);
+}
+
 /* Shapes and devices tensor parallel refuses, each with what to change. */
 static void batch_tp_refused(void) {
     polar_error err;
@@ -487,6 +556,7 @@ int main(int argc, char **argv) {
      * kernel that the thread orders could show wrong */
     if (!quick || h_n_only) {
         RUN_IF(batch_tp);
+        RUN_IF(batch_tp_nodes);
         RUN_IF(batch_tp_refused);
     }
     TEST_EXIT();
