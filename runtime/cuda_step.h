@@ -1,7 +1,7 @@
 /* A batch's GPU device (batch_device.h), as cuda_batch.c (the device's
  * calls: a step recorded, the ranks made) and cuda_step.c (a recorded step
  * issued on each rank, its graphs) share it. A batch on one GPU has one
- * rank; a tensor-parallel batch (docs/tensor-parallel.md) one per GPU of
+ * rank; a tensor-parallel batch (docs/cuda.md) one per GPU of
  * its group, each with its share of the model in its own cuda_state, and
  * every rank issues the same recorded calls on its own device and thread.
  * Built with POLAR_CUDA. */

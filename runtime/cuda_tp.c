@@ -192,10 +192,7 @@ polar_status tp_group_create(const tp_config *cfg, tp_group **out, polar_error *
     return POLAR_OK;
 }
 
-int tp_local_ranks(const tp_group *g) { return g->n; }
-int tp_world(const tp_group *g) { return g->world; }
 int tp_rank(const tp_group *g, int local) { return g->rank0 + local; }
-int tp_device(const tp_group *g, int local) { return g->devices[local]; }
 ncclComm_t tp_comm(const tp_group *g, int local) { return g->comms[local]; }
 
 #endif

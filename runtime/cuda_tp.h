@@ -1,4 +1,4 @@
-/* A tensor-parallel group (docs/tensor-parallel.md): this process's ranks,
+/* A tensor-parallel group (docs/cuda.md): this process's ranks,
  * each a GPU with its NCCL communicator, and a thread per rank beyond the
  * first to drive it (the first is the caller's thread). A batch's step runs
  * on every rank at once (tp_run): each issues the same calls on its own
@@ -29,10 +29,7 @@ typedef struct {
 polar_status tp_group_create(const tp_config *cfg, tp_group **out, polar_error *err);
 void tp_group_free(tp_group *g);
 
-int tp_local_ranks(const tp_group *g);
-int tp_world(const tp_group *g);
 int tp_rank(const tp_group *g, int local);   /* local rank i's rank in the world */
-int tp_device(const tp_group *g, int local);
 ncclComm_t tp_comm(const tp_group *g, int local);
 
 /* fn(arg, i) for every local rank i at once, each on its rank's thread with

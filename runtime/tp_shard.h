@@ -1,5 +1,5 @@
 /* What one rank of a tensor-parallel group holds of a model (Megatron-style,
- * docs/tensor-parallel.md): its query heads and the key/value heads they
+ * docs/cuda.md): its query heads and the key/value heads they
  * read, its columns of every dense MLP and of the shared expert, its
  * experts, its rows of the head. Host arithmetic only: the CUDA backend
  * uploads and computes these shares (cuda_backend.c, cuda_layer.c), and the

@@ -400,13 +400,14 @@ static int gpus(void) {
  * tokens, a pool that refuses, a prompt followed) on 1 to 4 ranks against
  * one GPU without NCCL: the same admissions, plans and greedy tokens, the
  * logits within the bounds logit_compare.h derives for it; one rank
- * through NCCL bit for bit. The MoE model's experts split over 2 ranks.
+ * through NCCL bit for bit. The MoE model's experts split over 2 to 4
+ * ranks (expert parallel, the shared expert column-split).
  * Without --quick, again with every pass through the GEMVs (steps of 8
  * tokens). */
 static void batch_tp(void) {
     static const char *archs[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++)
-        for (int tp = a ? 2 : 1; tp <= (a ? 2 : 4); tp++) {
+        for (int tp = a ? 2 : 1; tp <= 4; tp++) {
             if (tp > gpus()) {
                 printf("  tp %d skipped: %d GPU%s here\n", tp, gpus(), gpus() == 1 ? "" : "s");
                 continue;
