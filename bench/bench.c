@@ -52,15 +52,16 @@ static polar_status measure_bandwidth(polar_device device, int threads, bandwidt
     return POLAR_OK;
 }
 
-/* launches: polar_session_cuda_launches (NULL on the CPU). */
+/* launches: polar_session_cuda_launches (NULL on the CPU); tp: GPUs in
+ * all under tensor parallel (0: none). */
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, bandwidth bw,
-                   const char *name, const char *device, const char *kv, const char *launches, int json) {
+                   const char *name, const char *device, int tp, const char *kv, const char *launches, int json) {
     const bench_run *base = &runs[0];
     if (json) {
-        printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"tp\":%d,\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
                "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"read_gbps\":%.3f,"
                "\"copy_gbps\":%.3f,\"runs\":[",
-               name, device, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
+               name, device, tp, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
                launches ? "\"" : "", n_prompt, gen, D, bw.read, bw.copy);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
@@ -80,6 +81,7 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
     printf("%s: read %.2f GB/s, copy %.2f GB/s (bytes read + written)\n",
            strcmp(device, "cuda") ? "memory" : "device memory", bw.read, bw.copy);
     if (launches) printf("kernel launches: %s\n", launches);
+    if (tp) printf("tensor parallel: %d GPUs (bandwidth and bytes above are one GPU's)\n", tp);
     printf("\n");
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
            "decode ms", "decode/s", "GB/s", "read%", "vs base");
@@ -310,7 +312,7 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), bw, name, polar_session_device(s),
-           polar_session_kv_type(s), polar_session_cuda_launches(s), json);
+           par.world ? par.world : par.tp, polar_session_kv_type(s), polar_session_cuda_launches(s), json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

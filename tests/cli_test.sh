@@ -350,6 +350,7 @@ if [ -n "$POLAR_CUDA_EMU" ]; then
     [ -n "$one" ] && [ "$one" = "$three" ] && echo "PASS cli_tp_emulated" ||
         echo "FAIL cli_tp_emulated: one GPU $one, 3 ranks $three"
     expect tp_heads 1 "5 ranks, but the model has 4 attention heads" $E run --model "$G" --tokens 1,2 --tp 5
+    expect_out tp_bench_json '"device":"cuda","tp":2,' $E bench --arch llama --prompt-len 4 --gen 2 --reps 1 --tp 2 --json
     # rank 0 of one process writes the group's id (128 bytes) and runs
     two=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --tp 2 --nccl-id "$D/new-id" \
         --rank 0 --world 1)
