@@ -494,6 +494,55 @@ static void batch_tp_nodes(void) {
     polar_model_free(m);
 }
 
+/* Every appended token's logits and hidden state into the caller's memory
+ * (what polar perplexity asks for) under tensor parallel: gathered from the
+ * ranks' vocabulary parts, 40 tokens in passes of 16 (the GEMMs) and then
+ * 3 more one by one, against one GPU within the GEMM bounds. */
+static void batch_tp_outputs(void) {
+    if (gpus() < 3) {
+        printf("  skipped: %d GPU%s here, 3 wanted\n", gpus(), gpus() == 1 ? "" : "s");
+        return;
+    }
+    polar_error err;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info);
+    int V = info.arch.vocab, H = info.arch.hidden, tokens[43];
+    for (int t = 0; t < 43; t++) tokens[t] = (t * 71 + 5) % V;
+    float *logits[2], *hidden[2];
+    for (int i = 0; i < 2; i++) logits[i] = calloc((size_t)43 * V, 4), hidden[i] = calloc((size_t)43 * H, 4);
+    for (int i = 0; m && i < 2; i++) {
+        polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .max_seqs = 1, .max_ctx = 48, .max_program_len = 8,
+                              .step_tokens = 16, .tp = i ? 3 : 0};
+        o.kv_bytes = polar_batch_kv_bytes(m, &o, 1, 6, 48);
+        polar_batch *b = NULL;
+        polar_program p;
+        int id = 0;
+        CHECK_OK(polar_program_parse("0,1-2x2,3", 4, 0, &p, &err));
+        CHECK_OK(polar_batch_create(m, &o, &b, &err));
+        if (b) CHECK_OK(polar_batch_open(b, &p, 48, &id, &err));
+        for (int t0 = 0; b && t0 < 43; t0 += t0 < 40 ? 40 : 1) {
+            int n = t0 < 40 ? 40 : 1;
+            polar_batch_outputs out = {logits[i] + (size_t)t0 * V, hidden[i] + (size_t)t0 * H};
+            CHECK_OK(polar_batch_append(b, id, tokens + t0, n, NULL, &out, &err));
+            CHECK_OK(polar_batch_run(b, 100, NULL, NULL, NULL, &err));
+        }
+        polar_batch_free(b);
+        polar_program_free(&p);
+    }
+    double worst = 0, cosine, rel;
+    float worst_max = 0;
+    for (int t = 0; t < 43; t++) {
+        float d = max_abs_diff(logits[1] + (size_t)t * V, logits[0] + (size_t)t * V, (size_t)V, &cosine, &rel);
+        worst = rel > worst ? rel : worst, worst_max = d > worst_max ? d : worst_max;
+        CHECK(rel <= TOL_REL_GEMM && d <= TOL_GEMM_MAX, "token %d: logits relative L2 %g, max %g", t, rel, d);
+        d = max_abs_diff(hidden[1] + (size_t)t * H, hidden[0] + (size_t)t * H, (size_t)H, &cosine, &rel);
+        CHECK(rel <= TOL_REL_GEMM, "token %d: hidden state relative L2 %g", t, rel);
+    }
+    printf("  tp 3, 43 tokens' outputs against one GPU: worst relative L2 %.1e, max diff %.2e\n", worst, worst_max);
+    for (int i = 0; i < 2; i++) free(logits[i]), free(hidden[i]);
+    polar_model_free(m);
+}
+
 /* Shapes and devices tensor parallel refuses, each with what to change. */
 static void batch_tp_refused(void) {
     polar_error err;
@@ -558,6 +607,7 @@ int main(int argc, char **argv) {
     if (!quick || h_n_only) {
         RUN_IF(batch_tp);
         RUN_IF(batch_tp_nodes);
+        RUN_IF(batch_tp_outputs);
         RUN_IF(batch_tp_refused);
     }
     TEST_EXIT();
