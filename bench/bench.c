@@ -52,15 +52,16 @@ static polar_status measure_bandwidth(polar_device device, int threads, bandwidt
     return POLAR_OK;
 }
 
-/* launches: polar_session_cuda_launches (NULL on the CPU). */
+/* launches: polar_session_cuda_launches (NULL on the CPU); tp: GPUs in
+ * all under tensor parallel (0: none). */
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, bandwidth bw,
-                   const char *name, const char *device, const char *kv, const char *launches, int json) {
+                   const char *name, const char *device, int tp, const char *kv, const char *launches, int json) {
     const bench_run *base = &runs[0];
     if (json) {
-        printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"tp\":%d,\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
                "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"read_gbps\":%.3f,"
                "\"copy_gbps\":%.3f,\"runs\":[",
-               name, device, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
+               name, device, tp, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
                launches ? "\"" : "", n_prompt, gen, D, bw.read, bw.copy);
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
@@ -80,6 +81,7 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
     printf("%s: read %.2f GB/s, copy %.2f GB/s (bytes read + written)\n",
            strcmp(device, "cuda") ? "memory" : "device memory", bw.read, bw.copy);
     if (launches) printf("kernel launches: %s\n", launches);
+    if (tp) printf("tensor parallel: %d GPUs (bandwidth and bytes above are one GPU's)\n", tp);
     printf("\n");
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
            "decode ms", "decode/s", "GB/s", "read%", "vs base");
@@ -214,6 +216,7 @@ int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_dir = NULL, *preset = NULL, *arch = NULL, *program_text = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *batch = NULL, *programs_file = NULL;
     const char *kv_text = NULL, *prompts_text = NULL;
+    cli_tp_args tpa = CLI_TP_ARGS_INIT;
     int kv_bf16 = 0, n_prompt = 128, gen = 32, reps = 3, threads = 0, json = 0, question_len = 128;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_dir, 0},   {"--preset", OPT_STR, &preset, 0},
@@ -225,6 +228,7 @@ int cmd_bench(int argc, char **argv) {
         {"--question-len", OPT_INT, &question_len, 0},
         {"--batch", OPT_STR, &batch, 0},       {"--programs", OPT_STR, &programs_file, 0},
         {"--kv", OPT_STR, &kv_text, 0},        {"--prompts", OPT_STR, &prompts_text, 0},
+        CLI_TP_OPTS(tpa),
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (n_prompt < 1 || gen < 1 || reps < 1) return fail_usage(cmd, "--prompt-len, --gen and --reps must be >= 1");
@@ -235,15 +239,19 @@ int cmd_bench(int argc, char **argv) {
     if (prompts_text && !batch) return fail_usage(cmd, "--prompts goes with --batch");
     if (prompts_text && strcmp(prompts_text, "distinct") && strcmp(prompts_text, "shared"))
         return fail_usage(cmd, "--prompts wants distinct or shared (got \"%s\")", prompts_text);
+    cli_tp par;
+    int rc = cli_tp_setup(cmd, &tpa, &par);
+    if (rc) return rc;
     polar_model *m;
-    int rc = open_model(cmd, model_dir, preset, arch, 1, &m);
+    rc = open_model(cmd, model_dir, preset, arch, 1, &m);
     if (rc) return rc;
     if (batch) {
         bench_batch_opts bo = {
             .sizes = batch, .programs_file = programs_file, .program = program_text, .n_prompt = n_prompt,
             .gen = gen, .reps = reps, .threads = threads, .kv_bf16 = kv_bf16, .json = json,
             .shared_prompt = prompts_text && !strcmp(prompts_text, "shared"),
-            .cuda = device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0))};
+            .cuda = device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && (par.tp || polar_cuda_available(NULL, 0))),
+            .tp = &par};
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, &bo);
         polar_model_free(m);
         return rc;
@@ -279,7 +287,8 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) % (unsigned)info.arch.vocab);
     polar_session_opts so = {.max_ctx = n_prompt + gen + 1, .max_program_len = cap, .n_threads = threads,
-                             .device = device, .kv_bf16 = kv_bf16};
+                             .device = device, .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices,
+                             .tp_world = par.world, .tp_rank = par.rank, .tp_nccl_id = par.nccl_id};
     if (polar_session_create(m, &runs[0].prog, &so, &s, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
@@ -303,7 +312,7 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), bw, name, polar_session_device(s),
-           polar_session_kv_type(s), polar_session_cuda_launches(s), json);
+           par.world ? par.world : par.tp, polar_session_kv_type(s), polar_session_cuda_launches(s), json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

@@ -69,7 +69,7 @@ static polar_status run_batch(polar_batch *b, const polar_program *progs, int n,
 static void report(const batch_run *runs, int n_runs, const char *name, int D, const bench_batch_opts *o,
                    const char *kv, const char *launches, int threads) {
     const char *device = o->cuda ? "cuda" : "cpu", *prompts = o->shared_prompt ? "shared" : "distinct";
-    int gen = o->gen, n_prompt = o->n_prompt, json = o->json;
+    int gen = o->gen, n_prompt = o->n_prompt, json = o->json, tp = o->tp->world ? o->tp->world : o->tp->tp;
     double base_tok_s = 0;
     for (int i = 0; i < n_runs; i++)
         if (runs[i].size == 1) base_tok_s = gen / (runs[i].decode_ms * 1e-3);
@@ -78,6 +78,7 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, c
                "steps (best of reps)\n\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt,
                o->shared_prompt ? "one prompt shared by all sequences" : "each sequence its own", gen);
         if (launches) printf("kernel launches: %s\n\n", launches);
+        if (tp) printf("tensor parallel: %d GPUs\n\n", tp);
         printf("%5s %-9s %11s %10s %9s %11s %8s %8s %9s\n", "batch", "programs", "prefill ms", "ms/step", "tok/s",
                "vs batch 1", "passes", "bound", "vs one");
     }
@@ -90,13 +91,13 @@ static void report(const batch_run *runs, int n_runs, const char *name, int D, c
         if (base_tok_s) snprintf(vs_batch1, sizeof vs_batch1, "%.*f", json ? 4 : 2, tok_s / base_tok_s);
         else snprintf(vs_batch1, sizeof vs_batch1, "%s", json ? "null" : "-");
         if (json)
-            printf("{\"model\":\"%s\",\"device\":\"%s\",\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
+            printf("{\"model\":\"%s\",\"device\":\"%s\",\"tp\":%d,\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
                    "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"prompts\":\"%s\",\"gen\":%d,\"batch\":%d,"
                    "\"programs\":\"%s\","
                    "\"prefill_ms\":%.3f,\"decode_ms_per_step\":%.4f,"
                    "\"decode_tok_s\":%.3f,\"vs_batch1\":%s,\"passes_per_step\":%.3f,\"bound_per_step\":%.3f,"
                    "\"time_vs_one_program\":%.4f,\"graph_steps\":%.3f,\"prefill_shared_entries\":%d}\n",
-                   name, device, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
+                   name, device, tp, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
                    launches ? "\"" : "", n_prompt, prompts, gen, r->size,
                    r->mixed ? "mixed" : "one", r->prefill_ms, r->decode_ms / gen, tok_s, vs_batch1, r->passes,
                    r->bound, vs_one, r->graph_steps, r->shared_entries);
@@ -154,7 +155,9 @@ int bench_batch(const char *cmd, polar_model *m, const char *name, const bench_b
     for (int i = 0; i < max_size; i++) prompts[i] = tokens + (size_t)(i % n_prompts) * n_prompt;
     polar_batch_opts bo = {.max_seqs = max_size, .max_ctx = n_prompt + o->gen + 1, .max_program_len = cap,
                            .step_tokens = max_size * (n_prompt + 1), .n_threads = o->threads,
-                           .device = o->cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = o->kv_bf16};
+                           .device = o->cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, .kv_bf16 = o->kv_bf16,
+                           .tp = o->tp->tp, .tp_devices = o->tp->devices, .tp_world = o->tp->world,
+                           .tp_rank = o->tp->rank, .tp_nccl_id = o->tp->nccl_id};
     bo.kv_bytes = polar_batch_kv_bytes(m, &bo, max_size, cap, bo.max_ctx);
     if (polar_batch_create(m, &bo, &b, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);

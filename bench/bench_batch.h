@@ -2,6 +2,7 @@
 #ifndef POLAR_BENCH_BATCH_H
 #define POLAR_BENCH_BATCH_H
 
+#include "../cli/tp.h"
 #include "polar.h"
 
 typedef struct {
@@ -12,6 +13,7 @@ typedef struct {
     int shared_prompt;         /* 1: every sequence the same prompt tokens (its K/V shared); 0: each its own */
     int kv_bf16;               /* the CPU's KV pool in bf16 (the GPU's always is) */
     int cuda, json;
+    const cli_tp *tp;          /* tensor parallel (tp 0: one GPU) */
 } bench_batch_opts;
 
 /* Decode throughput for each batch size, one program against distinct

@@ -116,7 +116,7 @@ int check_sampling(const char *cmd, const polar_gen_opts *g) {
     return 1;
 }
 
-int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
+int parse_int_list(const char *cmd, const char *opt, const char *text, int **out, int *n) {
     size_t cap = strlen(text) / 2 + 1;
     int *ids = malloc(cap * sizeof *ids);
     if (!ids) {
@@ -128,7 +128,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
     for (;;) {
         while (*s == ' ') s++;
         if (*s < '0' || *s > '9') {
-            fail_usage(cmd, "--tokens: token id expected at column %d of '%s'", (int)(s - text) + 1, text);
+            fail_usage(cmd, "%s: a number expected at column %d of '%s'", opt, (int)(s - text) + 1, text);
             free(ids);
             return 0;
         }
@@ -137,7 +137,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
         while (*s >= '0' && *s <= '9') {
             v = v * 10 + (*s++ - '0');
             if (v > INT_MAX) {
-                fail_usage(cmd, "--tokens: id too large at column %d", (int)(start - text) + 1);
+                fail_usage(cmd, "%s: number too large at column %d", opt, (int)(start - text) + 1);
                 free(ids);
                 return 0;
             }
@@ -146,7 +146,7 @@ int parse_token_list(const char *cmd, const char *text, int **out, int *n) {
         while (*s == ' ') s++;
         if (!*s) break;
         if (*s != ',' || (size_t)k >= cap) {
-            fail_usage(cmd, "--tokens: ',' expected at column %d of '%s'", (int)(s - text) + 1, text);
+            fail_usage(cmd, "%s: ',' expected at column %d of '%s'", opt, (int)(s - text) + 1, text);
             free(ids);
             return 0;
         }

@@ -37,8 +37,9 @@ int parse_kv(const char *cmd, const char *text, int *kv_bf16);
  * is any count, parse_opts refuses negatives); on error print and return 0. */
 int check_sampling(const char *cmd, const polar_gen_opts *g);
 
-/* "1,2,3" -> ints; on error print and return 0. *out is malloc'd. */
-int parse_token_list(const char *cmd, const char *text, int **out, int *n);
+/* "1,2,3" -> ints (option opt's, named in errors); on error print and
+ * return 0. *out is malloc'd. */
+int parse_int_list(const char *cmd, const char *opt, const char *text, int **out, int *n);
 
 /* Load a model directory or build a preset / default arch in memory. */
 int open_model(const char *cmd, const char *model, const char *preset, const char *arch, uint64_t seed,

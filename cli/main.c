@@ -14,6 +14,7 @@ static const command commands[] = {
     {"run", cmd_run,
      "run [--model PATH] (--prompt TEXT | --tokens 1,2,3) [--program SPEC] [--max-new N]\n"
      "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--kv f32|bf16]\n"
+     "            [--tp N] [--devices 0,1,..] [--nccl-id FILE --rank R --world W]\n"
      "            [--ignore-eos] [--temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--json]\n"
      "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
     {"tokenize", cmd_tokenize, "tokenize [--model PATH] (--text TEXT | -f FILE) [--json] [--no-special] [--bos]\n"},
@@ -50,11 +51,12 @@ static const command commands[] = {
      "            --expert-ffn N --shared-ffn N] [--seed S] --out DIR\n"},
     {"bench", cmd_bench,
      "bench (--model PATH | --preset NAME | --arch A) [--program SPEC] [--prompt-len N]\n"
-     "            [--gen N] [--reps N] [--threads N] [--device D] [--kv f32|bf16] [--predictor FILE\n"
-     "            --encoder PATH [--question-len N]] [--json]\n"
+     "            [--gen N] [--reps N] [--threads N] [--device D] [--kv f32|bf16] [--tp N] [--devices 0,1,..]\n"
+     "            [--nccl-id FILE --rank R --world W] [--predictor FILE --encoder PATH [--question-len N]] [--json]\n"
      "  polar bench (--model PATH | --preset NAME | --arch A) --batch N[,N...] [--programs FILE]\n"
      "            [--program SPEC] [--prompt-len N] [--gen N] [--reps N] [--threads N] [--device D]\n"
-     "            [--kv f32|bf16] [--prompts distinct|shared] [--json]\n"},
+     "            [--kv f32|bf16] [--tp N] [--devices 0,1,..] [--nccl-id FILE --rank R --world W]\n"
+     "            [--prompts distinct|shared] [--json]\n"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

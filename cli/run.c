@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "auto.h"
+#include "tp.h"
 
 /* Streams generated text: token bytes are held back while they end in an
  * incomplete UTF-8 character, so a character split across tokens prints
@@ -104,7 +105,7 @@ static void print_json(const polar_program *p, const polar_arch *a, const char *
 /* The prompt's ids: from --tokens, or the tokenized (chat-formatted) text. */
 static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, const polar_tokenizer *tok, int chat,
                       const char *system, int **ids, int *n) {
-    if (tokens) return parse_token_list(cmd, tokens, ids, n) ? 0 : EXIT_USAGE;
+    if (tokens) return parse_int_list(cmd, "--tokens", tokens, ids, n) ? 0 : EXIT_USAGE;
     polar_error err;
     char *text = NULL;
     if (chat && polar_chat_prompt(tok, system, prompt, &text, &err) != POLAR_OK) return fail_status(cmd, &err);
@@ -122,6 +123,7 @@ int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
     const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL;
+    cli_tp_args tpa = CLI_TP_ARGS_INIT;
     int kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     polar_gen_opts sampling = {.top_p = 1};
     cli_opt opts[] = {
@@ -136,6 +138,7 @@ int cmd_run(int argc, char **argv) {
         {"--temperature", OPT_FLOAT, &sampling.temperature, 0}, {"--top-p", OPT_FLOAT, &sampling.top_p, 0},
         {"--top-k", OPT_INT, &sampling.top_k, 0}, {"--min-p", OPT_FLOAT, &sampling.min_p, 0},
         {"--seed", OPT_U64, &sampling.seed, 0}, {"--kv", OPT_STR, &kv_text, 0},
+        CLI_TP_OPTS(tpa),
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -150,6 +153,9 @@ int cmd_run(int argc, char **argv) {
     if (!check_sampling(cmd, &sampling)) return EXIT_USAGE;
     polar_device device;
     if (!parse_device(cmd, device_text, &device) || !parse_kv(cmd, kv_text, &kv_bf16)) return EXIT_USAGE;
+    cli_tp par;
+    int tp_rc = cli_tp_setup(cmd, &tpa, &par);
+    if (tp_rc) return tp_rc;
     char *default_model = NULL;
     const char *model_path = model_arg;
     if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
@@ -193,7 +199,8 @@ int cmd_run(int argc, char **argv) {
     for (int i = 0; i < n_cand; i++) cap = cand[i].program.n > cap ? cand[i].program.n : cap;
     if (ctx == 0) ctx = n_ids + (max_new > 0 ? max_new : 1);
     polar_session_opts so = {.max_ctx = ctx, .max_program_len = cap, .n_threads = threads, .device = device,
-                             .kv_bf16 = kv_bf16};
+                             .kv_bf16 = kv_bf16, .tp = par.tp, .tp_devices = par.devices, .tp_world = par.world,
+                             .tp_rank = par.rank, .tp_nccl_id = par.nccl_id};
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!out) {
         fprintf(stderr, "polar run: error: out of memory\n");
@@ -215,8 +222,11 @@ int cmd_run(int argc, char **argv) {
         if (!json) {
             if (predicted) printf("%s== predicted program %d of %d (score %.4f)\n", c ? "\n" : "", c + 1, n_cand,
                                   cand[c].score);
-            printf("program: %s\nexecuted layers: %d of %d\ndevice: %s\nKV cache: %s\nprompt tokens: %d\n%s", text,
-                   prog->n, info.arch.n_layers, polar_session_device(s), kv, n_ids, tok ? "" : "generated:");
+            printf("program: %s\nexecuted layers: %d of %d\ndevice: %s", text, prog->n, info.arch.n_layers,
+                   polar_session_device(s));
+            if (par.tp) printf(" (tensor parallel: %d GPU%s here, %d in all)", par.tp, par.tp == 1 ? "" : "s",
+                               par.world ? par.world : par.tp);
+            printf("\nKV cache: %s\nprompt tokens: %d\n%s", kv, n_ids, tok ? "" : "generated:");
             fflush(stdout);
         }
         int stop = tok ? polar_tokenizer_end_of_turn(tok) : -1;

@@ -183,6 +183,12 @@ typedef struct {
      * 0..L-1 are still the ones that program would write. Exactly the same
      * results; costs (max_program_len + 1) x max_ctx x hidden floats. */
     int share_prompt;
+    /* Tensor parallel over tp GPUs through NCCL (as polar_batch_opts): 0:
+     * one GPU without NCCL. */
+    int tp;
+    const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
+    int tp_world, tp_rank; /* several processes (as polar_batch_opts) */
+    const void *tp_nccl_id;
 } polar_session_opts;
 
 /* The device a session computes on ("cpu" or "cuda"). */
@@ -392,7 +398,31 @@ typedef struct {
                                 * and 16 x hidden floats of residual rows; each sequence slot then also
                                 * holds max_ctx x hidden floats of them, on the batch's device; bf16 K/V
                                 * rows make a CUDA item smaller, so the same bytes hold more); 0: none */
+    /* Tensor parallel (docs/cuda.md): the model split over tp GPUs through
+     * NCCL, each holding its share of the heads (and their KV cache), MLP
+     * columns, experts and head rows, every step run on all of them; a CUDA
+     * batch. 0: one GPU without NCCL; 1: one GPU through NCCL. NCCL runs one
+     * rank per GPU: a machine with one GPU runs tp 1 at most. Shapes that do
+     * not split (more ranks than heads, experts or vocabulary rows, heads
+     * that cannot go out in whole groups sharing a key/value head) are
+     * refused with POLAR_ERR_UNSUPPORTED. */
+    int tp;
+    const int *tp_devices; /* the tp GPUs, rank 0 first (NULL: 0..tp-1) */
+    /* Several processes (one per node), each with its tp GPUs: tp_world
+     * ranks in all, this process's GPUs ranks tp_rank .. tp_rank + tp - 1,
+     * joined under tp_nccl_id (POLAR_NCCL_ID_BYTES made by polar_nccl_id in
+     * the process holding rank 0, the same bytes given to every process).
+     * Every process must then add the same sequences in the same order and
+     * step alike. tp_world 0: this process's tp GPUs alone. */
+    int tp_world, tp_rank;
+    const void *tp_nccl_id;
 } polar_batch_opts;
+
+/* A new NCCL unique id (ncclGetUniqueId) for a tensor-parallel group of
+ * several processes (polar_batch_opts.tp_nccl_id): made by the process that
+ * holds rank 0, which must stay up while the others join. */
+#define POLAR_NCCL_ID_BYTES 128
+polar_status polar_nccl_id(unsigned char id[POLAR_NCCL_ID_BYTES], polar_error *err);
 
 /* KV pool bytes for n_seqs sequences of program_len entries x n_tokens
  * tokens each in a batch of these options (their device and kv_bf16: f32

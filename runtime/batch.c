@@ -11,15 +11,17 @@
 #include "batch.h"
 #include "error.h"
 
-/* Whether a batch for this device runs on the GPU (AUTO: when there is one). */
-static int on_gpu(polar_device device) {
-    return device == POLAR_DEVICE_CUDA || (device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0));
+/* Whether a batch of these options runs on the GPU (AUTO: when there is
+ * one, or tensor parallel asks for GPUs). */
+static int on_gpu(const polar_batch_opts *o) {
+    return o->device == POLAR_DEVICE_CUDA ||
+           (o->device == POLAR_DEVICE_AUTO && (o->tp > 0 || polar_cuda_available(NULL, 0)));
 }
 
 /* Bytes of one pool block: K and V rows, f32 on the CPU unless kv_bf16,
  * bf16 on CUDA. */
 static size_t kv_block_bytes(const polar_model *m, const polar_batch_opts *o) {
-    return kv_pool_block_bytes(m->arch.n_kv_heads * m->arch.head_dim, on_gpu(o->device) || o->kv_bf16);
+    return kv_pool_block_bytes(m->arch.n_kv_heads * m->arch.head_dim, on_gpu(o) || o->kv_bf16);
 }
 
 size_t polar_batch_kv_bytes(const polar_model *m, const polar_batch_opts *opts, int n_seqs, int program_len,
@@ -74,9 +76,14 @@ polar_status batch_create(const polar_model *m, const polar_batch_opts *opts, in
     if (!m) return polar_fail(err, POLAR_ERR_ARG, "batch: no model given");
     const polar_arch *a = &m->arch;
     polar_batch_opts o = opts ? *opts : (polar_batch_opts){0};
-    if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0)
+    if (o.max_seqs < 0 || o.max_ctx < 0 || o.max_program_len < 0 || o.step_tokens < 0 || o.n_threads < 0 || o.tp < 0 ||
+        o.tp_world < 0 || o.tp_rank < 0)
         return polar_fail(err, POLAR_ERR_ARG, "batch options must not be negative");
-    int cuda = on_gpu(o.device);
+    if (!o.tp && (o.tp_world || o.tp_rank || o.tp_nccl_id))
+        return polar_fail(err, POLAR_ERR_ARG, "batch: tp_world, tp_rank and tp_nccl_id go with tp (this process's GPUs)");
+    if (o.tp && o.device == POLAR_DEVICE_CPU)
+        return polar_fail(err, POLAR_ERR_ARG, "batch: tensor parallel (tp %d) runs on GPUs, not the CPU", o.tp);
+    int cuda = on_gpu(&o);
     if (o.max_seqs == 0) o.max_seqs = 16;
     if (o.max_ctx == 0) o.max_ctx = a->max_pos < 2048 ? a->max_pos : 2048;
     if (o.max_program_len == 0) o.max_program_len = 2 * a->n_layers;
@@ -118,7 +125,9 @@ polar_status batch_create(const polar_model *m, const polar_batch_opts *opts, in
     batch_device_shape sh = {.rows = o.step_tokens, .n_blocks = (int)(n_blocks + cached), .tables = (int)tables,
                              .cap_program = o.max_program_len, .cache_items = (int)cached,
                              .start_rows = (int)start_rows, .head_rows = o.max_seqs, .n_threads = o.n_threads,
-                             .max_ctx = o.max_ctx, .round_like_cuda = o.round_like_cuda};
+                             .max_ctx = o.max_ctx, .round_like_cuda = o.round_like_cuda, .tp = o.tp,
+                             .devices = o.tp_devices, .tp_world = o.tp_world, .tp_rank = o.tp_rank,
+                             .nccl_id = o.tp_nccl_id};
     if (st == POLAR_OK)
         st = cuda ? cuda_batch_device(m, &sh, &b->dev, err) : cpu_batch_device(m, &sh, &b->pool, &b->dev, err);
     if (st != POLAR_OK) {

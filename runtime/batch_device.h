@@ -86,6 +86,12 @@ typedef struct {
     int n_threads;       /* CPU: OpenMP threads of a pass */
     int max_ctx;         /* CPU: positions of a sequence (its attention scratch) */
     int round_like_cuda; /* CPU: round to bf16 where the CUDA step does (polar_batch_opts) */
+    /* GPU: tensor parallel over NCCL (polar_batch_opts): tp ranks here on
+     * devices (NULL: 0..tp-1), the first tp_rank of tp_world, joined under
+     * nccl_id when tp_world > tp; tp 0: one GPU, no NCCL */
+    int tp, tp_world, tp_rank;
+    const int *devices;
+    const void *nccl_id;
 } batch_device_shape;
 
 /* The CPU's device: its K/V rows are pool's (f32 or bf16). */

@@ -1,7 +1,7 @@
-/* The CUDA backend's upload and state: the model's weights on the device
- * (uploaded by its first CUDA batch and shared until the model is freed),
- * and per batch a cuda_state (cuda_internal.h). The layer is cuda_layer.c's;
- * a batch's steps are cuda_batch.c's. Built by `make cuda` (POLAR_CUDA);
+/* The CUDA backend's state: per batch (per rank of a tensor-parallel
+ * batch) a cuda_state (cuda_internal.h) over the model's device weights
+ * (cuda_weights.c); the device's bandwidth. The layer is cuda_layer.c's; a
+ * batch's steps are cuda_batch.c's. Built by `make cuda` (POLAR_CUDA);
  * without it there is no GPU to find. */
 #include "backend.h"
 
@@ -18,8 +18,6 @@ int polar_cuda_available(char *why, size_t why_size) {
     return 0;
 }
 
-void cuda_weights_free(void *weights) { (void)weights; }
-
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err) {
     (void)bytes, (void)gbps;
     return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend");
@@ -33,7 +31,6 @@ polar_status cuda_read_bandwidth(size_t bytes, double *gbps, polar_error *err) {
 #else
 
 #include <cuda_runtime_api.h>
-#include <pthread.h>
 
 #include "cuda_internal.h"
 
@@ -52,135 +49,12 @@ int polar_cuda_available(char *why, size_t why_size) {
     return 1;
 }
 
-static void *dev_alloc_in(dev_allocs *l, size_t bytes) {
-    void *p = NULL;
-    if (l->n == l->cap) {
-        int cap = l->cap ? l->cap * 2 : 256;
-        void **a = realloc(l->p, (size_t)cap * sizeof *a);
-        if (!a) return NULL;
-        l->p = a;
-        l->cap = cap;
-    }
-    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) return NULL;
-    l->p[l->n++] = p;
-    return p;
-}
-
-static void dev_free_all(dev_allocs *l) {
-    for (int i = 0; i < l->n; i++) cudaFree(l->p[i]);
-    free(l->p);
-    memset(l, 0, sizeof *l);
-}
-
 void *cuda_dev_alloc(cuda_state *c, size_t bytes) { return dev_alloc_in(&c->allocs, bytes); }
 
-/* Upload n elements of a host tensor (NULL stays NULL). */
-static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) {
-    if (!src) {
-        *dst = NULL;
-        return 1;
-    }
-    void *d = dev_alloc_in(&w->allocs, n * sizeof(bf16));
-    if (!d || cudaMemcpy(d, src, n * sizeof(bf16), cudaMemcpyHostToDevice) != cudaSuccess) return 0;
-    *dst = d;
-    return 1;
-}
-
-/* A matrix of the model as bf16 on the device: GGUF blocks the CPU keeps
- * quantized (row-major or interleaved) are dequantized row by row here (the
- * CUDA kernels read bf16). */
-static int upload_w(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_wtype t, size_t rows, size_t cols) {
-    if (t == CPU_W_BF16 || !src) return upload(w, dst, src, rows * cols);
-    bf16 *buf = malloc(rows * cols * sizeof *buf);
-    float *f = malloc(cols * sizeof *f);
-    int ok = buf && f;
-    for (size_t r = 0; ok && r < rows; r++) {
-        cpu_dequantize_matrix_row(t, src, cols, (int)r, f);
-        for (size_t j = 0; j < cols; j++) buf[r * cols + j] = f32_to_bf16(f[j]);
-    }
-    ok = ok && upload(w, dst, buf, rows * cols);
-    free(buf);
-    free(f);
-    return ok;
-}
-
-void cuda_weights_free(void *weights) {
-    cuda_weights *w = weights;
-    if (!w) return;
-    dev_free_all(&w->allocs);
-    free(w->layers);
-    free(w);
-}
-
-/* The experts' gate and up rows as the CUDA kernels read them, [E, 2F, H]
- * bf16 (gate rows, then up rows, per expert): a Hugging Face checkpoint's
- * block as it is, or a GGUF's two stacks (possibly kept in blocks)
- * interleaved expert by expert. */
-static int upload_gate_up(cuda_weights *w, const bf16 **dst, const layer_weights *l, size_t E, size_t F, size_t H) {
-    if (l->exp_gate_up) return upload(w, dst, l->exp_gate_up, E * 2 * F * H);
-    bf16 *buf = malloc(E * 2 * F * H * sizeof *buf);
-    float *f = malloc(H * sizeof *f);
-    int ok = buf && f;
-    for (size_t r = 0; ok && r < E * 2 * F; r++) { /* row r: expert r / 2F, gate when r % 2F < F */
-        size_t e = r / (2 * F), i = r % (2 * F);
-        int gate = i < F;
-        cpu_dequantize_matrix_row(gate ? l->t_exp_gate : l->t_exp_up, gate ? l->exp_gate : l->exp_up, H,
-                                  (int)(e * F + (gate ? i : i - F)), f);
-        for (size_t j = 0; j < H; j++) buf[r * H + j] = f32_to_bf16(f[j]);
-    }
-    ok = ok && upload(w, dst, buf, E * 2 * F * H);
-    free(buf);
-    free(f);
-    return ok;
-}
-
-/* Every weight of the model on the device; NULL when out of memory. */
-static cuda_weights *weights_upload(const polar_model *m) {
-    const polar_arch *a = &m->arch;
-    cuda_weights *c = calloc(1, sizeof *c);
-    if (!c || !(c->layers = calloc((size_t)a->n_layers, sizeof *c->layers))) {
-        free(c);
-        return NULL;
-    }
-    size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
-    size_t F = (size_t)a->ffn, V = (size_t)a->vocab, hd = (size_t)a->head_dim;
-    int ok = upload_w(c, &c->embed, m->embed, m->t_embed, V, H) && upload(c, &c->final_norm, m->final_norm, H);
-    c->lm_head = c->embed;
-    if (ok && !a->tied_embeddings) ok = upload_w(c, &c->lm_head, m->lm_head, m->t_lm_head, V, H);
-    for (int l = 0; ok && l < a->n_layers; l++) {
-        const layer_weights *w = &m->layers[l];
-        layer_weights *d = &c->layers[l];
-        ok = upload(c, &d->attn_norm, w->attn_norm, H) && upload_w(c, &d->wq, w->wq, w->t_wq, q, H) &&
-             upload_w(c, &d->wk, w->wk, w->t_wk, kv, H) && upload_w(c, &d->wv, w->wv, w->t_wv, kv, H) &&
-             upload(c, &d->bq, w->bq, q) &&
-             upload(c, &d->bk, w->bk, kv) && upload(c, &d->bv, w->bv, kv) && upload(c, &d->q_norm, w->q_norm, hd) &&
-             upload(c, &d->k_norm, w->k_norm, hd) && upload_w(c, &d->wo, w->wo, w->t_wo, H, q) &&
-             upload(c, &d->mlp_norm, w->mlp_norm, H) && upload_w(c, &d->w_gate, w->w_gate, w->t_gate, F, H) &&
-             upload_w(c, &d->w_up, w->w_up, w->t_up, F, H) && upload_w(c, &d->w_down, w->w_down, w->t_down, H, F);
-        if (ok && w->router) {
-            size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
-            ok = upload(c, &d->router, w->router, E * H) && upload_gate_up(c, &d->exp_gate_up, w, E, MF, H) &&
-                 upload_w(c, &d->exp_down, w->exp_down, w->t_exp_down, E * H, MF) &&
-                 upload_w(c, &d->sh_gate, w->sh_gate, w->t_sh_gate, S, H) && upload_w(c, &d->sh_up, w->sh_up, w->t_sh_up, S, H) &&
-                 upload_w(c, &d->sh_down, w->sh_down, w->t_sh_down, H, S) && upload(c, &d->sh_router, w->sh_router, H);
-        }
-    }
-    ok = ok && (c->inv_freq = dev_alloc_in(&c->allocs, hd / 2 * sizeof(float))) &&
-         cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
-    if (!ok) {
-        cuda_weights_free(c);
-        return NULL;
-    }
-    return c;
-}
-
-/* The model's device weights, uploaded on first use under its lock. */
-static const cuda_weights *model_weights(const polar_model *m) {
-    pthread_mutex_lock(&m->device->lock);
-    if (!m->device->weights) m->device->weights = weights_upload(m);
-    const cuda_weights *w = m->device->weights;
-    pthread_mutex_unlock(&m->device->lock);
-    return w;
+void cuda_all_reduce(cuda_state *c, float *x, size_t n) {
+    if (!c->comm) return;
+    ncclResult_t r = ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->queue.stream);
+    if (r != ncclSuccess && c->nccl_error == ncclSuccess) c->nccl_error = r;
 }
 
 void cuda_state_free(cuda_state *c) {
@@ -218,6 +92,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     c->m = m;
     c->chunk = chunk;
+    c->shard = shape->shard, c->comm = shape->comm;
     if (a->head_dim > 256) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
@@ -234,7 +109,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         }
         c->gemv_tokens = (int)n;
     }
-    if (!(c->w = model_weights(m))) {
+    if (!(c->w = cuda_model_weights(m, &c->shard))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");
     }
@@ -260,9 +135,10 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     c->launches = c->queue.overlap ? "overlapped"
                   : major < 9     ? "serial: the GPU is older than compute capability 9.0"
                                   : "serial: POLAR_CUDA_PDL=0";
-    size_t H = (size_t)a->hidden, q = (size_t)a->n_heads * a->head_dim, kv = (size_t)a->n_kv_heads * a->head_dim;
-    size_t F = (size_t)a->ffn;
-    if ((size_t)a->shared_ffn > F) F = (size_t)a->shared_ffn; /* gate/up buffers serve the shared expert too */
+    const tp_shard *sh = &c->shard;
+    size_t H = (size_t)a->hidden, q = (size_t)sh->n_heads * a->head_dim, kv = (size_t)sh->n_kv * a->head_dim;
+    size_t F = (size_t)sh->ffn;
+    if ((size_t)sh->shared_ffn > F) F = (size_t)sh->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, pool = (size_t)shape->n_blocks * CUDA_KV_BLOCK * kv, n_tables = (size_t)shape->n_tables;
     int ok = (c->k_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) && (c->v_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) &&
          (c->tables = cuda_dev_alloc(c, n_tables * sizeof(int))) &&
@@ -270,7 +146,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
          (c->k = cuda_dev_alloc(c, C * kv * 4)) && (c->v = cuda_dev_alloc(c, C * kv * 4)) && (c->att = cuda_dev_alloc(c, C * q * 4)) &&
          (c->gate = cuda_dev_alloc(c, C * F * 4)) && (c->up = cuda_dev_alloc(c, C * F * 4)) &&
          /* a pass may run all its rows through split-K attention */
-         (c->scores = cuda_dev_alloc(c, cuda_attention_scratch_upto(chunk, a->n_heads, a->n_kv_heads, a->head_dim, c->sms) * 4));
+         (c->scores = cuda_dev_alloc(c, cuda_attention_scratch_upto(chunk, sh->n_heads, sh->n_kv, a->head_dim, c->sms) * 4));
     /* GEMM inputs: any projection's of a chunk, or a slice of a head's */
     size_t widest_in = H > q ? H : q;
     if (F > widest_in) widest_in = F;
@@ -279,7 +155,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
          (!a->qkv_bias || (c->acc = cuda_dev_alloc(c, C * (q > kv ? q : kv) * 4)));
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
-        size_t groups = cuda_moe_group_ints(chunk, a->top_k, a->n_experts);
+        size_t groups = cuda_moe_group_ints(chunk, a->top_k, sh->n_experts);
         ok = (c->router_logits = cuda_dev_alloc(c, C * (size_t)a->n_experts * 4)) &&
              (c->expert_idx = cuda_dev_alloc(c, slots * sizeof(int))) && (c->expert_w = cuda_dev_alloc(c, slots * 4)) &&
              (c->groups = cuda_dev_alloc(c, groups * sizeof(int))) && (c->expert_act = cuda_dev_alloc(c, slots * MF * 4)) &&

@@ -1,8 +1,9 @@
 /* The CUDA backend's state: the model's device weights (shared by every
- * batch of the model), and per batch the workspaces of one pass, the paged
- * bf16 KV pool, the mirror of the block tables, the stream and cuBLASLt
- * (cuda_backend.c); one decoder layer over them (cuda_layer.c). A batch's
- * steps drive it (cuda_batch.c). Built only with POLAR_CUDA. */
+ * batch of the model, cuda_weights.c), and per batch (per rank of a
+ * tensor-parallel batch) the workspaces of one pass, the paged bf16 KV pool,
+ * the mirror of the block tables, the stream and cuBLASLt (cuda_backend.c);
+ * one decoder layer over them (cuda_layer.c). A batch's steps drive it
+ * (cuda_batch.c). Built only with POLAR_CUDA. */
 #ifndef POLAR_CUDA_INTERNAL_H
 #define POLAR_CUDA_INTERNAL_H
 
@@ -11,6 +12,8 @@
 #include "../kernels/cuda/ops.h"
 #include "backend.h"
 #include "cuda_gemm.h"
+#include "cuda_tp.h"
+#include "tp_shard.h"
 
 /* A pass of up to CUDA_DECODE_TOKENS tokens goes through the hand-written
  * GEMVs (a weight row read once for all of them), more through cuBLASLt
@@ -30,26 +33,44 @@ typedef struct {
     int n, cap;
 } dev_allocs;
 
-/* A model's weights on the device (model_device.weights), shared by its
- * batches. */
-typedef struct {
+void *dev_alloc_in(dev_allocs *l, size_t bytes); /* NULL when out of memory */
+void dev_free_all(dev_allocs *l);
+
+/* A model's weights on one device, or a tensor-parallel rank's share of
+ * them (model_device.weights: a list, one per device and rank), shared by
+ * its batches. */
+typedef struct cuda_weights {
+    int device, rank, world;
     layer_weights *layers;       /* [n_layers] device pointers */
-    const bf16 *embed, *final_norm, *lm_head;
+    const bf16 *embed, *final_norm;
+    const bf16 *lm_head;         /* the rank's vocabulary rows */
     float *inv_freq;             /* [head_dim/2] */
     dev_allocs allocs;
+    struct cuda_weights *next;
 } cuda_weights;
+
+/* The rank's share of m's weights on the current device, uploaded on first
+ * use; NULL when out of GPU memory. */
+const cuda_weights *cuda_model_weights(const polar_model *m, const tp_shard *s);
 
 typedef struct cuda_state cuda_state;
 
 /* What a cuda_state holds besides the model's device weights: workspaces
  * for chunk tokens, a paged bf16 KV pool of n_blocks blocks (ids of the
- * host's kv_pool) and a mirror of n_tables ints of block tables. */
+ * host's kv_pool) and a mirror of n_tables ints of block tables; the share
+ * of a tensor-parallel rank (the whole model for one GPU) and its
+ * communicator (NULL: no tensor parallel). */
 typedef struct {
     int chunk, n_blocks, n_tables;
+    tp_shard shard;
+    ncclComm_t comm;
 } cuda_state_shape;
 
 struct cuda_state {
     const polar_model *m;
+    tp_shard shard;              /* its heads, columns, experts and vocabulary rows (tp_shard.h) */
+    ncclComm_t comm;             /* the tensor-parallel group's, or NULL */
+    ncclResult_t nccl_error;     /* the first collective that failed to be issued */
     const cuda_weights *w;       /* the model's, not owned */
     const layer_weights *layers; /* == w->layers */
     const bf16 *embed, *final_norm, *lm_head;
@@ -57,7 +78,7 @@ struct cuda_state {
     dev_allocs allocs;           /* KV cache and workspaces */
     int chunk;                   /* tokens of one pass at most */
     int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
-    bf16 *k_pool, *v_pool;       /* [n_blocks * CUDA_KV_BLOCK, n_kv*head_dim] */
+    bf16 *k_pool, *v_pool;       /* [n_blocks * CUDA_KV_BLOCK, shard.n_kv*head_dim] */
     int *tables;                 /* [n_tables] the host's block tables, mirrored */
     float *x;                    /* [chunk, hidden] a pass's rows, gathered from the step's */
     float *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
@@ -99,6 +120,11 @@ int cuda_state_capture_failed(cuda_state *c);
 
 /* Device memory freed with the state; NULL when out of memory. */
 void *cuda_dev_alloc(cuda_state *c, size_t bytes);
+
+/* Tensor parallel: the n floats at x summed over the ranks, in place, on
+ * c's stream (a failure to issue it kept in c->nccl_error). Nothing without
+ * a communicator. */
+void cuda_all_reduce(cuda_state *c, float *x, size_t n);
 
 /* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
  * than c->gemv_tokens tokens (x rounded to bf16 into c->xb first), the

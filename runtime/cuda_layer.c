@@ -1,7 +1,11 @@
 /* One decoder layer on the GPU over a pass's rows, which may belong to
  * different sequences, each at its own position with its own KV table: the
  * CPU's cpu_layer.c, op for op, on the kernels of kernels/cuda (dense and
- * mixture-of-experts layers). Built with POLAR_CUDA. */
+ * mixture-of-experts layers). A tensor-parallel rank runs its share
+ * (c->shard: its heads, MLP columns, experts) and sums the ranks' o_proj
+ * and MLP outputs with one all-reduce each: rank 0 adds them to the
+ * residual, the others write their part alone, so the sum is the next
+ * residual on every rank. Built with POLAR_CUDA. */
 #ifdef POLAR_CUDA
 
 #include "cuda_internal.h"
@@ -46,15 +50,18 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
     cuda_swiglu(act, up, T * F, &c->queue);
 }
 
-/* The MoE sublayer on c->xn, added to x: routing, the slots grouped by
- * expert on the device, each chosen expert's rows read once for its tokens,
- * the shared expert, a deterministic combine in expert order. */
-static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T) {
+/* The MoE sublayer on c->xn, added to x (residual) or written alone: routing
+ * over every expert, the slots of the rank's experts grouped by expert on
+ * the device, each chosen expert's rows read once for its tokens, the
+ * shared expert (the rank's columns), a deterministic combine in expert
+ * order. */
+static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, int residual) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, F = a->moe_ffn, k = a->top_k, E = a->n_experts, S = a->shared_ffn;
+    int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = c->shard.shared_ffn;
+    int e0 = c->shard.e0, E = c->shard.n_experts;
     const cuda_queue *s = &c->queue;
-    cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, E, H, k, a->norm_topk, s);
-    cuda_moe_group(c->groups, c->expert_idx, T, k, E, s);
+    cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk, s);
+    cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
     /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV */
     if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
@@ -69,18 +76,17 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T) 
         mlp_in(c, c->gate, c->up, c->xn, NULL, w->sh_gate, w->sh_up, T, S, H);
         cuda_mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
     }
-    cuda_moe_combine(x, c->expert_out, c->expert_w, w->sh_gate ? c->shared_out : NULL, c->xn, w->sh_router, T, k,
-                     H, s);
+    cuda_moe_combine(x, c->expert_out, c->expert_w, c->expert_idx, e0, E, w->sh_gate ? c->shared_out : NULL, c->xn,
+                     w->sh_router, T, k, H, residual, s);
 }
 
 /* Split-K attention of the pass's tokens t0..t1-1. */
 static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) {
-    const polar_arch *a = &c->m->arch;
-    size_t qd = (size_t)a->n_heads * a->head_dim;
+    int nq = c->shard.n_heads, nk = c->shard.n_kv, hd = c->m->arch.head_dim;
+    size_t qd = (size_t)nq * hd;
     cuda_kv_map sub = {.pos = map->pos + t0, .table = map->table + t0, .tables = map->tables};
-    cuda_attention_decode(c->att + t0 * qd, c->q + t0 * qd, c->k_pool, c->v_pool, c->scores, sub, t1 - t0,
-                          a->n_heads, a->n_kv_heads, a->head_dim, cuda_attention_splits(t1 - t0, a->n_kv_heads, c->sms),
-                          &c->queue);
+    cuda_attention_decode(c->att + t0 * qd, c->q + t0 * qd, c->k_pool, c->v_pool, c->scores, sub, t1 - t0, nq, nk, hd,
+                          cuda_attention_splits(t1 - t0, nk, c->sms), &c->queue);
 }
 
 /* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
@@ -88,18 +94,17 @@ static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) 
 static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map, const cuda_run *runs,
                    int n_runs) {
     const polar_arch *a = &c->m->arch;
-    int hd = a->head_dim;
-    size_t qd = (size_t)a->n_heads * hd;
+    int hd = a->head_dim, nq = c->shard.n_heads, nk = c->shard.n_kv;
+    size_t qd = (size_t)nq * hd;
     const cuda_queue *s = &c->queue;
     cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->m->rope_scale, c->k_pool, c->v_pool,
-                       *map, T, a->n_heads, a->n_kv_heads, hd, (float)a->rms_eps, s);
+                       *map, T, nq, nk, hd, (float)a->rms_eps, s);
     int t = 0;
     for (int i = 0; i < n_runs; i++) {
         const cuda_run *r = &runs[i];
         if (r->t0 > t) attend_split(c, map, t, r->t0);
         cuda_kv_run run = {map->pos + r->t0, map->tables + r->table};
-        cuda_attention_prefill(c->att + r->t0 * qd, c->q + r->t0 * qd, c->k_pool, c->v_pool, run, r->n, a->n_heads,
-                               a->n_kv_heads, hd, 0, s);
+        cuda_attention_prefill(c->att + r->t0 * qd, c->q + r->t0 * qd, c->k_pool, c->v_pool, run, r->n, nq, nk, hd, 0, s);
         t = r->t0 + r->n;
     }
     if (t < T) attend_split(c, map, t, T);
@@ -108,7 +113,8 @@ static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_m
 void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, const cuda_kv_map *map,
                         const cuda_run *runs, int n_runs) {
     const polar_arch *a = &c->m->arch;
-    int H = a->hidden, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
+    int H = a->hidden, qd = c->shard.n_heads * a->head_dim, kvd = c->shard.n_kv * a->head_dim;
+    int residual = c->shard.rank == 0; /* the other ranks' outputs are parts of a sum */
     float eps = (float)a->rms_eps;
     const cuda_queue *s = &c->queue;
     if (T <= c->gemv_tokens) { /* the attention norm on the fly */
@@ -121,14 +127,16 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
         cuda_mm_rounded(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
     }
     attend(c, w, T, map, runs, n_runs);
-    cuda_mm(c, x, c->att, w->wo, NULL, T, H, qd, 1);
+    cuda_mm(c, x, c->att, w->wo, NULL, T, H, qd, residual);
+    cuda_all_reduce(c, x, (size_t)T * H);
     if (w->router) { /* the normed rows feed the router, the experts and the shared expert */
         cuda_rmsnorm(c->xn, x, w->mlp_norm, T, H, eps, s);
-        moe_forward(c, w, x, T);
-        return;
+        moe_forward(c, w, x, T, residual);
+    } else {
+        mlp_in(c, c->gate, c->up, x, w->mlp_norm, w->w_gate, w->w_up, T, c->shard.ffn, H);
+        cuda_mm(c, x, c->gate, w->w_down, NULL, T, H, c->shard.ffn, residual);
     }
-    mlp_in(c, c->gate, c->up, x, w->mlp_norm, w->w_gate, w->w_up, T, a->ffn, H);
-    cuda_mm(c, x, c->gate, w->w_down, NULL, T, H, a->ffn, 1);
+    cuda_all_reduce(c, x, (size_t)T * H);
 }
 
 #endif

@@ -57,7 +57,12 @@ static polar_status make_batch(polar_session *s, const polar_session_opts *o, po
                            .device = device,
                            .round_like_cuda = !gpu && o->round_like_cuda,
                            .kv_bf16 = o->kv_bf16,
-                           .prefix_cache_bytes = o->share_prompt ? blocks * prefix_cache_item_bytes(block, a->hidden) : 0};
+                           .prefix_cache_bytes = o->share_prompt ? blocks * prefix_cache_item_bytes(block, a->hidden) : 0,
+                           .tp = o->tp,
+                           .tp_devices = o->tp_devices,
+                           .tp_world = o->tp_world,
+                           .tp_rank = o->tp_rank,
+                           .tp_nccl_id = o->tp_nccl_id};
     return batch_create(s->m, &bo, 1, &s->b, err);
 }
 
@@ -69,7 +74,7 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
     if (st != POLAR_OK) return st;
     const polar_arch *a = &m->arch;
     polar_session_opts o = opts ? *opts : (polar_session_opts){0};
-    if (o.max_ctx < 0 || o.max_program_len < 0 || o.n_threads < 0)
+    if (o.max_ctx < 0 || o.max_program_len < 0 || o.n_threads < 0 || o.tp < 0)
         return polar_fail(err, POLAR_ERR_ARG, "session options must not be negative");
     if (o.max_ctx == 0) o.max_ctx = a->max_pos < 4096 ? a->max_pos : 4096;
     if (o.max_program_len < program->n) o.max_program_len = program->n;
@@ -83,12 +88,14 @@ polar_status polar_session_create(const polar_model *m, const polar_program *pro
         polar_session_free(s);
         return polar_fail(err, POLAR_ERR_NOMEM, "out of memory creating the session");
     }
-    int cuda = o.device == POLAR_DEVICE_CUDA || (o.device == POLAR_DEVICE_AUTO && polar_cuda_available(NULL, 0));
+    int cuda = o.device == POLAR_DEVICE_CUDA ||
+               (o.device == POLAR_DEVICE_AUTO && (o.tp > 0 || polar_cuda_available(NULL, 0)));
     st = make_batch(s, &o, cuda ? POLAR_DEVICE_CUDA : POLAR_DEVICE_CPU, err);
     /* auto: the GPU cannot take this session (head_dim, memory); the CPU can,
      * and polar_session_device says which was chosen. A setting that is
-     * wrong (POLAR_ERR_ARG) is said whatever the device. */
-    if (st != POLAR_OK && cuda && o.device == POLAR_DEVICE_AUTO && st != POLAR_ERR_ARG)
+     * wrong (POLAR_ERR_ARG) is said whatever the device, and tensor
+     * parallel, which asks for GPUs, never falls back. */
+    if (st != POLAR_OK && cuda && o.device == POLAR_DEVICE_AUTO && st != POLAR_ERR_ARG && !o.tp)
         st = make_batch(s, &o, POLAR_DEVICE_CPU, err);
     memcpy(s->program, program->layers, (size_t)program->n * sizeof(int));
     s->n_program = program->n;

@@ -41,6 +41,16 @@ expect_out run_program "program: 0-2,1-3" $P run --model "$G" --tokens 1,2,3 --p
 expect_out run_json '"program":[0,2,3,2,3],"program_text":"0,2-3x2","executed_layers":5,"n_layers":4,"kv":"f32","prompt_tokens":3,"tokens":[' \
     $P run --model "$G" --tokens 1,2,3 --program "0,2-3x2" --max-new 4 --json
 expect_out run_kv_bf16 "KV cache: bf16" $P run --model "$G" --tokens 1,2,3 --max-new 4 --kv bf16
+# --tp / --devices (tensor parallel): malformed or inconsistent refused; on the CPU, or without CUDA, said why.
+expect usage_tp_devices 2 "--devices lists 1 GPU but --tp is 2" $P run --model "$G" --tokens 1,2 --tp 2 --devices 0
+expect usage_devices 2 "--devices: a number expected at column 3 of '0,x'" $P bench --arch llama --devices 0,x
+expect usage_tp_range 2 "--tp must be 0 to 64, got 65" $P run --model "$G" --tokens 1,2 --tp 65
+expect tp_cpu 2 "tensor parallel (tp 2) runs on GPUs, not the CPU" $P run --model "$G" --tokens 1,2 --tp 2 --device cpu
+# --nccl-id FILE (several processes): rank 0 refuses a file already there, the others one that is not an id.
+expect usage_rank_alone 2 "--rank and --world go with --nccl-id FILE" $P run --model "$G" --tokens 1,2 --rank 1 --world 2
+echo x >"$D/id"
+expect nccl_id_exists 1 "--nccl-id $D/id exists already" $P run --model "$G" --tokens 1,2 --nccl-id "$D/id" --rank 0 --world 2
+expect nccl_id_short 1 "not an NCCL id (fewer than 128 bytes)" env RANK=1 WORLD_SIZE=2 $P run --model "$G" --tokens 1,2 --nccl-id "$D/id"
 # Sampling: top-k 1 at any temperature is the greedy choice; all four knobs with one seed repeat.
 tokens_of() { "$@" --json 2>/dev/null | grep -o '"tokens":\[[0-9,]*\]'; }
 greedy=$(tokens_of $P run --model "$G" --tokens 1,2,3 --max-new 6 --ignore-eos)
@@ -141,7 +151,7 @@ expect prompt_too_long 1 "longer than the context (2)" $P run --model "$G" --tok
 expect prompt_no_tokenizer 1 "no tokenizer (tokenizer.json, tokenizer.model, qwen.tiktoken or a .gguf file)" \
     $P run --model "$G" --prompt "hi"
 
-expect usage_tokens 2 "--tokens: token id expected at column 3" $P run --model "$G" --tokens 1,,2
+expect usage_tokens 2 "--tokens: a number expected at column 3" $P run --model "$G" --tokens 1,,2
 expect usage_option 2 "unknown option '--bogus'" $P run --model "$G" --tokens 1 --bogus
 expect usage_value 2 "needs a non-negative integer" $P run --model "$G" --tokens 1 --max-new -3
 expect usage_missing 2 "give exactly one of --tokens or --prompt" $P run --model "$G"
@@ -340,6 +350,23 @@ expect ppl_bad_reference 1 "not a file of log-probabilities" $P perplexity --mod
 # The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
 # can; --device cuda runs on a GPU or says in one line why it cannot.
 expect usage_device 2 "--device must be cpu, cuda or auto" $P run --model "$G" --tokens 1 --device gpu
+# Tensor parallel through the CLI on the CUDA emulation's NCCL (4 emulated
+# GPUs): a session (run-ahead greedy decode) on 3 ranks gives one GPU's
+# tokens; a shape that does not split is refused.
+if [ -n "$POLAR_CUDA_EMU" ]; then
+    E="env POLAR_CUDA_EMU_DEVICES=4 POLAR_CUDA_EMU_SMS=16 $POLAR_CUDA_EMU/polar"
+    one=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --device cuda)
+    three=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --device cuda --tp 3)
+    [ -n "$one" ] && [ "$one" = "$three" ] && echo "PASS cli_tp_emulated" ||
+        echo "FAIL cli_tp_emulated: one GPU $one, 3 ranks $three"
+    expect tp_heads 1 "5 ranks, but the model has 4 attention heads" $E run --model "$G" --tokens 1,2 --tp 5
+    expect_out tp_bench_json '"device":"cuda","tp":2,' $E bench --arch llama --prompt-len 4 --gen 2 --reps 1 --tp 2 --json
+    # rank 0 of one process writes the group's id (128 bytes) and runs
+    two=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --tp 2 --nccl-id "$D/new-id" \
+        --rank 0 --world 1)
+    [ "$one" = "$two" ] && [ "$(wc -c <"$D/new-id")" -eq 128 ] && echo "PASS cli_tp_nccl_id" ||
+        echo "FAIL cli_tp_nccl_id: one GPU $one, 2 ranks $two, id of $(wc -c <"$D/new-id") bytes"
+fi
 if [ -n "$POLAR_CUDA_CLI" ]; then
     C=$POLAR_CUDA_CLI
     expect_out cuda_build_auto "executed layers: 4 of 4" $C run --model "$G" --tokens 1,2 --max-new 2

@@ -162,6 +162,36 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
             CHECK(ids[t] == polar_argmax(x + (size_t)t * width, width) && mapped && mapped[t] == ids[t],
                   "argmax rows (width %d) row %d: %d (mapped %d), host %d", width, t, ids[t], mapped ? mapped[t] : -2,
                   polar_argmax(x + (size_t)t * width, width));
+        /* the same rows' vocabulary split in 3 (tensor parallel: row 1's
+         * ties fall in different parts, row 4 ties across a boundary): each
+         * part's maxima, gathered in part order, merged */
+        int v1 = 1000, v2 = 2501, cut[4] = {0, v1, v2, width};
+        x[4 * width + v1 - 1] = x[4 * width + v1] = 11;
+        float *dpart = dev_floats((size_t)3 * 2 * T), *dslice = dev_floats((size_t)T * (v2 - v1)); /* the widest part */
+        for (int p = 0; p < 3; p++) {
+            float *slice = malloc((size_t)T * (cut[p + 1] - cut[p]) * 4);
+            for (int t = 0; t < T; t++)
+                memcpy(slice + (size_t)t * (cut[p + 1] - cut[p]), x + (size_t)t * width + cut[p],
+                       (size_t)(cut[p + 1] - cut[p]) * 4);
+            cudaMemcpy(dslice, slice, (size_t)T * (cut[p + 1] - cut[p]) * 4, cudaMemcpyHostToDevice);
+            cuda_argmax_part(dpart + (size_t)p * 2 * T, dslice, T, cut[p + 1] - cut[p], cut[p], NULL);
+            free(slice);
+        }
+        cudaFree(drows);
+        drows = to_dev(x, (size_t)T * width * 4);
+        cuda_argmax_rows(dids, NULL, drows, T, width, NULL);
+        int whole[5], merged[5];
+        cudaMemcpy(whole, dids, T * sizeof(int), cudaMemcpyDeviceToHost);
+        if (mapped) memset(mapped, 0xff, T * sizeof(int));
+        cuda_argmax_merge(dids, dmapped, dpart, T, 3, NULL);
+        cudaMemcpy(merged, dids, T * sizeof(int), cudaMemcpyDeviceToHost);
+        for (int t = 0; t < T; t++)
+            CHECK(merged[t] == whole[t] && mapped && mapped[t] == merged[t] &&
+                      whole[t] == polar_argmax(x + (size_t)t * width, width),
+                  "split argmax (width %d) row %d: %d merged (mapped %d), %d whole", width, t, merged[t],
+                  mapped ? mapped[t] : -2, whole[t]);
+        CHECK(merged[4] == v1 - 1, "a tie across the split went to %d, not %d", merged[4], v1 - 1);
+        cudaFree(dpart), cudaFree(dslice);
         cudaFree(drows), cudaFree(dids), cudaFreeHost(mapped);
     }
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(du), cudaFree(dl), cudaFree(di);
@@ -586,6 +616,33 @@ static void expert_gemms_exact(const float *dact, const float *dy, const float *
  * hidden 176 (the GEMM's last 128-row block of down part empty, its last
  * 64-column tile of gate/up 48 wide). The tensor-core GEMMs are also
  * checked each alone against the CPU on the same bf16 inputs. */
+/* Expert parallel (tensor parallel's MoE): the experts split in two at
+ * E / 2, each part grouped, run on its own experts' weights and combined
+ * without the residual; the two parts sum to the whole combine (got, with
+ * a zero residual), within f32 rounding. The residual flag then adds x. */
+static void expert_parallel(const float *dx, const float *dw, const int *didx, const bf16 *dgu, const bf16 *ddown,
+                            int T, int k, int E, int H, int F, const float *whole) {
+    float *sum = calloc((size_t)T * H, 4), *dact = dev_floats((size_t)T * k * F), *dy = dev_floats((size_t)T * k * H);
+    float *dpart = dev_floats((size_t)T * H);
+    int *dgroups = NULL;
+    cudaMalloc((void **)&dgroups, cuda_moe_group_ints(T, k, E) * sizeof(int));
+    for (int p = 0; p < 2; p++) {
+        int e0 = p ? E / 2 : 0, n = p ? E - E / 2 : E / 2;
+        cudaMemset(dpart, 0xff, (size_t)T * H * 4); /* NaN: the combine must write every element, reading none */
+        cuda_moe_group(dgroups, didx, T, k, e0, n, NULL);
+        cuda_expert_matmul(dact, dx, dgu + (size_t)e0 * 2 * F * H, dgroups, T, k, n, 2 * F, H, 0, 1, NULL);
+        cuda_expert_matmul(dy, dact, ddown + (size_t)e0 * H * F, dgroups, T, k, n, H, F, 1, 0, NULL);
+        cuda_moe_combine(dpart, dy, dw, didx, e0, n, NULL, dx, NULL, T, k, H, 0, NULL);
+        float *part = from_dev(dpart, (size_t)T * H);
+        for (size_t i = 0; i < (size_t)T * H; i++) sum[i] += part[i];
+        free(part);
+    }
+    float d = max_rel(sum, whole, (size_t)T * H);
+    CHECK(d < 1e-5f, "E %d k %d T %d: two halves of the experts sum to the whole within %g", E, k, T, d);
+    cudaFree(dact), cudaFree(dy), cudaFree(dpart), cudaFree(dgroups);
+    free(sum);
+}
+
 static void kernel_moe(void) {
     static const int shapes[][6] = {/* experts, top k, hidden, expert width, first T, T step */
                                     {60, 4, 256, 96, 1, 13}, {128, 8, 128, 64, 1, 13}, {8, 2, 176, 96, 160, 1}};
@@ -619,10 +676,10 @@ static void kernel_moe(void) {
             cudaMalloc((void **)&dgroups, cuda_moe_group_ints(T, k, E) * sizeof(int));
             cudaMemset(dout, 0, (size_t)T * H * 4);
             cuda_route(didx, dw, dlogits, dx, drouter, T, E, H, k, sidx & 1, NULL);
-            cuda_moe_group(dgroups, didx, T, k, E, NULL);
+            cuda_moe_group(dgroups, didx, T, k, 0, E, NULL);
             cuda_expert_matmul(dact, dx, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL);
             cuda_expert_matmul(dy, dact, ddown, dgroups, T, k, E, H, F, 1, 0, NULL);
-            cuda_moe_combine(dout, dy, dw, NULL, dx, NULL, T, k, H, NULL);
+            cuda_moe_combine(dout, dy, dw, didx, 0, E, NULL, dx, NULL, T, k, H, 1, NULL);
             int *got_idx = malloc((size_t)T * k * sizeof(int));
             cudaMemcpy(got_idx, didx, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost);
             float *got_w = from_dev(dw, (size_t)T * k), *got = from_dev(dout, (size_t)T * H);
@@ -637,10 +694,12 @@ static void kernel_moe(void) {
             int tc = cuda_expert_gemm(dact, dxb, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL);
             cuda_to_bf16(dxb, dact, (long)T * k * F, NULL);
             tc = tc && cuda_expert_gemm(dy, dxb, ddown, dgroups, T, k, E, H, F, 1, 0, NULL);
-            cuda_moe_combine(dout, dy, dw, NULL, dx, NULL, T, k, H, NULL);
+            cuda_moe_combine(dout, dy, dw, didx, 0, E, NULL, dx, NULL, T, k, H, 1, NULL);
             float *got_tc = from_dev(dout, (size_t)T * H), dtc = max_rel(got_tc, want, (size_t)T * H);
             CHECK(tc && dtc < 1e-2f, "E %d k %d T %d: tensor-core expert GEMM %g", E, k, T, dtc);
             free(got_tc);
+            if (T < 16) /* few tokens: the split's grouping is what it checks, and the race check pays per thread */
+                expert_parallel(dx, dw, didx, dgu, ddown, T, k, E, H, F, got);
             expert_gemms_exact(dact, dy, x, gu, down, want_idx, T, k, H, F);
             cudaFree(dxb);
             cudaFree(drouter), cudaFree(dgu), cudaFree(ddown), cudaFree(dx), cudaFree(dw), cudaFree(dact);

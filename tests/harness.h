@@ -42,6 +42,21 @@ static int h_failed_cases;
 
 #define TEST_EXIT() return h_failed_cases ? 1 : 0
 
+/* The cases a test program was asked for by name (none: all of them). */
+static char **h_only;
+static int h_n_only;
+
+static inline int h_wanted(const char *name) {
+    for (int i = 0; i < h_n_only; i++)
+        if (!strcmp(h_only[i], name)) return 1;
+    return h_n_only == 0;
+}
+
+#define RUN_IF(fn)                                                         \
+    do {                                                                   \
+        if (h_wanted(#fn)) RUN(fn);                                        \
+    } while (0)
+
 /* Last-position logits (vocab floats) of a fixed prompt under a program:
  * the behaviour two copies of a model are compared by. */
 static inline void prompt_logits(const polar_model *m, const char *program, float *out) {

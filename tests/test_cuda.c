@@ -765,26 +765,12 @@ static void model_gguf_blocks(void) {
     }
 }
 
-static char **only;
-static int n_only;
-
-static int wanted(const char *name) {
-    for (int i = 0; i < n_only; i++)
-        if (!strcmp(only[i], name)) return 1;
-    return n_only == 0;
-}
-
-#define RUN_IF(fn)                                                         \
-    do {                                                                   \
-        if (wanted(#fn)) RUN(fn);                                          \
-    } while (0)
-
 int main(int argc, char **argv) {
     /* [--quick] [names...]: a smaller set; only the named tests (e.g. the
      * kernel tests under racecheck, which runs models too slowly) */
     int first = 1;
     if (argc > 1 && !strcmp(argv[1], "--quick")) quick = 1, first = 2;
-    only = argv + first, n_only = argc - first;
+    h_only = argv + first, h_n_only = argc - first;
     char why[256];
     if (!polar_cuda_available(why, sizeof why)) {
         printf("FAIL test_cuda: %s (make test-cuda needs a GPU)\n", why);

@@ -88,32 +88,39 @@ extern "C" void cuda_route(int *idx, float *weight, float *logits, const float *
 
 extern "C" size_t cuda_moe_group_ints(int T, int k, int E) { return 2 + 2 * (size_t)E + (size_t)T * k; }
 
+// Slot s's expert among e0..e0+E-1 as 0..E-1; -1 for a slot past n_slots or
+// routed to an expert outside them (another rank's, under expert parallel).
+static __device__ __forceinline__ int local_expert(const int *idx, int s, int n_slots, int e0, int E) {
+    int e = s < n_slots ? idx[s] - e0 : -1;
+    return e >= 0 && e < E ? e : -1;
+}
+
 // The lane's rank among the lanes of mask below it, and whether it leads.
 static __device__ __forceinline__ int rank_in(unsigned mask, int lane) { return __popc(mask & ((1u << lane) - 1)); }
 
-__global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E) {
+__global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int e0, int E) {
     await_previous_kernel();
     extern __shared__ int cursor[]; // [E]: counts, then each expert's next free place
     int lane = threadIdx.x, *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
     for (int e = lane; e < E; e += WARP) cursor[e] = 0;
     __syncwarp();
     for (int s0 = 0; s0 < n_slots; s0 += WARP) {
-        int s = s0 + lane, in = s < n_slots, e = in ? idx[s] : -1;
+        int s = s0 + lane, e = local_expert(idx, s, n_slots, e0, E), in = e >= 0;
         unsigned peers = __match_any_sync(0xffffffffu, e);
         if (in && rank_in(peers, lane) == 0) cursor[e] += __popc(peers);
         __syncwarp();
     }
     // exclusive prefix over experts: lane l owns a contiguous range of them
-    int per = (E + WARP - 1) / WARP, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
+    int per = (E + WARP - 1) / WARP, lo = lane * per, hi = lo + per < E ? lo + per : E;
     int mine = 0, mine_active = 0;
-    for (int e = e0; e < e1; e++) mine += cursor[e], mine_active += cursor[e] > 0;
+    for (int e = lo; e < hi; e++) mine += cursor[e], mine_active += cursor[e] > 0;
     int off = mine, act = mine_active;
     for (int o = 1; o < WARP; o <<= 1) { // inclusive scans
         int a = __shfl_up_sync(0xffffffffu, off, o), b = __shfl_up_sync(0xffffffffu, act, o);
         if (lane >= o) off += a, act += b;
     }
     off -= mine, act -= mine_active;
-    for (int e = e0; e < e1; e++) {
+    for (int e = lo; e < hi; e++) {
         int c = cursor[e];
         if (c) active[act] = e, offset[act++] = off;
         cursor[e] = off;
@@ -122,7 +129,7 @@ __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E
     if (lane == WARP - 1) offset[act] = off, groups[0] = act;
     __syncwarp();
     for (int s0 = 0; s0 < n_slots; s0 += WARP) {
-        int s = s0 + lane, in = s < n_slots, e = in ? idx[s] : -1;
+        int s = s0 + lane, e = local_expert(idx, s, n_slots, e0, E), in = e >= 0;
         unsigned peers = __match_any_sync(0xffffffffu, e);
         int base = 0;
         if (in) base = cursor[e];
@@ -135,8 +142,8 @@ __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int E
     }
 }
 
-extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, const cuda_queue *queue) {
-    launch(queue, 1, WARP, (size_t)E * sizeof(int), moe_group_kernel, groups, idx, T * k, E);
+extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int e0, int E, const cuda_queue *queue) {
+    launch(queue, 1, WARP, (size_t)E * sizeof(int), moe_group_kernel, groups, idx, T * k, e0, E);
 }
 
 // --------------------------------------------------------------- expert GEMV
@@ -340,10 +347,12 @@ extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *
 
 // -------------------------------------------------------------------- combine
 
-// A block per token: x[t] += sum_j weight[t, j] * y[t*k + j] in j order, plus
-// sigmoid(xn[t] . gate_w) * shared[t] when there is a shared expert.
-__global__ void moe_combine_kernel(float *x, const float *y, const float *weight, const float *shared,
-                                   const float *xn, const bf16_bits *gate_w, int k, int H) {
+// A block per token: x[t] (+)= sum_j weight[t, j] * y[t*k + j] in j order over
+// the slots of experts e0..e0+E-1, plus sigmoid(xn[t] . gate_w) * shared[t]
+// when there is a shared expert.
+__global__ void moe_combine_kernel(float *x, const float *y, const float *weight, const int *idx, int e0, int E,
+                                   const float *shared, const float *xn, const bf16_bits *gate_w, int k, int H,
+                                   int residual) {
     await_previous_kernel();
     int t = blockIdx.x;
     float sig = 0.0f;
@@ -354,13 +363,17 @@ __global__ void moe_combine_kernel(float *x, const float *y, const float *weight
     }
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float out = 0.0f;
-        for (int j = 0; j < k; j++) out += y[((size_t)t * k + j) * H + i] * weight[(size_t)t * k + j];
+        for (int j = 0; j < k; j++) {
+            int e = idx[(size_t)t * k + j] - e0;
+            if (e >= 0 && e < E) out += y[((size_t)t * k + j) * H + i] * weight[(size_t)t * k + j];
+        }
         if (shared) out += sig * shared[(size_t)t * H + i];
-        x[(size_t)t * H + i] += out;
+        x[(size_t)t * H + i] = residual ? x[(size_t)t * H + i] + out : out;
     }
 }
 
-extern "C" void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
-                                 const bf16_bits *gate_w, int T, int k, int H, const cuda_queue *queue) {
-    launch(queue, T, 256, 0, moe_combine_kernel, x, y, weight, shared, xn, gate_w, k, H);
+extern "C" void cuda_moe_combine(float *x, const float *y, const float *weight, const int *idx, int e0, int E,
+                                 const float *shared, const float *xn, const bf16_bits *gate_w, int T, int k, int H,
+                                 int residual, const cuda_queue *queue) {
+    launch(queue, T, 256, 0, moe_combine_kernel, x, y, weight, idx, e0, E, shared, xn, gate_w, k, H, residual);
 }

@@ -266,10 +266,11 @@ extern "C" void cuda_swiglu(float *g, const float *u, int count, const cuda_queu
 
 // One block per row of n logits; each thread scans its share in ascending
 // order keeping the first maximum, then a tree keeps the lower index on
-// ties. The chosen id goes to out[row] and, when given, host[row] (host
-// memory mapped into the device's address space: the host reads it after
-// the step's event, without a copy).
-__global__ void argmax_kernel(int *out, int *host, const float *logits, int n) {
+// ties. The chosen id (plus base) goes to out[row] and, when given,
+// host[row] (host memory mapped into the device's address space: the host
+// reads it after the step's event, without a copy), and its value to
+// value[row] when given.
+__global__ void argmax_kernel(int *out, int *host, float *value, const float *logits, int n, int base) {
     await_previous_kernel();
     logits += (size_t)blockIdx.x * n;
     __shared__ float best_v[1024];
@@ -303,14 +304,41 @@ __global__ void argmax_kernel(int *out, int *host, const float *logits, int n) {
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        int id = best_i[0] < n ? best_i[0] : 0;
+        int id = (best_i[0] < n ? best_i[0] : 0) + base;
         out[blockIdx.x] = id;
         if (host) host[blockIdx.x] = id;
+        if (value) value[blockIdx.x] = best_v[0];
     }
 }
 
 extern "C" void cuda_argmax_rows(int *out, int *host, const float *logits, int rows, int n, const cuda_queue *queue) {
-    launch(queue, rows, 1024, 0, argmax_kernel, out, host, logits, n);
+    launch(queue, rows, 1024, 0, argmax_kernel, out, host, (float *)NULL, logits, n, 0);
+}
+
+extern "C" void cuda_argmax_part(float *part, const float *logits, int rows, int n, int base, const cuda_queue *queue) {
+    launch(queue, rows, 1024, 0, argmax_kernel, (int *)(part + rows), (int *)NULL, part, logits, n, base);
+}
+
+// A thread per row: the ranks' maxima in rank order, a later one taken only
+// when strictly larger (NaNs never are), so ties go to the lower ids and a
+// row with nothing above -infinity gets 0, as argmax_kernel gives.
+__global__ void argmax_merge_kernel(int *out, int *host, const float *parts, int rows, int n_parts) {
+    await_previous_kernel();
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float best = -INFINITY;
+    int id = 0;
+    for (int p = 0; p < n_parts; p++) {
+        const float *part = parts + (size_t)p * 2 * rows;
+        if (part[r] > best) best = part[r], id = ((const int *)(part + rows))[r];
+    }
+    out[r] = id;
+    if (host) host[r] = id;
+}
+
+extern "C" void cuda_argmax_merge(int *out, int *host, const float *parts, int rows, int n_parts,
+                                  const cuda_queue *queue) {
+    launch(queue, (rows + 127) / 128, 128, 0, argmax_merge_kernel, out, host, parts, rows, n_parts);
 }
 
 

@@ -136,6 +136,16 @@ void cuda_swiglu(float *g, const float *u, int count, const cuda_queue *queue);
  * the device (cudaHostAllocMapped, its device pointer). */
 void cuda_argmax_rows(int *out, int *host, const float *logits, int rows, int n, const cuda_queue *queue);
 
+/* The argmax of a vocabulary split over ranks (tensor parallel): each rank's
+ * rows of n logits, its vocabulary from token `base`, give per row the
+ * largest value and its token (as cuda_argmax_rows, base + the local id)
+ * into part = [values[rows] as floats, ids[rows] as ints]; the parts of
+ * n_parts ranks gathered one after another (in rank order) merge into
+ * out[rows] (and host, as above): the first rank's on ties, so the lowest
+ * id, as one argmax over the whole vocabulary. */
+void cuda_argmax_part(float *part, const float *logits, int rows, int n, int base, const cuda_queue *queue);
+void cuda_argmax_merge(int *out, int *host, const float *parts, int rows, int n_parts, const cuda_queue *queue);
+
 /* MoE routing of T tokens from their normed states x[T, H] and the router
  * W[E, H], as cpu_route: the logits[T, E] (a scratch the caller provides)
  * by the row-parallel GEMV, softmax over them in f32, the top k (lower
@@ -145,9 +155,12 @@ void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf
                 int k, int norm, const cuda_queue *queue);
 
 /* The T*k routed slots grouped by expert on the device (layout in moe.cu),
- * into groups of cuda_moe_group_ints(T, k, E) ints. */
+ * into groups of cuda_moe_group_ints(T, k, E) ints: the slots routed to
+ * experts e0..e0+E-1, as experts 0..E-1 of the grouping (a rank's experts
+ * under expert parallel; e0 = 0 and every expert otherwise), the others
+ * left out. */
 size_t cuda_moe_group_ints(int T, int k, int E);
-void cuda_moe_group(int *groups, const int *idx, int T, int k, int E, const cuda_queue *queue);
+void cuda_moe_group(int *groups, const int *idx, int T, int k, int e0, int E, const cuda_queue *queue);
 
 /* Expert GEMV over the grouped slots, each chosen expert's rows read once
  * per 8 of its slots: for slot s = t*k + j routed to expert e,
@@ -163,11 +176,14 @@ void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int 
 int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k, int E,
                      int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue);
 
-/* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order), plus, when shared is
- * not NULL, sigmoid(xn[t] . gate_w) * shared[t]: the MoE residual,
- * deterministic. */
-void cuda_moe_combine(float *x, const float *y, const float *weight, const float *shared, const float *xn,
-                      const bf16_bits *gate_w, int T, int k, int H, const cuda_queue *queue);
+/* x[t] += sum_j weight[t, j] * y[t*k + j] (in j order) over the slots routed
+ * (idx[T, k]) to experts e0..e0+E-1 (the grouped ones: other slots' y are
+ * not read), plus, when shared is not NULL, sigmoid(xn[t] . gate_w) *
+ * shared[t]: the MoE residual, deterministic. Without residual, x[t] = that
+ * sum alone (a tensor-parallel rank's part, all-reduced after). */
+void cuda_moe_combine(float *x, const float *y, const float *weight, const int *idx, int e0, int E,
+                      const float *shared, const float *xn, const bf16_bits *gate_w, int T, int k, int H, int residual,
+                      const cuda_queue *queue);
 
 /* A read of bytes (a multiple of 16) of buf by `blocks` blocks of 512
  * threads, each block's sum of its words into out[blocks]: what the

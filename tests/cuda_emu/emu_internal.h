@@ -27,6 +27,13 @@ cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()>
 // says why on stderr.
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what);
 
+// The device of the device allocation holding p (-1: none), of stream s
+// (the legacy stream: the current device's; -1: not a stream), and the
+// calling thread's current device.
+int device_of(const void *p);
+int stream_device(cudaStream_t s);
+int current();
+
 // "cuda-emu: kernel K, block (..), thread (..)" for the GPU thread running
 // now ("kernel (none)" outside a kernel).
 void describe(char *buf, size_t size);

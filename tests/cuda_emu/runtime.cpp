@@ -23,7 +23,15 @@
 //    cudaErrorStreamCaptureImplicit;
 //  - launch configurations (block size, dynamic shared memory beyond the
 //    kernel's cudaFuncSetAttribute limit, a cooperative grid larger than can
-//    be resident).
+//    be resident);
+//  - several devices (POLAR_CUDA_EMU_DEVICES, 1 unless set): the current
+//    device is the calling thread's (cudaSetDevice), allocations, streams and
+//    events belong to the device current when they were made, and a kernel
+//    launched or an event recorded on another device's stream is refused
+//    (cudaErrorInvalidResourceHandle), as the real runtime refuses it. The
+//    devices share one address space, so a kernel reading another device's
+//    memory is not caught here; the emulated NCCL (nccl.cpp) checks that its
+//    buffers are its communicator's device's.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <signal.h>
@@ -47,6 +55,7 @@ typedef std::function<void()> stream_op;
 
 struct emu_stream {
     unsigned flags;
+    int device; // the device current when it was made
     bool capturing, invalidated;
     cudaStreamCaptureMode mode;
     std::thread::id owner;
@@ -54,6 +63,7 @@ struct emu_stream {
 };
 struct emu_event {
     unsigned flags;
+    int device;
     bool recorded;
     double ms;
 };
@@ -80,12 +90,15 @@ struct allocation {
     char *map;
     size_t map_bytes;
     bool device; // false: pinned host memory
+    int ordinal; // the device it was allocated on (pinned host memory: -1)
 };
 const size_t GUARD_BYTES = 64 << 10;
 
 std::mutex state_lock; // the tables below
 std::map<uintptr_t, allocation> allocations;
-size_t device_used;
+const int MAX_DEVICES = 16;
+size_t device_used[MAX_DEVICES];
+thread_local int current_device; // cudaSetDevice's, per host thread as in CUDA
 std::set<emu_stream *> streams;
 std::map<const void *, int> max_dynamic_shared;
 thread_local cudaError_t last_error = cudaSuccess;
@@ -240,7 +253,7 @@ cudaError_t allocate(void **ptr, size_t bytes, bool device) {
     if (e != cudaSuccess) return record(e);
     {
         std::lock_guard<std::mutex> hold(state_lock);
-        if (bytes > TOTAL_BYTES || (device && bytes > TOTAL_BYTES - device_used))
+        if (bytes > TOTAL_BYTES || (device && bytes > TOTAL_BYTES - device_used[current_device]))
             return record(cudaErrorMemoryAllocation);
     }
     static std::once_flag handler;
@@ -265,8 +278,8 @@ cudaError_t allocate(void **ptr, size_t bytes, bool device) {
     memset(data, 0xff, bytes); // never written: NaN
     memset(data + bytes, ALLOC_REDZONE_BYTE, span - bytes);
     std::lock_guard<std::mutex> hold(state_lock);
-    allocations[(uintptr_t)data] = allocation{bytes, map, map_bytes, device};
-    if (device) device_used += bytes;
+    allocations[(uintptr_t)data] = allocation{bytes, map, map_bytes, device, device ? current_device : -1};
+    if (device) device_used[current_device] += bytes;
     *ptr = data;
     return cudaSuccess;
 }
@@ -285,7 +298,7 @@ cudaError_t release(void *ptr, bool device) {
         }
         a = it->second;
         allocations.erase(it);
-        if (device) device_used -= a.bytes;
+        if (device) device_used[a.ordinal] -= a.bytes;
     }
     check_redzones((uintptr_t)ptr, a);
     munmap(a.map, a.map_bytes);
@@ -337,6 +350,9 @@ cudaError_t submit(const void *func, const char *name, const launch_config &cfg,
         bad = "more dynamic shared memory than the kernel's limit (cudaFuncSetAttribute)", e = cudaErrorInvalidValue;
     else if (cooperative && (unsigned long long)g.x * g.y * g.z > (unsigned long long)sms() * EMU_BLOCKS_PER_SM)
         bad = "a cooperative grid larger than can be resident", e = cudaErrorCooperativeLaunchTooLarge;
+    else if (cfg.stream && known_stream(cfg.stream) && cfg.stream->device != current_device)
+        bad = "the stream belongs to another device than the current one (cudaSetDevice)",
+        e = cudaErrorInvalidResourceHandle;
     if (bad) {
         EMU_NOTE("cuda-emu: launch of %s <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", name, g.x, g.y, g.z,
                 b.x, b.y, b.z, cfg.smem, bad);
@@ -389,6 +405,19 @@ cudaError_t check_device_range(const void *p, size_t bytes, const char *api, con
     return bytes ? check_range(p, bytes, true, api, what) : cudaSuccess;
 }
 
+int device_of(const void *p) {
+    std::lock_guard<std::mutex> hold(state_lock);
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it == allocations.begin()) return -1;
+    --it;
+    return a < it->first + it->second.bytes + (it->second.bytes == 0) ? it->second.ordinal : -1;
+}
+
+int stream_device(cudaStream_t s) { return s && known_stream(s) ? s->device : s ? -1 : current_device; }
+
+int current() { return current_device; }
+
 cudaError_t occupancy(int *blocks, const void *func, int block_size, size_t smem) {
     (void)func;
     if (!blocks || block_size < 1 || block_size > 1024) return record(cudaErrorInvalidValue);
@@ -416,7 +445,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case x: return #x;
         NAME(cudaSuccess) NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation)
         NAME(cudaErrorInitializationError) NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer)
-        NAME(cudaErrorInvalidMemcpyDirection) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidResourceHandle)
+        NAME(cudaErrorInvalidMemcpyDirection) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice) NAME(cudaErrorInvalidResourceHandle)
         NAME(cudaErrorIllegalState) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
         NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorLaunchFailure) NAME(cudaErrorCooperativeLaunchTooLarge)
         NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorStreamCaptureInvalidated)
@@ -436,6 +465,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorNotReady: return "device not ready";
@@ -455,22 +485,39 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 // ---------------------------------------------------------------- device
 
+// POLAR_CUDA_EMU_DEVICES=N: N devices (0: pretend there is no GPU; 1 unless set).
+static int device_count() {
+    const char *e = getenv("POLAR_CUDA_EMU_DEVICES");
+    if (!e) return 1;
+    char *end;
+    long n = strtol(e, &end, 10);
+    if (end == e || *end || n < 0 || n > MAX_DEVICES) {
+        fprintf(stderr, "cuda-emu: POLAR_CUDA_EMU_DEVICES=%s: expected 0..%d\n", e, MAX_DEVICES);
+        abort();
+    }
+    return (int)n;
+}
+
 cudaError_t cudaGetDeviceCount(int *count) {
-    const char *e = getenv("POLAR_CUDA_EMU_DEVICES"); // 0: pretend there is no GPU
-    *count = e && !strcmp(e, "0") ? 0 : 1;
+    *count = device_count();
     return *count ? cudaSuccess : record(cudaErrorNoDevice);
 }
 
 cudaError_t cudaGetDevice(int *device) {
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record(cudaErrorInvalidValue); }
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return record(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
 
-// An H100 SXM's attributes.
+// An H100 SXM's attributes, every device alike.
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
-    if (device != 0 || !value) return record(cudaErrorInvalidValue);
+    if (!value) return record(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count()) return record(cudaErrorInvalidDevice);
     switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 << 10; break;
@@ -492,7 +539,7 @@ cudaError_t cudaDeviceSynchronize(void) { return record(refuse_during_capture("c
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     std::lock_guard<std::mutex> hold(state_lock);
-    *free_bytes = TOTAL_BYTES - device_used;
+    *free_bytes = TOTAL_BYTES - device_used[current_device];
     *total_bytes = TOTAL_BYTES;
     return cudaSuccess;
 }
@@ -534,6 +581,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     return record(e);
 }
 
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+    if (width > dpitch || width > spitch) return record(cudaErrorInvalidValue); // as the real runtime
+    if (!height || !width) return cudaSuccess;
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((int)kind < 0 || kind > cudaMemcpyDefault) return record(cudaErrorInvalidMemcpyDirection);
+    cudaError_t e = check_range(dst, dspan, dst_dev, "cudaMemcpy2DAsync", "destination");
+    if (e == cudaSuccess) e = check_range(src, sspan, src_dev, "cudaMemcpy2DAsync", "source");
+    if (e == cudaSuccess)
+        e = enqueue(stream, "cudaMemcpy2DAsync", [=]() {
+            for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+        });
+    return record(e);
+}
+
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
     cudaError_t e = refuse_during_capture("cudaMemset");
     if (e == cudaSuccess) e = legacy_stream_use("cudaMemset");
@@ -553,6 +617,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
     emu_stream *s = new emu_stream();
     s->flags = flags;
+    s->device = current_device;
     std::lock_guard<std::mutex> hold(state_lock);
     streams.insert(s);
     *stream = s;
@@ -591,7 +656,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus *
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-    *event = new emu_event{flags, false, 0};
+    *event = new emu_event{flags, current_device, false, 0};
     return cudaSuccess;
 }
 
@@ -604,6 +669,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!event) return record(cudaErrorInvalidResourceHandle);
+    if (emu::stream_device(stream) != event->device) {
+        EMU_NOTE("cuda-emu: cudaEventRecord: an event of device %d on a stream of device %d\n", event->device,
+                 emu::stream_device(stream));
+        return record(cudaErrorInvalidResourceHandle);
+    }
     return record(enqueue(stream, "cudaEventRecord", [event]() {
         event->recorded = true;
         event->ms = now_ms();

@@ -23,6 +23,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
@@ -114,6 +115,8 @@ cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaHostGetDevicePointer(void **device_ptr, void *host_ptr, unsigned int flags);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemset(void *dst, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream);
 
