@@ -574,6 +574,11 @@ int polar_token_piece(const polar_tokenizer *t, int id, const char **bytes, size
 polar_status polar_detokenize(const polar_tokenizer *t, const int *ids, int n, char **text, size_t *len,
                               polar_error *err);
 
+/* Length of the prefix of s[0..n) that does not end inside a UTF-8
+ * character: what may be shown of a text streamed token by token, a
+ * character split across tokens held back until it is whole. */
+size_t polar_utf8_complete(const char *s, size_t n);
+
 /* Id of a token given its exact text, or -1. */
 int polar_token_id(const polar_tokenizer *t, const char *text);
 

@@ -258,6 +258,18 @@ static void tokenizer_chat_turns(void) {
     polar_tokenizer_free(t);
 }
 
+/* What a stream may show: never the start of a character whose bytes have
+ * not all come. */
+static void tokenizer_utf8_complete(void) {
+    CHECK(polar_utf8_complete("", 0) == 0, "empty");
+    CHECK(polar_utf8_complete("abc", 3) == 3, "ASCII");
+    CHECK(polar_utf8_complete("a\xc3", 2) == 1, "a lead byte held back");
+    CHECK(polar_utf8_complete("a\xc3\xa9", 3) == 3, "a whole 2-byte character");
+    CHECK(polar_utf8_complete("\xe2\x82", 2) == 0, "two bytes of three");
+    CHECK(polar_utf8_complete("x\xf0\x9f\x98\x80", 5) == 5, "a whole 4-byte character");
+    CHECK(polar_utf8_complete("\x80\x80\x80\x80", 4) == 4, "stray continuation bytes pass");
+}
+
 /* Malformed tokenizer.json files: a clear error naming the fault. */
 static void tokenizer_bad_json(void) {
     static const struct {
@@ -336,6 +348,7 @@ int main(void) {
     RUN(tokenizer_nfc);
     RUN(tokenizer_chat_templates);
     RUN(tokenizer_chat_turns);
+    RUN(tokenizer_utf8_complete);
     RUN(tokenizer_bad_json);
     TEST_EXIT();
 }
