@@ -1,0 +1,199 @@
+#!/bin/bash
+# polar serve end to end, with curl against a live server on 127.0.0.1 (a
+# free port) and the default model: completions, chat, streaming, n, stop,
+# seeds, programs, each greedy answer equal to polar run's; bad input (each
+# a 4xx naming the field), a client that sends its headers slowly, one that
+# leaves mid-stream (its KV blocks back, seen through /metrics), the API
+# key, and a graceful SIGTERM. Under make test SAN=1 the server runs under
+# AddressSanitizer, which also checks for leaks when it stops. Every curl is
+# bounded in time; the whole takes seconds.
+BUILD=${BUILD:-build}
+P=$BUILD/polar
+D=$(mktemp -d)
+KEY=test-key-123
+SERVER=
+trap '[ -n "$SERVER" ] && kill -9 "$SERVER" 2>/dev/null; rm -rf "$D"' EXIT
+
+pass() { echo "PASS serve_$1"; }
+fail() { echo "FAIL serve_$1: $2"; }
+check() { if eval "$2"; then pass "$1"; else fail "$1" "$3"; fi; }
+
+command -v curl >/dev/null || { fail start "curl is needed (apt-get install curl)"; exit 1; }
+
+# ---- the server: any free port, a key, a small body limit, a short idle timeout
+$P serve --port 0 --ctx 1024 --max-batch 4 --api-key "$KEY" --max-body-kb 16 --timeout 2 >"$D/server.out" \
+    2>"$D/server.err" &
+SERVER=$!
+for _ in $(seq 600); do
+    grep -q "listening on" "$D/server.out" 2>/dev/null && break
+    kill -0 "$SERVER" 2>/dev/null || break
+    sleep 0.1
+done
+PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\) .*|\1|p' "$D/server.out")
+if [ -z "$PORT" ]; then
+    fail start "no 'listening on' line: $(head -c 300 "$D/server.out") $(head -c 300 "$D/server.err")"
+    exit 1
+fi
+pass start
+U=http://127.0.0.1:$PORT
+
+# call METHOD PATH [BODY]: the status in $D/code, the body in $D/resp.
+call() {
+    local data=()
+    [ $# -ge 3 ] && data=(--data-binary "$3" -H "Content-Type: application/json")
+    curl -s --max-time 60 -X "$1" -H "Authorization: Bearer $KEY" "${data[@]}" -o "$D/resp" -w '%{http_code}' \
+        "$U$2" >"$D/code"
+}
+code() { cat "$D/code"; }
+# a JSON string field's first value, escaped as sent
+field() { sed -n "s/.*\"$1\":\"\(\([^\"\\\\]\|\\\\.\)*\)\".*/\1/p" "${2:-$D/resp}" | head -n 1; }
+# every value of a JSON string field, one a line
+fields() { grep -o "\"$1\":\"\([^\"\\\\]\|\\\\.\)*\"" "${2:-$D/resp}" | sed "s/^\"$1\":\"\(.*\)\"$/\1/"; }
+metric() { curl -s --max-time 10 -H "Authorization: Bearer $KEY" "$U/metrics" | sed -n "s/^$1 //p"; }
+# polar run's text for the same prompt and program, as JSON escapes it
+run_text() { $P run --json "$@" 2>/dev/null | sed -n 's/.*"text":"\(\([^"\\]\|\\.\)*\)".*/\1/p'; }
+
+# ---- the GET endpoints
+call GET /health
+check health '[ "$(code)" = 200 ] && grep -q "\"status\":\"ok\"" "$D/resp"' "$(code) $(cat "$D/resp")"
+call GET /v1/models
+check models '[ "$(code)" = 200 ] && grep -q "\"id\":\"SmolLM2-135M-Instruct.Q4_1\",\"object\":\"model\"" "$D/resp"' \
+    "$(code) $(cat "$D/resp")"
+call GET /metrics
+check metrics '[ "$(code)" = 200 ] && grep -q "^polar_kv_blocks_total [1-9]" "$D/resp" &&
+    grep -q "^# TYPE polar_requests_total counter" "$D/resp"' "$(code) $(head -c 300 "$D/resp")"
+
+# ---- greedy answers equal polar run's
+Q="What is the capital of France? Answer in one sentence."
+PROG=0-23,20-26,28-29
+want=$(run_text --prompt "$Q" --max-new 24)
+call POST /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"temperature\":0,\"max_tokens\":24}"
+got=$(field content)
+check chat_greedy '[ "$(code)" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
+    grep -q "\"object\":\"chat.completion\"" "$D/resp" && grep -q "\"usage\":{\"prompt_tokens\":" "$D/resp"' \
+    "$(code) polar run '$want', serve '$got'"
+want=$(run_text --prompt "$Q" --max-new 24 --program $PROG)
+call POST /v1/chat/completions \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"temperature\":0,\"max_tokens\":24,\"program\":\"$PROG\"}"
+got=$(field content)
+check chat_program '[ "$(code)" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
+    grep -q "\"program\":\"$PROG\"" "$D/resp"' "$(code) polar run '$want', serve '$got' $(head -c 300 "$D/resp")"
+want=$(run_text --raw --prompt "The capital of France is" --max-new 12)
+call POST /v1/completions '{"prompt":"The capital of France is","max_tokens":12,"temperature":0}'
+got=$(field text)
+check completion_greedy '[ "$(code)" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
+    grep -q "\"object\":\"text_completion\"" "$D/resp"' "$(code) polar run '$want', serve '$got'"
+greedy=$got
+
+# ---- streaming: the same text in events, then [DONE]
+call POST /v1/completions '{"prompt":"The capital of France is","max_tokens":12,"temperature":0,"stream":true,
+    "stream_options":{"include_usage":true}}'
+streamed=$(fields text | tr -d '\n')
+check stream '[ "$(code)" = 200 ] && [ "$streamed" = "$greedy" ] && [ "$(tail -n 2 "$D/resp" | head -n 1)" = "data: [DONE]" ] &&
+    grep -q "\"finish_reason\":\"length\"" "$D/resp" && grep -q "\"choices\":\[\],\"usage\":" "$D/resp"' \
+    "$(code) '$streamed' vs '$greedy': $(tail -c 300 "$D/resp")"
+call POST /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"temperature\":0,\"stream\":true}"
+check chat_stream '[ "$(code)" = 200 ] && grep -q "\"delta\":{\"role\":\"assistant\"" "$D/resp" &&
+    grep -q "\"finish_reason\":\"stop\"" "$D/resp" && [ "$(tail -n 2 "$D/resp" | head -n 1)" = "data: [DONE]" ]' \
+    "$(code) $(tail -c 300 "$D/resp")"
+
+# ---- stop strings, n, seeds
+call POST /v1/completions '{"prompt":"The capital of France is","max_tokens":12,"temperature":0,"stop":["\n"]}'
+check stop '[ "$(code)" = 200 ] && [ "$(field text)" = " Paris." ] && grep -q "\"finish_reason\":\"stop\"" "$D/resp"' \
+    "$(code) $(cat "$D/resp")"
+call POST /v1/completions '{"prompt":"The capital of France is","max_tokens":12,"temperature":0,"n":2}'
+check n_greedy '[ "$(code)" = 200 ] && [ "$(fields text | grep -c -x -F -- "$greedy")" = 2 ] &&
+    grep -q "\"index\":1," "$D/resp"' "$(code) $(cat "$D/resp")"
+SAMPLED='{"prompt":"Once upon a time","max_tokens":16,"temperature":1.0,"top_k":40,"seed":7,"n":3,"ignore_eos":true}'
+call POST /v1/completions "$SAMPLED"
+fields text >"$D/seed1"
+call POST /v1/completions "$SAMPLED"
+fields text >"$D/seed2"
+want=$(run_text --raw --prompt "Once upon a time" --max-new 16 --temperature 1.0 --top-k 40 --seed 7 --ignore-eos)
+check seed '[ "$(code)" = 200 ] && [ "$(wc -l <"$D/seed1")" = 3 ] && cmp -s "$D/seed1" "$D/seed2" &&
+    [ "$(sort -u "$D/seed1" | wc -l)" -gt 1 ] && [ "$(head -n 1 "$D/seed1")" = "$want" ]' \
+    "$(code) polar run --seed 7: '$want'; $(cat "$D/seed1") / $(cat "$D/seed2")"
+
+# ---- bad input: a 4xx naming the field, and the server goes on
+# bad NAME STATUS PARAM PATH BODY
+bad() {
+    want_code=$2 want_param=$3
+    call POST "$4" "$5"
+    check "$1" '[ "$(code)" = "$want_code" ] && grep -q "\"param\":$want_param" "$D/resp"' "$(code) $(cat "$D/resp")"
+}
+bad malformed_json 400 null /v1/completions '{"prompt": "x",'
+bad not_an_object 400 null /v1/completions '[1,2]'
+bad wrong_type 400 '"max_tokens"' /v1/completions '{"prompt":"x","max_tokens":"ten"}'
+bad wrong_type_temperature 400 '"temperature"' /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}'
+bad bad_role 400 '"messages\[0\].role"' /v1/chat/completions '{"messages":[{"role":"wizard","content":"x"}]}'
+bad no_prompt 400 '"prompt"' /v1/completions '{"max_tokens":3}'
+bad bad_program 400 '"program"' /v1/completions '{"prompt":"x","program":"0-99"}'
+check bad_program_column 'grep -q "\"message\":\"program: layer 99 out of range.* at column 3\"" "$D/resp"' "$(cat "$D/resp")"
+bad unknown_model 404 '"model"' /v1/completions '{"prompt":"x","model":"gpt-5"}'
+bad too_long 400 '"max_tokens"' /v1/completions '{"prompt":"x","max_tokens":5000}'
+bad unsupported 400 '"logit_bias"' /v1/completions '{"prompt":"x","logit_bias":{"1":5}}'
+head -c 20000 /dev/zero | tr '\0' 'a' >"$D/big"
+curl -s --max-time 30 -H "Authorization: Bearer $KEY" --data-binary @"$D/big" -o "$D/resp" -w '%{http_code}' \
+    "$U/v1/completions" >"$D/code"
+check oversize '[ "$(code)" = 413 ]' "$(code) $(cat "$D/resp")"
+curl -s --max-time 10 -H "Authorization: Bearer wrong" -o "$D/resp" -w '%{http_code}' "$U/v1/models" >"$D/code"
+check wrong_key '[ "$(code)" = 401 ] && grep -q authentication_error "$D/resp"' "$(code) $(cat "$D/resp")"
+curl -s --max-time 10 -o "$D/resp" -w '%{http_code}' -d '{"prompt":"x"}' "$U/v1/completions" >"$D/code"
+check no_key '[ "$(code)" = 401 ]' "$(code) $(cat "$D/resp")"
+call GET /v1/completions
+check wrong_method '[ "$(code)" = 405 ]' "$(code) $(cat "$D/resp")"
+call GET /v1/nothing
+check no_route '[ "$(code)" = 404 ]' "$(code) $(cat "$D/resp")"
+
+# ---- a client that sends its headers slowly is cut after --timeout (2 s)
+t0=$(date +%s)
+slow=$( (exec 3<>"/dev/tcp/127.0.0.1/$PORT" && printf 'GET /health HTTP/1.1\r\nHost: x\r\n' >&3 &&
+    timeout 10 cat <&3; echo "rc $?") 2>&1)
+t1=$(date +%s)
+check slow_headers '[ "$slow" = "rc 0" ] && [ $((t1 - t0)) -le 6 ]' "'$slow' after $((t1 - t0)) s"
+
+# ---- a client that leaves mid-stream: its sequence ends, its KV blocks come back
+gen0=$(metric polar_generation_tokens_total)
+curl -sN --max-time 60 -H "Authorization: Bearer $KEY" -o "$D/part" "$U/v1/completions" \
+    -d '{"prompt":"Count from one to a thousand:","max_tokens":1000,"ignore_eos":true,"stream":true}' &
+CLIENT=$!
+for _ in $(seq 300); do
+    [ -f "$D/part" ] && [ "$(grep -c '^data: ' "$D/part")" -ge 3 ] && break
+    sleep 0.05
+done
+kill "$CLIENT" 2>/dev/null
+wait "$CLIENT" 2>/dev/null
+freed=0
+for _ in $(seq 100); do
+    curl -s --max-time 10 -H "Authorization: Bearer $KEY" "$U/metrics" >"$D/m"
+    used=$(sed -n 's/^polar_kv_blocks{state="used"} //p' "$D/m")
+    cached=$(sed -n 's/^polar_prefix_cache_items //p' "$D/m")
+    if grep -q '^polar_batch_running 0$' "$D/m" && grep -q '^polar_kv_blocks{state="promised"} 0$' "$D/m" &&
+        [ "$used" = "$cached" ]; then
+        freed=1
+        break
+    fi
+    sleep 0.05
+done
+gen1=$(metric polar_generation_tokens_total)
+check disconnect '[ "$freed" = 1 ] && [ $((gen1 - gen0)) -lt 1000 ]' \
+    "generated $((gen1 - gen0)) of 1000; $(grep -v '^#' "$D/m" | grep 'running\|kv_blocks\|prefix' | tr '\n' ' ')"
+call GET /health
+check alive '[ "$(code)" = 200 ]' "$(code)"
+call GET /metrics
+check metrics_counts 'grep -q "^polar_requests_total{code=\"413\"} 1$" "$D/resp" &&
+    grep -q "^polar_requests_total{code=\"401\"} 2$" "$D/resp" && grep -q "^polar_prompt_tokens_total [1-9]" "$D/resp"' \
+    "$(grep -v '^#' "$D/resp" | head -c 600)"
+
+# ---- SIGTERM: it stops on its own, exit status 0 (and no leak under ASan)
+kill -TERM "$SERVER"
+stopped=1
+for _ in $(seq 300); do
+    kill -0 "$SERVER" 2>/dev/null || { stopped=0; break; }
+    sleep 0.1
+done
+wait "$SERVER"
+rc=$?
+SERVER=
+check sigterm '[ "$stopped" = 0 ] && [ "$rc" = 0 ] && grep -q "stopped (SIGTERM)" "$D/server.out"' \
+    "exit $rc; $(tail -c 300 "$D/server.out") $(tail -c 600 "$D/server.err")"
