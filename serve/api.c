@@ -336,8 +336,11 @@ static int get_program(serve_server *s, const json_value *o, serve_request *r, i
 
 /* The room each choice writes its tokens into, and its options. */
 static int make_choices(serve_request *r, serve_fail *f) {
-    r->n_choices = r->n_prompts * r->n;
-    if (!(r->choices = calloc((size_t)r->n_choices, sizeof *r->choices))) return bad(f, 500, "", "out of memory");
+    int n = r->n_prompts * r->n;
+    if (n > SERVE_MAX_N)
+        return bad(f, 400, "n", "n: %d prompts x %d choices make %d, more than %d", r->n_prompts, r->n, n, SERVE_MAX_N);
+    if (!(r->choices = calloc((size_t)n, sizeof *r->choices))) return bad(f, 500, "", "out of memory");
+    r->n_choices = n;
     size_t max = (size_t)r->gen.max_new, top = (size_t)r->top_logprobs;
     for (int i = 0; i < r->n_choices; i++) {
         serve_choice *c = &r->choices[i];

@@ -22,7 +22,7 @@
 #define SERVE_MAX_STOP 4       /* stop strings per request (OpenAI's limit) */
 #define SERVE_MAX_STOP_LEN 128 /* bytes per stop string */
 #define SERVE_MAX_PROMPTS 64   /* prompts of one completions request */
-#define SERVE_MAX_N 64         /* choices per prompt */
+#define SERVE_MAX_N 64         /* choices per prompt, and in all (prompts x n) */
 #define SERVE_MAX_TOP 20       /* top log-probabilities per token (chat's limit; completions' is 5) */
 #define SERVE_N_STATUS 11      /* the statuses counted apart (serve_status_codes) */
 

@@ -131,6 +131,7 @@ bad bad_program 400 '"program"' /v1/completions '{"prompt":"x","program":"0-99"}
 check bad_program_column 'grep -q "\"message\":\"program: layer 99 out of range.* at column 3\"" "$D/resp"' "$(cat "$D/resp")"
 bad unknown_model 404 '"model"' /v1/completions '{"prompt":"x","model":"gpt-5"}'
 bad too_long 400 '"max_tokens"' /v1/completions '{"prompt":"x","max_tokens":5000}'
+bad too_many_choices 400 '"n"' /v1/completions '{"prompt":["a","b","c"],"n":30}'
 bad unsupported 400 '"logit_bias"' /v1/completions '{"prompt":"x","logit_bias":{"1":5}}'
 head -c 20000 /dev/zero | tr '\0' 'a' >"$D/big"
 curl -s --max-time 30 -H "Authorization: Bearer $KEY" --data-binary @"$D/big" -o "$D/resp" -w '%{http_code}' \
