@@ -24,6 +24,7 @@ struct serve_engine {
     polar_arch arch;            /* vocab, the model's eos ids */
     serve_request **queue;      /* [queue_cap] a ring of requests waiting for room */
     int queue_cap, head, n_queued;
+    int queue_max;              /* requests that may wait beyond the free slots of the batch */
     serve_choice **active;      /* [max_seqs] the choices in the batch; NULL: a free entry */
     int max_seqs, n_active;
     int stopping, failed;
@@ -306,7 +307,8 @@ polar_status engine_start(const polar_model *m, const polar_tokenizer *tok, cons
     polar_model_info info;
     polar_model_info_get(m, &info);
     e->arch = info.arch, e->tok = tok;
-    e->queue_cap = queue > 0 ? queue : 1, e->max_seqs = bo->max_seqs;
+    /* requests that arrive during a step wait for the next even when the batch has room for them */
+    e->queue_max = queue > 0 ? queue : 1, e->max_seqs = bo->max_seqs, e->queue_cap = e->queue_max + e->max_seqs;
     e->queue = calloc((size_t)e->queue_cap, sizeof *e->queue);
     e->active = calloc((size_t)e->max_seqs, sizeof *e->active);
     polar_status st = !e->queue || !e->active ? polar_fail(err, POLAR_ERR_NOMEM, "out of memory starting the engine")
@@ -350,7 +352,7 @@ void engine_stop(serve_engine *e) {
 
 int engine_submit(serve_engine *e, serve_request *r, double deadline_ms) {
     pthread_mutex_lock(&e->mu);
-    int status = e->failed || e->stopping ? 503 : e->n_queued == e->queue_cap ? 429 : 0;
+    int status = e->failed || e->stopping ? 503 : e->n_queued >= e->queue_max + e->max_seqs - e->n_active ? 429 : 0;
     if (!status) {
         e->queue[(e->head + e->n_queued++) % e->queue_cap] = r;
         r->queued = 1, r->deadline_ms = deadline_ms;

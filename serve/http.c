@@ -310,11 +310,14 @@ static int bound_port(int fd) {
     return ntohs(a.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&a)->sin6_port : ((struct sockaddr_in *)&a)->sin_port);
 }
 
-/* After SIGTERM: new requests refused, no new connections; wait (at most
- * a deadline and a timeout) for the requests in flight to finish. */
+/* After SIGTERM: the listening socket closed (a new connection is
+ * refused at once rather than left waiting), new requests on open
+ * connections get 503; wait (at most a deadline and a timeout) for the
+ * requests in flight to finish. */
 static void drain(serve_server *s, struct MHD_Daemon *d) {
     atomic_store(&s->draining, 1);
-    MHD_quiesce_daemon(d);
+    MHD_socket fd = MHD_quiesce_daemon(d);
+    if (fd != MHD_INVALID_SOCKET) close(fd); /* quiesced: the socket is ours again */
     int n = atomic_load(&s->in_flight);
     printf("polar serve: shutting down: %d request%s in flight\n", n, n == 1 ? "" : "s");
     fflush(stdout);
@@ -370,7 +373,6 @@ int serve_run(serve_server *s) {
     sigwait(&stop, &sig);
     drain(s, d);
     MHD_stop_daemon(d);
-    close(fd); /* quiesced: the socket is ours again */
     engine_stop(s->engine);
     s->engine = NULL;
     printf("polar serve: stopped (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");

@@ -35,7 +35,7 @@ typedef struct {
     size_t max_body;         /* bytes of a request body; more: 413 */
     int timeout_s;           /* a connection idle this long (slow headers or body) is closed */
     int deadline_s;          /* a request queued or running this long is cancelled: 504 */
-    int queue;               /* requests waiting for room in the batch; one more: 429 */
+    int queue;               /* requests that may wait beyond the batch's free slots; one more: 429 */
     int max_connections;     /* connections at once (a thread each) */
     int default_max_tokens;  /* completions without max_tokens (chat: what the context leaves) */
 } serve_opts;
@@ -132,7 +132,7 @@ typedef struct {
 /* ---- engine.c */
 
 /* Start the engine thread on a batch made with bo (it owns the batch from
- * now on). queue: requests that may wait for room. */
+ * now on). queue: requests that may wait beyond the batch's free slots. */
 polar_status engine_start(const polar_model *m, const polar_tokenizer *tok, const polar_batch_opts *bo, int queue,
                           serve_engine **out, polar_error *err);
 /* Let the engine finish what it has, then stop it and free the batch. */

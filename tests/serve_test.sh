@@ -21,8 +21,8 @@ check() { if eval "$2"; then pass "$1"; else fail "$1" "$3"; fi; }
 command -v curl >/dev/null || { fail start "curl is needed (apt-get install curl)"; exit 1; }
 
 # ---- the server: any free port, a key, a small body limit, a short idle timeout
-$P serve --port 0 --ctx 1024 --max-batch 4 --api-key "$KEY" --max-body-kb 16 --timeout 2 >"$D/server.out" \
-    2>"$D/server.err" &
+$P serve --port 0 --ctx 1024 --max-batch 4 --queue 2 --api-key "$KEY" --max-body-kb 16 --timeout 2 \
+    >"$D/server.out" 2>"$D/server.err" &
 SERVER=$!
 for _ in $(seq 600); do
     grep -q "listening on" "$D/server.out" 2>/dev/null && break
@@ -50,6 +50,19 @@ field() { sed -n "s/.*\"$1\":\"\(\([^\"\\\\]\|\\\\.\)*\)\".*/\1/p" "${2:-$D/resp
 # every value of a JSON string field, one a line
 fields() { grep -o "\"$1\":\"\([^\"\\\\]\|\\\\.\)*\"" "${2:-$D/resp}" | sed "s/^\"$1\":\"\(.*\)\"$/\1/"; }
 metric() { curl -s --max-time 10 -H "Authorization: Bearer $KEY" "$U/metrics" | sed -n "s/^$1 //p"; }
+# wait_metric NAME VALUE: until /metrics says so (at most 20 s); 1 if it never did
+wait_metric() {
+    for _ in $(seq 400); do
+        [ "$(metric "$1")" = "$2" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+# a long streamed answer, in the background, into file $1
+long_stream() {
+    curl -sN --max-time 60 -H "Authorization: Bearer $KEY" -o "$1" "$U/v1/completions" \
+        -d '{"prompt":"Count from one to a thousand:","max_tokens":1000,"ignore_eos":true,"stream":true}' &
+}
 # polar run's text for the same prompt and program, as JSON escapes it
 run_text() { $P run --json "$@" 2>/dev/null | sed -n 's/.*"text":"\(\([^"\\]\|\\.\)*\)".*/\1/p'; }
 
@@ -155,8 +168,7 @@ check slow_headers '[ "$slow" = "rc 0" ] && [ $((t1 - t0)) -le 6 ]' "'$slow' aft
 
 # ---- a client that leaves mid-stream: its sequence ends, its KV blocks come back
 gen0=$(metric polar_generation_tokens_total)
-curl -sN --max-time 60 -H "Authorization: Bearer $KEY" -o "$D/part" "$U/v1/completions" \
-    -d '{"prompt":"Count from one to a thousand:","max_tokens":1000,"ignore_eos":true,"stream":true}' &
+long_stream "$D/part"
 CLIENT=$!
 for _ in $(seq 300); do
     [ -f "$D/part" ] && [ "$(grep -c '^data: ' "$D/part")" -ge 3 ] && break
@@ -179,6 +191,30 @@ done
 gen1=$(metric polar_generation_tokens_total)
 check disconnect '[ "$freed" = 1 ] && [ $((gen1 - gen0)) -lt 1000 ]' \
     "generated $((gen1 - gen0)) of 1000; $(grep -v '^#' "$D/m" | grep 'running\|kv_blocks\|prefix' | tr '\n' ' ')"
+# ---- admission: 4 sequences fill the batch, 2 requests wait (--queue 2), one more gets 429; the waiting and
+# the running are cancelled when their clients leave
+clients=
+for i in 1 2 3 4; do
+    long_stream "$D/q$i"
+    clients="$clients $!"
+done
+wait_metric polar_batch_running 4
+running=$?
+for i in 5 6; do
+    curl -s --max-time 60 -H "Authorization: Bearer $KEY" -o "$D/q$i" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}' &
+    clients="$clients $!"
+done
+wait_metric polar_queue_depth 2
+queued=$?
+call POST /v1/completions '{"prompt":"x","max_tokens":2}'
+refused=$(code)
+# shellcheck disable=SC2086 # a list of ids
+kill $clients 2>/dev/null
+wait $clients 2>/dev/null
+wait_metric polar_batch_running 0 && wait_metric polar_queue_depth 0 && wait_metric 'polar_kv_blocks{state="promised"}' 0
+emptied=$?
+check queue_full '[ "$running" = 0 ] && [ "$queued" = 0 ] && [ "$refused" = 429 ] && [ "$emptied" = 0 ]' \
+    "batch full: $running, queue full: $queued, status $refused, emptied: $emptied, $(cat "$D/resp")"
 call GET /health
 check alive '[ "$(code)" = 200 ]' "$(code)"
 call GET /metrics
@@ -186,8 +222,26 @@ check metrics_counts 'grep -q "^polar_requests_total{code=\"413\"} 1$" "$D/resp"
     grep -q "^polar_requests_total{code=\"401\"} 2$" "$D/resp" && grep -q "^polar_prompt_tokens_total [1-9]" "$D/resp"' \
     "$(grep -v '^#' "$D/resp" | head -c 600)"
 
-# ---- SIGTERM: it stops on its own, exit status 0 (and no leak under ASan)
+# ---- SIGTERM: the request in flight finishes, new connections are refused, it exits with status 0 (and
+# under ASan, no leak)
+curl -sN --max-time 60 -H "Authorization: Bearer $KEY" -o "$D/last" "$U/v1/completions" \
+    -d '{"prompt":"Count from one to a thousand:","max_tokens":100,"ignore_eos":true,"stream":true}' &
+CLIENT=$!
+for _ in $(seq 300); do
+    [ -f "$D/last" ] && [ "$(grep -c '^data: ' "$D/last")" -ge 3 ] && break
+    sleep 0.05
+done
 kill -TERM "$SERVER"
+for _ in $(seq 100); do
+    grep -q "shutting down" "$D/server.out" && break
+    sleep 0.05
+done
+curl -s --max-time 10 -o /dev/null "$U/health"
+refused=$?
+wait "$CLIENT"
+check sigterm_in_flight 'grep -q "shutting down: 1 request in flight" "$D/server.out" && [ "$refused" = 7 ] &&
+    [ "$(tail -n 2 "$D/last" | head -n 1)" = "data: [DONE]" ] && grep -q "\"finish_reason\":\"length\"" "$D/last"' \
+    "curl exit $refused for a new connection; $(cat "$D/server.out"); $(tail -c 200 "$D/last")"
 stopped=1
 for _ in $(seq 300); do
     kill -0 "$SERVER" 2>/dev/null || { stopped=0; break; }
