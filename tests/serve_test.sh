@@ -2,9 +2,9 @@
 # polar serve end to end, with curl against a live server on 127.0.0.1 (a
 # free port) and the default model: completions, chat, streaming, n, stop,
 # seeds, programs, each greedy answer equal to polar run's; bad input (each
-# a 4xx naming the field), a client that sends its headers slowly, one that
-# leaves mid-stream (its KV blocks back, seen through /metrics), the API
-# key, and a graceful SIGTERM. Under make test SAN=1 the server runs under
+# a 4xx naming the field; 413, 431), a client that sends its headers slowly,
+# one that leaves mid-stream (its KV blocks back, seen through /metrics), a
+# full batch and queue (429), the API key, and a graceful SIGTERM. Under make test SAN=1 the server runs under
 # AddressSanitizer, which also checks for leaks when it stops. Every curl is
 # bounded in time; the whole takes seconds.
 BUILD=${BUILD:-build}
@@ -154,6 +154,9 @@ curl -s --max-time 10 -H "Authorization: Bearer wrong" -o "$D/resp" -w '%{http_c
 check wrong_key '[ "$(code)" = 401 ] && grep -q authentication_error "$D/resp"' "$(code) $(cat "$D/resp")"
 curl -s --max-time 10 -o "$D/resp" -w '%{http_code}' -d '{"prompt":"x"}' "$U/v1/completions" >"$D/code"
 check no_key '[ "$(code)" = 401 ]' "$(code) $(cat "$D/resp")"
+curl -s --max-time 10 -H "X-Big: $(head -c 40000 /dev/zero | tr '\0' a)" -o "$D/resp" -w '%{http_code}' "$U/health" \
+    >"$D/code"
+check huge_headers '[ "$(code)" = 431 ]' "$(code) $(head -c 300 "$D/resp")"
 call GET /v1/completions
 check wrong_method '[ "$(code)" = 405 ]' "$(code) $(cat "$D/resp")"
 call GET /v1/nothing
