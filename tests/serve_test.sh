@@ -41,6 +41,19 @@ fi
 pass start
 U=http://127.0.0.1:$PORT
 
+# ---- the CLI's refusals: one line on stderr, exit 2 (usage) or 1
+# refused NAME STATUS KEYWORD ARGS...
+refused() {
+    name=$1 want=$2 key=$3
+    shift 3
+    timeout 60 $P serve "$@" >"$D/out" 2>"$D/err"
+    rc=$?
+    check "$name" '[ "$rc" = "$want" ] && [ "$(wc -l <"$D/err")" = 1 ] && grep -q -F -- "$key" "$D/err"' \
+        "exit $rc, want $want: $(head -c 300 "$D/err")"
+}
+refused cli_bad_port 2 "--port must be 0 to 65535" --port 70000
+refused cli_port_in_use 1 "cannot listen on 127.0.0.1 port $PORT" --port "$PORT"
+
 # call METHOD PATH [BODY]: the status in $D/code, the body in $D/resp.
 call() {
     local data=()
