@@ -3,7 +3,8 @@
 #        make test-cuda-race (its data races, ThreadSanitizer)
 #
 # The product needs gcc, libm and OpenMP (and, for the CUDA build, the CUDA
-# toolkit). Nothing here needs Python.
+# toolkit); polar serve needs libmicrohttpd (Debian: libmicrohttpd-dev). Nothing
+# here needs Python.
 
 CC      ?= gcc
 # A portable baseline: the SIMD kernels get their own flags below and are
@@ -81,8 +82,12 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            search/search.c search/labels.c search/findings.c \
            eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c
+# polar serve (serve/): linked into the CLI only, with libmicrohttpd; the library stays free of it.
+SERVE_SRC := serve/http.c serve/api.c serve/engine.c serve/reply.c
+SERVE_LIBS := -lmicrohttpd
 CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
-           cli/eval.c cli/search.c cli/train.c cli/perplexity.c bench/bench.c bench/bench_batch.c
+           cli/eval.c cli/search.c cli/train.c cli/perplexity.c cli/serve.c bench/bench.c bench/bench_batch.c \
+           $(SERVE_SRC)
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
            test_answer test_dataset test_eval test_train test_batch test_alloc test_perplexity
@@ -164,7 +169,7 @@ $(BUILD)/libpolar.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
 $(BUILD)/polar: $(CLI_OBJ) $(BUILD)/libpolar.a
-	$(CC) -o $@ $^ $(LDLIBS)
+	$(CC) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
 build-cuda/tests/test_cuda: tests/test_cuda.c $(wildcard tests/*.h) build-cuda/libpolar.a
 	@mkdir -p $(dir $@)

@@ -70,5 +70,6 @@ int cmd_eval(int argc, char **argv);
 int cmd_search(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

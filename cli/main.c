@@ -45,6 +45,11 @@ static const command commands[] = {
      "perplexity [--model PATH] (-f TEXT | --kl-divergence FILE) [--ctx 512] [--chunks N]\n"
      "            [--program SPEC] [--threads N] [--device D] [--kv f32|bf16]\n"
      "            [--kl-divergence-base FILE [--kl-top-k K]] [--json] [--quiet]\n"},
+    {"serve", cmd_serve,
+     "serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--device D] [--max-batch 16] [--ctx N]\n"
+     "            [--threads N] [--kv f32|bf16] [--kv-mb N] [--cache-mb 64] [--api-key KEY] [--name ID]\n"
+     "            [--queue 256] [--timeout 30] [--deadline 600] [--max-body-kb 1024]\n"
+     "            [--predictor FILE [--encoder PATH[@PROGRAM]]]\n"},
     {"mkmodel", cmd_mkmodel,
      "mkmodel (--arch llama|qwen2|qwen3|qwen2_moe|qwen3_moe | --preset NAME) [--layers N\n"
      "            --hidden N --heads N --kv-heads N --head-dim N --ffn N --vocab N --experts N --top-k N\n"

@@ -19,17 +19,6 @@ typedef struct {
     int print, stop_id;
 } text_stream;
 
-/* Length of the prefix of s[0..n) that does not end inside a UTF-8 character. */
-static size_t complete_prefix(const char *s, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > back ? n - back : n;
-    }
-    return n;
-}
-
 static void stream_bytes(text_stream *ts, const char *p, size_t n) {
     if (ts->len + n + 1 > ts->cap) {
         size_t cap = (ts->len + n + 1) * 2;
@@ -49,7 +38,7 @@ static void stream_bytes(text_stream *ts, const char *p, size_t n) {
         }
         ts->pending[ts->n_pending++] = p[i];
     }
-    size_t ok = complete_prefix(ts->pending, ts->n_pending);
+    size_t ok = polar_utf8_complete(ts->pending, ts->n_pending);
     fwrite(ts->pending, 1, ok, stdout);
     memmove(ts->pending, ts->pending + ok, ts->n_pending - ok);
     ts->n_pending -= ok;

@@ -12,9 +12,12 @@ typedef struct {
     size_t len, cap;
 } sbuf;
 
-/* Append printf-style / a JSON string literal (NULL -> null); 0 when out of memory. */
+/* Append printf-style / a JSON string literal (NULL -> null) / the bytes
+ * s[0..len) as one (NULs and bytes that are not UTF-8 escaped); 0 when out
+ * of memory. */
 int sbuf_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int sbuf_json_string(sbuf *b, const char *s);
+int sbuf_json_bytes(sbuf *b, const char *s, size_t len);
 
 typedef struct json_doc json_doc;
 

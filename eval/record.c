@@ -31,22 +31,24 @@ int sbuf_add(sbuf *b, const char *fmt, ...) {
 }
 
 /* Bytes that are not well-formed UTF-8 (a generation cut mid-character)
- * become U+FFFD, so that every line we write parses again. */
-static size_t utf8_valid_len(const unsigned char *c) {
-    int n = c[0] < 0x80 ? 1 : (c[0] & 0xe0) == 0xc0 && c[0] >= 0xc2 ? 2 : (c[0] & 0xf0) == 0xe0 ? 3
-                                                                  : (c[0] & 0xf8) == 0xf0 && c[0] <= 0xf4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
+ * become U+FFFD, so that every line we write parses again. avail: the
+ * bytes left at c. */
+static size_t utf8_valid_len(const unsigned char *c, size_t avail) {
+    size_t n = c[0] < 0x80 ? 1 : (c[0] & 0xe0) == 0xc0 && c[0] >= 0xc2 ? 2 : (c[0] & 0xf0) == 0xe0 ? 3
+                                                                     : (c[0] & 0xf8) == 0xf0 && c[0] <= 0xf4 ? 4 : 0;
+    if (n > avail) return 0;
+    for (size_t i = 1; i < n; i++)
         if ((c[i] & 0xc0) != 0x80) return 0;
     if (n == 3 && ((c[0] == 0xe0 && c[1] < 0xa0) || (c[0] == 0xed && c[1] >= 0xa0))) return 0;
     if (n == 4 && ((c[0] == 0xf0 && c[1] < 0x90) || (c[0] == 0xf4 && c[1] >= 0x90))) return 0;
-    return (size_t)n;
+    return n;
 }
 
-int sbuf_json_string(sbuf *b, const char *s) {
-    if (!s) return sbuf_add(b, "null");
+int sbuf_json_bytes(sbuf *b, const char *s, size_t len) {
     if (!sbuf_add(b, "\"")) return 0;
-    for (const unsigned char *c = (const unsigned char *)s; *c;) {
-        size_t n = utf8_valid_len(c);
+    const unsigned char *c = (const unsigned char *)s, *end = c + len;
+    while (c < end) {
+        size_t n = utf8_valid_len(c, (size_t)(end - c));
         int ok;
         if (!n) ok = sbuf_add(b, "\\ufffd"), n = 1;
         else if (*c == '"' || *c == '\\') ok = sbuf_add(b, "\\%c", *c);
@@ -58,6 +60,8 @@ int sbuf_json_string(sbuf *b, const char *s) {
     }
     return sbuf_add(b, "\"");
 }
+
+int sbuf_json_string(sbuf *b, const char *s) { return s ? sbuf_json_bytes(b, s, strlen(s)) : sbuf_add(b, "null"); }
 
 char *polar_json_quote(const char *s) {
     sbuf b = {0};

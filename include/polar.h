@@ -555,6 +555,17 @@ polar_status polar_batch_remove(polar_batch *b, int id, polar_error *err);
 /* Sequences with work left: tokens to run or to generate (not ended, not idle). */
 int polar_batch_running(const polar_batch *b);
 
+/* A batch's KV pool, in blocks of 16 token rows (the K and V of one
+ * execution position): what a server reports, and what admission can still
+ * promise (blocks - used - promised). */
+typedef struct {
+    int blocks;   /* the pool */
+    int used;     /* held by sequences or by the prefix cache */
+    int promised; /* reserved for running sequences, not yet held */
+    int cached;   /* prefix cache items (each holds a block, which sequences may hold too) */
+} polar_batch_kv_info;
+void polar_batch_kv(const polar_batch *b, polar_batch_kv_info *out);
+
 /* CPU threads the batch computes with. */
 int polar_batch_threads(const polar_batch *b);
 /* The device it computes on: "cpu" or "cuda". */
@@ -593,6 +604,11 @@ int polar_token_piece(const polar_tokenizer *t, int id, const char **bytes, size
 polar_status polar_detokenize(const polar_tokenizer *t, const int *ids, int n, char **text, size_t *len,
                               polar_error *err);
 
+/* Length of the prefix of s[0..n) that does not end inside a UTF-8
+ * character: what may be shown of a text streamed token by token, a
+ * character split across tokens held back until it is whole. */
+size_t polar_utf8_complete(const char *s, size_t n);
+
 /* Id of a token given its exact text, or -1. */
 int polar_token_id(const polar_tokenizer *t, const char *text);
 
@@ -610,6 +626,20 @@ int polar_tokenizer_end_of_turn(const polar_tokenizer *t);
  * allocated: release it with polar_free. Fails when the tokenizer carries no
  * known template. */
 polar_status polar_chat_prompt(const polar_tokenizer *t, const char *system, const char *user, char **out,
+                               polar_error *err);
+
+/* One turn of a conversation: role "system", "user" or "assistant". */
+typedef struct {
+    const char *role;
+    const char *content;
+} polar_chat_message;
+
+/* A conversation in the model's own template, ending with the assistant's
+ * generation prompt (polar_chat_prompt is the one-turn case: its system
+ * text, when given, then the user's). The template's default system text
+ * comes first when the first turn is not "system". POLAR_ERR_ARG for
+ * another role; *out as polar_chat_prompt's. */
+polar_status polar_chat_format(const polar_tokenizer *t, const polar_chat_message *msgs, int n, char **out,
                                polar_error *err);
 
 /* Name of the chat template ("llama3", "chatml", "qwen3", "smollm2", "none"). */

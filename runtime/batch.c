@@ -420,6 +420,11 @@ int polar_batch_running(const polar_batch *b) {
     return n;
 }
 
+void polar_batch_kv(const polar_batch *b, polar_batch_kv_info *out) {
+    *out = (polar_batch_kv_info){.blocks = b->pool.n_blocks, .used = b->pool.n_blocks - b->pool.n_free,
+                                 .promised = b->pool.promised, .cached = b->cache.n_items};
+}
+
 int polar_batch_threads(const polar_batch *b) { return b->n_threads; }
 
 const char *polar_batch_kv_type(const polar_batch *b) { return kv_pool_row_type(&b->pool); }

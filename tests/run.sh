@@ -120,6 +120,8 @@ if [ -n "${POLAR_CUDA_EMU:-}" ]; then
     emu models forward --quick $POLAR_CUDA_EMU_MODEL_TESTS
 fi
 run cli_test sh tests/cli_test.sh
+# polar serve over HTTP (curl, 127.0.0.1)
+run serve_test bash tests/serve_test.sh
 if [ -n "${POLAR_CUDA_EMU:-}" ]; then
     run test_cuda_emu "$POLAR_CUDA_EMU/tests/test_cuda_emu"
     # the CUDA batch step against a rounding CPU batch, in every order

@@ -203,6 +203,40 @@ static void batch_full_pool(void) {
     polar_model_free(m);
 }
 
+/* polar_batch_kv: a sequence's promise, its blocks as it runs, all of them
+ * back when it is cancelled (what a server's metrics report). */
+static void batch_kv_info(void) {
+    polar_error err;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info);
+    if (!m) return;
+    size_t block = 2 * 16 * (size_t)info.arch.n_kv_heads * info.arch.head_dim * sizeof(float);
+    polar_batch_opts bo = {.max_seqs = 2, .max_ctx = 64, .kv_bytes = 36 * block, .n_threads = 2};
+    polar_batch *b = NULL;
+    polar_program p;
+    CHECK_OK(polar_program_parse("0-3", info.arch.n_layers, 0, &p, &err));
+    CHECK_OK(polar_batch_create(m, &bo, &b, &err));
+    int prompt[20] = {1, 2, 3}, id = 0;
+    polar_gen_opts g = {.max_new = 8, .ignore_eos = 1};
+    polar_batch_kv_info kv;
+    if (b) {
+        polar_batch_kv(b, &kv);
+        CHECK(kv.blocks == 36 && kv.used == 0 && kv.promised == 0, "empty: %d %d %d", kv.blocks, kv.used, kv.promised);
+        CHECK_OK(polar_batch_add(b, &p, prompt, 20, &g, &id, &err)); /* 27 tokens x 4 entries: 2 x 4 blocks */
+        polar_batch_kv(b, &kv);
+        CHECK(kv.used == 0 && kv.promised == 8, "admitted: used %d, promised %d", kv.used, kv.promised);
+        CHECK_OK(polar_batch_step(b, NULL, &err));
+        polar_batch_kv(b, &kv);
+        CHECK(kv.used + kv.promised == 8 && kv.used >= 4, "running: used %d, promised %d", kv.used, kv.promised);
+        CHECK_OK(polar_batch_cancel(b, id, &err));
+        polar_batch_kv(b, &kv);
+        CHECK(kv.used == 0 && kv.promised == 0 && kv.cached == 0, "cancelled: %d %d %d", kv.used, kv.promised, kv.cached);
+    }
+    polar_batch_free(b);
+    polar_program_free(&p);
+    polar_model_free(m);
+}
+
 /* The quantized default model (GGUF Q4_1): the block-format matmuls too are
  * the same for a row whatever rows run beside it. */
 static void batch_default_model(void) {
@@ -607,6 +641,7 @@ int main(void) {
     RUN(batch_qwen3);
     RUN(batch_moe);
     RUN(batch_full_pool);
+    RUN(batch_kv_info);
     RUN(batch_shared_prompt);
     RUN(batch_prefix_cache);
     RUN(batch_cache_pool);

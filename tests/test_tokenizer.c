@@ -238,6 +238,38 @@ static void tokenizer_chat_templates(void) {
     free(qjson);
 }
 
+/* A conversation: earlier turns in the same frame (SmolLM2's template, as
+ * transformers renders it), an unknown role refused. */
+static void tokenizer_chat_turns(void) {
+    polar_error err;
+    polar_tokenizer *t = NULL;
+    CHECK_OK(polar_tokenizer_load(getenv("POLAR_DEFAULT_MODEL"), &t, &err));
+    if (!t) return;
+    polar_chat_message turns[] = {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+    char *out = NULL;
+    CHECK_OK(polar_chat_format(t, turns, 3, &out, &err));
+    const char *want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                       "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                       "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n";
+    CHECK(out && strcmp(out, want) == 0, "conversation:\n%s", out ? out : "(none)");
+    polar_free(out);
+    polar_chat_message bad[] = {{"system", "Be brief."}, {"tool", "{}"}};
+    CHECK(polar_chat_format(t, bad, 2, &out, &err) == POLAR_ERR_ARG && strstr(err.msg, "turn 2"), "%s", err.msg);
+    polar_tokenizer_free(t);
+}
+
+/* What a stream may show: never the start of a character whose bytes have
+ * not all come. */
+static void tokenizer_utf8_complete(void) {
+    CHECK(polar_utf8_complete("", 0) == 0, "empty");
+    CHECK(polar_utf8_complete("abc", 3) == 3, "ASCII");
+    CHECK(polar_utf8_complete("a\xc3", 2) == 1, "a lead byte held back");
+    CHECK(polar_utf8_complete("a\xc3\xa9", 3) == 3, "a whole 2-byte character");
+    CHECK(polar_utf8_complete("\xe2\x82", 2) == 0, "two bytes of three");
+    CHECK(polar_utf8_complete("x\xf0\x9f\x98\x80", 5) == 5, "a whole 4-byte character");
+    CHECK(polar_utf8_complete("\x80\x80\x80\x80", 4) == 4, "stray continuation bytes pass");
+}
+
 /* Malformed tokenizer.json files: a clear error naming the fault. */
 static void tokenizer_bad_json(void) {
     static const struct {
@@ -315,6 +347,8 @@ int main(void) {
     RUN(tokenizer_bytes_round_trip);
     RUN(tokenizer_nfc);
     RUN(tokenizer_chat_templates);
+    RUN(tokenizer_chat_turns);
+    RUN(tokenizer_utf8_complete);
     RUN(tokenizer_bad_json);
     TEST_EXIT();
 }

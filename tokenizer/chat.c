@@ -1,5 +1,5 @@
-/* Built-in chat templates (no template engine): one user turn, an optional
- * system text, and the assistant's generation prompt. */
+/* Built-in chat templates (no template engine): a conversation of system,
+ * user and assistant turns, and the assistant's generation prompt. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,35 +26,46 @@ int polar_tokenizer_end_of_turn(const polar_tokenizer *t) {
     return -1;
 }
 
+static const char *default_system(chat_style chat) {
+    return chat == CHAT_SMOLLM2 ? SMOLLM2_SYSTEM : chat == CHAT_CHATML ? QWEN25_SYSTEM : NULL;
+}
+
+polar_status polar_chat_format(const polar_tokenizer *t, const polar_chat_message *msgs, int n, char **out,
+                               polar_error *err) {
+    *out = NULL;
+    if (!t || !msgs || n < 1) return polar_fail(err, POLAR_ERR_ARG, "chat: no tokenizer or no turns");
+    if (t->chat == CHAT_NONE)
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "chat: this model carries no chat template polar knows; use --raw");
+    /* A turn: before, role, after, content, end. */
+    int llama = t->chat == CHAT_LLAMA3;
+    const char *before = llama ? "<|start_header_id|>" : "<|im_start|>";
+    const char *after = llama ? "<|end_header_id|>\n\n" : "\n", *end = llama ? "<|eot_id|>" : "<|im_end|>\n";
+    size_t cap = 256 + sizeof QWEN25_SYSTEM + sizeof SMOLLM2_SYSTEM;
+    for (int i = 0; i < n; i++) {
+        const char *r = msgs[i].role;
+        if (!r || !msgs[i].content || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")))
+            return polar_fail(err, POLAR_ERR_ARG, "chat: turn %d: the role must be system, user or assistant", i + 1);
+        cap += strlen(r) + strlen(msgs[i].content) + 64;
+    }
+    char *o = malloc(cap);
+    if (!o) return polar_fail(err, POLAR_ERR_NOMEM, "chat: out of memory");
+    size_t k = 0;
+    if (llama) k += (size_t)snprintf(o + k, cap - k, "<|begin_of_text|>");
+    const char *sys = default_system(t->chat);
+    if (sys && strcmp(msgs[0].role, "system"))
+        k += (size_t)snprintf(o + k, cap - k, "%ssystem%s%s%s", before, after, sys, end);
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(o + k, cap - k, "%s%s%s%s%s", before, msgs[i].role, after, msgs[i].content, end);
+    /* Qwen3 with thinking disabled: an empty thought opens the answer. */
+    snprintf(o + k, cap - k, "%sassistant%s%s", before, after, t->chat == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : "");
+    *out = o;
+    return POLAR_OK;
+}
+
 polar_status polar_chat_prompt(const polar_tokenizer *t, const char *system, const char *user, char **out,
                                polar_error *err) {
     *out = NULL;
-    if (!t || !user) return polar_fail(err, POLAR_ERR_ARG, "chat: no tokenizer or user text");
-    if (t->chat == CHAT_NONE)
-        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "chat: this model carries no chat template polar knows; use --raw");
-    size_t n = strlen(user) + (system ? strlen(system) : 0) + sizeof QWEN25_SYSTEM + sizeof SMOLLM2_SYSTEM + 256;
-    char *o = malloc(n);
-    if (!o) return polar_fail(err, POLAR_ERR_NOMEM, "chat: out of memory");
-    int k = 0;
-    switch (t->chat) {
-    case CHAT_LLAMA3:
-        k = snprintf(o, n, "<|begin_of_text|>");
-        if (system)
-            k += snprintf(o + k, n - (size_t)k, "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>", system);
-        snprintf(o + k, n - (size_t)k,
-                 "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-                 user);
-        break;
-    case CHAT_QWEN3:
-        if (system) k = snprintf(o, n, "<|im_start|>system\n%s<|im_end|>\n", system);
-        snprintf(o + k, n - (size_t)k, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
-                 user);
-        break;
-    default: /* ChatML: Qwen2.5 and SmolLM2 differ only in the default system text */
-        snprintf(o, n, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-                 system ? system : t->chat == CHAT_SMOLLM2 ? SMOLLM2_SYSTEM : QWEN25_SYSTEM, user);
-        break;
-    }
-    *out = o;
-    return POLAR_OK;
+    if (!user) return polar_fail(err, POLAR_ERR_ARG, "chat: no tokenizer or user text");
+    polar_chat_message turns[2] = {{"system", system}, {"user", user}};
+    return system ? polar_chat_format(t, turns, 2, out, err) : polar_chat_format(t, turns + 1, 1, out, err);
 }

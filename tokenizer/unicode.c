@@ -1,5 +1,7 @@
 #include "unicode.h"
 
+#include "polar.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -202,4 +204,14 @@ int uc_nfc(const char *text, size_t n, char **out, size_t *out_len) {
     *out = o;
     *out_len = len;
     return 1;
+}
+
+size_t polar_utf8_complete(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back ? n - back : n;
+    }
+    return n;
 }
