@@ -14,7 +14,8 @@
 #    --kl-divergence-base on the twin, --kl-divergence on the file). polar:
 #    the file under POLAR_CPU=reference (its weights dequantized, f32
 #    activations, double sums: the same weights as the twin) saved, then
-#    each CPU level's KL divergence from it. Both measure what computing on
+#    each CPU level's KL divergence from it (the levels this CPU refuses
+#    are left out). Both measure what computing on
 #    the blocks costs (int8 activations and the like), not the quantization
 #    of the weights, which both sides share. A level this CPU cannot run is
 #    skipped. polar / llama.cpp > 1.15 is marked "WORSE".
@@ -81,6 +82,13 @@ echo "{\"model\":\"$(basename "$MODEL")\",\"llama_ppl\":$LLAMA_PPL,\"polar_ppl\"
 
 "$BIN/llama-quantize" --allow-requantize "$MODEL" "$OUT/twin.gguf" F32 >"$OUT/q.log" 2>&1 ||
     { echo "compare_llamacpp_ppl.sh: error: llama-quantize F32 failed" >&2; exit 1; }
+# The levels this polar runs: a refused level falls back to another and
+# would score a whole file for nothing, so each is probed once on a tiny model.
+RUNS=
+for level in $LEVELS; do
+    POLAR_CPU=$level $POLAR bench --arch llama --prompt-len 1 --gen 1 --reps 1 2>&1 >/dev/null | grep -q refused ||
+        RUNS="$RUNS $level"
+done
 printf '%-8s %12s %12s %10s  %s\n' type llama.cpp polar level "polar / llama.cpp (mean KLD)"
 for type in $TYPES; do
     file=$OUT/$type.gguf twin=$OUT/$type-f32.gguf
@@ -96,10 +104,9 @@ for type in $TYPES; do
     llama_kld=$2 llama_top=$3
     POLAR_CPU=reference "$NATIVE" perplexity --model "$file" -f "$TEXT" $PP --kl-divergence-base "$OUT/polar.lp" \
         --json >"$OUT/polar.ref.json"
-    for level in $LEVELS; do
+    for level in $RUNS; do
         POLAR_CPU=$level $POLAR perplexity --model "$file" $PP --kl-divergence "$OUT/polar.lp" --json \
             >"$OUT/polar.$level.json" 2>"$OUT/polar.err" || continue
-        grep -q refused "$OUT/polar.err" && continue # this CPU cannot run the level
         kld=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['reference']['kld'])" "$OUT/polar.$level.json")
         top=$(python3 -c "import json,sys; print(100*json.load(open(sys.argv[1]))['reference']['same_top'])" "$OUT/polar.$level.json")
         ratio=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$kld" "$llama_kld")
