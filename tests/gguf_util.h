@@ -8,7 +8,9 @@
  * for attn_v, ffn_down and the embedding, Q4_K for the rest, where rows are
  * whole 256-blocks; llama.cpp's fallbacks where they are whole 32-blocks
  * only (Q8_0 for Q6_K, Q5_0 for Q4_K, Q5_1 for Q5_K); GGUF_IQ4_FILE as
- * IQ4_XS (IQ4_NL where 256 does not divide a row); GGUF_Q4_0_FILE as Q4_0. */
+ * IQ4_XS (IQ4_NL where 256 does not divide a row); GGUF_Q4_0_FILE as Q4_0;
+ * GGUF_Q6_K_FILE as Q6_K (Q8_0 where 256 does not divide a row, llama.cpp's
+ * fallback). */
 #ifndef POLAR_TEST_GGUF_UTIL_H
 #define POLAR_TEST_GGUF_UTIL_H
 
@@ -28,7 +30,8 @@ typedef enum {
     GGUF_K_FILE,       /* a valid file with Q4_K and Q6_K matrices (Q5_0 and Q8_0 where 256 does not divide) */
     GGUF_K5_FILE,      /* ... with Q5_K and Q6_K (llama.cpp's Q5_K_M mix; Q5_1 and Q8_0 likewise) */
     GGUF_IQ4_FILE,     /* ... with IQ4_XS matrices (IQ4_NL where rows are not whole 256-blocks) */
-    GGUF_Q4_0_FILE     /* ... with Q4_0 matrices */
+    GGUF_Q4_0_FILE,    /* ... with Q4_0 matrices */
+    GGUF_Q6_K_FILE     /* ... with Q6_K matrices (Q8_0 where rows are not whole 256-blocks) */
 } gguf_fault;
 
 /* f32 -> IEEE half, nearest (ties away); subnormal halves kept (a Q6_K
@@ -246,6 +249,7 @@ static ggml_type gw_type(const tensor_ref *r, gguf_fault fault) {
                                        : GGML_Q5_0;
     if (fault == GGUF_IQ4_FILE && r->cols % 32 == 0) return r->cols % 256 == 0 ? GGML_IQ4_XS : GGML_IQ4_NL;
     if (fault == GGUF_Q4_0_FILE && r->cols % 32 == 0) return GGML_Q4_0;
+    if (fault == GGUF_Q6_K_FILE && r->cols % 32 == 0) return r->cols % 256 == 0 ? GGML_Q6_K : GGML_Q8_0;
     return GGML_F32;
 }
 

@@ -1,12 +1,13 @@
 /* A random-weight model of a preset as a GGUF file, for benchmarks of the
  * block formats on real shapes (polar bench, bench/compare_llamacpp.sh):
  *
- *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m|q5_k_m|iq4_xs] [SEED] [LAYERS]
+ *   build/tests/mkgguf PRESET OUT.gguf [q8_0|q4_k_m|q5_k_m|q6_k|iq4_xs] [SEED] [LAYERS]
  *
  * q4_k_m: llama.cpp's Q4_K_M mix (Q6_K attn_v, ffn_down and embedding, Q4_K
  * the rest, expert stacks too; where 256 does not divide a row, llama.cpp's
  * fallbacks Q8_0 and Q5_0), q5_k_m: the same with Q5_K (Q5_1) in place of Q4_K (Q5_0),
- * q8_0: Q8_0 matrices, iq4_xs: IQ4_XS (IQ4_NL where 256 does not divide a
+ * q8_0: Q8_0 matrices, q6_k: Q6_K (Q8_0 where 256 does not divide a row),
+ * iq4_xs: IQ4_XS (IQ4_NL where 256 does not divide a
  * row; a plain nearest-level quantizer, not llama.cpp's); norms, biases and
  * routers F32. LAYERS cuts the preset to its first layers (a large MoE's
  * weights are made in bf16 first, and must fit in memory). The file
@@ -16,12 +17,13 @@
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 6) {
-        fprintf(stderr, "usage: mkgguf PRESET OUT.gguf [q8_0|q4_k_m|q5_k_m|iq4_xs] [SEED] [LAYERS]\n");
+        fprintf(stderr, "usage: mkgguf PRESET OUT.gguf [q8_0|q4_k_m|q5_k_m|q6_k|iq4_xs] [SEED] [LAYERS]\n");
         return 2;
     }
     const char *format = argc > 3 ? argv[3] : "q4_k_m";
-    if (strcmp(format, "q8_0") && strcmp(format, "q4_k_m") && strcmp(format, "q5_k_m") && strcmp(format, "iq4_xs")) {
-        fprintf(stderr, "mkgguf: error: unknown format '%s' (q8_0, q4_k_m, q5_k_m or iq4_xs)\n", format);
+    if (strcmp(format, "q8_0") && strcmp(format, "q4_k_m") && strcmp(format, "q5_k_m") && strcmp(format, "q6_k") &&
+        strcmp(format, "iq4_xs")) {
+        fprintf(stderr, "mkgguf: error: unknown format '%s' (q8_0, q4_k_m, q5_k_m, q6_k or iq4_xs)\n", format);
         return 2;
     }
     polar_error err;
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
     }
     gguf_fault kind = !strcmp(format, "q8_0")     ? GGUF_Q8_0_FILE
                       : !strcmp(format, "q5_k_m") ? GGUF_K5_FILE
+                      : !strcmp(format, "q6_k")   ? GGUF_Q6_K_FILE
                       : !strcmp(format, "iq4_xs") ? GGUF_IQ4_FILE
                                                   : GGUF_K_FILE;
     int ok = gguf_write_model(m, argv[2], kind);

@@ -131,7 +131,8 @@ static void q8_0_gguf_model(void) {
  * / embedding, Q4_K the rest) and as its Q5_K_M mix (Q5_K in place of
  * Q4_K), with rows of whole 256-blocks, and with a hidden size of 288, whose
  * rows take llama.cpp's fallbacks (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for
- * Q6_K; ffn_down's rows of 512 stay Q6_K): kept as blocks, each matrix
+ * Q6_K; ffn_down's rows of 512 stay Q6_K), and as all Q6_K (mkgguf's q6_k,
+ * Q8_0 at hidden 288): kept as blocks, each matrix
  * dequantizing to its bf16 load, and the logits close to it. */
 static void k_quant_gguf_model(void) {
     static const struct {
@@ -142,8 +143,10 @@ static void k_quant_gguf_model(void) {
     } mixes[] = {{GGUF_K_FILE, CPU_W_Q4_K, CPU_W_Q6_K, 256, "Q4_K_M"},
                  {GGUF_K5_FILE, CPU_W_Q5_K, CPU_W_Q6_K, 256, "Q5_K_M"},
                  {GGUF_K_FILE, CPU_W_Q5_0, CPU_W_Q8_0, 288, "Q4_K_M, hidden 288"},
-                 {GGUF_K5_FILE, CPU_W_Q5_1, CPU_W_Q8_0, 288, "Q5_K_M, hidden 288"}};
-    for (int f = 0; f < 4; f++) {
+                 {GGUF_K5_FILE, CPU_W_Q5_1, CPU_W_Q8_0, 288, "Q5_K_M, hidden 288"},
+                 {GGUF_Q6_K_FILE, CPU_W_Q6_K, CPU_W_Q6_K, 256, "Q6_K"},
+                 {GGUF_Q6_K_FILE, CPU_W_Q8_0, CPU_W_Q8_0, 288, "Q6_K, hidden 288"}};
+    for (int f = 0; f < (int)(sizeof mixes / sizeof mixes[0]); f++) {
         polar_error err;
         polar_arch a;
         polar_model *m = NULL, *q = NULL, *b = NULL;
