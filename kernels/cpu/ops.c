@@ -182,33 +182,13 @@ void cpu_route(const float *logits, int n, int k, int norm, int *idx, float *wei
         }
 }
 
-const cpu_kernels cpu_kernels_generic = {
-    .name = "generic",
-    .matmul_bf16 = generic_matmul_bf16,
-    .row_block = 4,
-    .rmsnorm = generic_rmsnorm,
-    .rope = generic_rope,
-    .attention_head = generic_attention_head,
-    .attention_rows = generic_attention_rows,
-    .attention_rows_bf16 = generic_attention_rows_bf16,
-    .swiglu = generic_swiglu,
-    .dot_q = cpu_dot_q_generic,
-    .rows_q = cpu_rows_q_generic,
-    .quantize_q8 = cpu_quantize_q8,
-};
+/* The plain C table; the reference level is the same kernels with quantized
+ * weights met by f32 activations (quant.c's rows_f32). */
+#define GENERIC_KERNELS                                                                                              \
+    .matmul_bf16 = generic_matmul_bf16, .row_block = 4, .rmsnorm = generic_rmsnorm, .rope = generic_rope,            \
+    .attention_head = generic_attention_head, .attention_rows = generic_attention_rows,                              \
+    .attention_rows_bf16 = generic_attention_rows_bf16, .swiglu = generic_swiglu, .dot_q = cpu_dot_q_generic,        \
+    .rows_q = cpu_rows_q_generic, .quantize_q8 = cpu_quantize_q8
 
-const cpu_kernels cpu_kernels_reference = {
-    .name = "reference",
-    .matmul_bf16 = generic_matmul_bf16,
-    .row_block = 4,
-    .rmsnorm = generic_rmsnorm,
-    .rope = generic_rope,
-    .attention_head = generic_attention_head,
-    .attention_rows = generic_attention_rows,
-    .attention_rows_bf16 = generic_attention_rows_bf16,
-    .swiglu = generic_swiglu,
-    .dot_q = cpu_dot_q_generic,
-    .rows_q = cpu_rows_q_generic,
-    .quantize_q8 = cpu_quantize_q8,
-    .f32_activations = 1,
-};
+const cpu_kernels cpu_kernels_generic = {.name = "generic", GENERIC_KERNELS};
+const cpu_kernels cpu_kernels_reference = {.name = "reference", GENERIC_KERNELS, .f32_activations = 1};
