@@ -23,8 +23,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # sm_80/sm_90 machine code, plus compute_90 PTX so newer GPUs JIT-compile the kernels.
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-CU_SRC    := kernels/cuda/ops.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
-CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh
+CU_SRC    := kernels/cuda/ops.cu kernels/cuda/quant.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
+CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh kernels/cuda/blocks.cuh \
+             kernels/cpu/quant.h
 EMU_DIR   := tests/cuda_emu
 EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp $(EMU_DIR)/nccl.cpp
 EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h $(EMU_DIR)/race.h
@@ -127,7 +128,7 @@ $(SHARED_OBJ_DIR)/obj/%.o: %.c
 endif
 
 ifeq ($(CUDA_EMU),1)
-# The emulated build: each .cu (and common.cuh) rewritten by rewrite.awk
+# The emulated build: each .cu (and its .cuh headers) rewritten by rewrite.awk
 # (launches and __shared__ declarations, see the file), then compiled as C++.
 # _FORTIFY_SOURCE off: its longjmp check rejects the jumps between fiber stacks.
 # -fno-strict-aliasing: the kernels read uint4 loads through uint16_t
@@ -150,7 +151,7 @@ $(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
 $(BUILD)/gen/%.cuh: %.cuh $(EMU_DIR)/rewrite.awk
 	@mkdir -p $(dir $@)
 	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
-$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(CU_HDR) $(EMU_HDR)
+$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(BUILD)/gen/kernels/cuda/blocks.cuh $(CU_HDR) $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_KERNEL_FLAGS) -Ikernels/cuda -c $< -o $@
 $(BUILD)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp $(EMU_HDR)
@@ -262,7 +263,8 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # test-cuda-emu runs every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
 EMU_KERNEL_TESTS := kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store \
-                    kernel_attention kernel_moe kernel_read_sum
+                    kernel_attention kernel_moe kernel_read_sum kernel_blocks_matmul kernel_blocks_planted \
+                    kernel_blocks_fused kernel_blocks_rows
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off gemv_tokens_env greedy_stop \
                    gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step perplexity_gpu
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe model_moe_deterministic

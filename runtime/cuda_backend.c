@@ -115,6 +115,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     }
     c->layers = c->w->layers;
     c->embed = c->w->embed, c->final_norm = c->w->final_norm, c->lm_head = c->w->lm_head, c->inv_freq = c->w->inv_freq;
+    c->t_embed = c->w->t_embed, c->t_lm_head = c->w->t_lm_head;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev);
@@ -153,6 +154,11 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if ((size_t)a->top_k * a->moe_ffn > widest_in) widest_in = (size_t)a->top_k * a->moe_ffn; /* expert inputs */
     ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = cuda_dev_alloc(c, C * widest_in * sizeof(bf16))) &&
          (!a->qkv_bias || (c->acc = cuda_dev_alloc(c, C * (q > kv ? q : kv) * 4)));
+    if (ok && m->quantized) { /* prefill GEMMs over blocks: a chunk of rows as bf16, up to 32 MB */
+        size_t rows = (size_t)sh->vocab > widest_in ? (size_t)sh->vocab : widest_in;
+        c->wb_elems = rows * widest_in < ((size_t)16 << 20) ? rows * widest_in : (size_t)16 << 20;
+        ok = (c->wb = cuda_dev_alloc(c, c->wb_elems * sizeof(bf16))) != NULL;
+    }
     if (ok && a->n_experts) {
         size_t slots = C * (size_t)a->top_k, MF = (size_t)a->moe_ffn;
         size_t groups = cuda_moe_group_ints(chunk, a->top_k, sh->n_experts);

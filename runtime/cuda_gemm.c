@@ -19,7 +19,7 @@
 #define GEMM_WORKSPACE ((size_t)32 << 20)
 
 typedef struct {
-    int rows, cols, T;
+    int rows, cols, T, ldy;
     int failed;                  /* cuBLASLt declined this shape: remembered, not asked again */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
@@ -59,9 +59,10 @@ void cuda_gemm_free(cuda_gemm *g) {
     free(g);
 }
 
-static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T) {
+static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T, int ldy) {
     for (int i = 0; i < g->n_plans; i++)
-        if (g->plans[i].rows == rows && g->plans[i].cols == cols && g->plans[i].T == T) return &g->plans[i];
+        if (g->plans[i].rows == rows && g->plans[i].cols == cols && g->plans[i].T == T && g->plans[i].ldy == ldy)
+            return &g->plans[i];
     if (g->n_plans == GEMM_CACHE) { /* full: recycle the oldest */
         plan_free(&g->plans[0]);
         memmove(g->plans, g->plans + 1, (GEMM_CACHE - 1) * sizeof *g->plans);
@@ -69,7 +70,7 @@ static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T) {
     }
     gemm_plan *p = &g->plans[g->n_plans];
     memset(p, 0, sizeof *p);
-    p->rows = rows, p->cols = cols, p->T = T;
+    p->rows = rows, p->cols = cols, p->T = T, p->ldy = ldy;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
@@ -80,7 +81,7 @@ static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T) {
              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, cols, rows, cols) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, cols, T, cols) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, rows, T, rows) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, rows, T, ldy) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
                  CUBLAS_STATUS_SUCCESS &&
@@ -93,7 +94,7 @@ static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T) {
     } else { /* keep the shape, marked failed, so it is not asked again */
         plan_free(p);
         memset(p, 0, sizeof *p);
-        p->rows = rows, p->cols = cols, p->T = T;
+        p->rows = rows, p->cols = cols, p->T = T, p->ldy = ldy;
         p->failed = 1;
     }
     g->n_plans++;
@@ -109,9 +110,9 @@ static int declined(cuda_gemm *g, gemm_plan *p) {
     return 0;
 }
 
-int cuda_gemm_run(cuda_gemm *g, float *y, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
+int cuda_gemm_run(cuda_gemm *g, float *y, int ldy, const bf16_bits *xb, const bf16_bits *w, int T, int rows, int cols,
                   int accumulate, void *stream) {
-    gemm_plan *p = plan_for(g, rows, cols, T);
+    gemm_plan *p = plan_for(g, rows, cols, T, ldy);
     if (p->failed) return g->warned ? 0 : declined(g, p);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f; /* D = C = y, in place */
     if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, &p->algo,

@@ -41,9 +41,11 @@ void dev_free_all(dev_allocs *l);
  * its batches. */
 typedef struct cuda_weights {
     int device, rank, world;
-    layer_weights *layers;       /* [n_layers] device pointers */
+    layer_weights *layers;       /* [n_layers] device pointers; t_* the device's storage: CPU_W_BF16, or a
+                                  * GGUF's row-major blocks kept quantized (cuda_wmat) */
     const bf16 *embed, *final_norm;
     const bf16 *lm_head;         /* the rank's vocabulary rows */
+    cpu_wtype t_embed, t_lm_head;
     float *inv_freq;             /* [head_dim/2] */
     dev_allocs allocs;
     struct cuda_weights *next;
@@ -74,6 +76,7 @@ struct cuda_state {
     const cuda_weights *w;       /* the model's, not owned */
     const layer_weights *layers; /* == w->layers */
     const bf16 *embed, *final_norm, *lm_head;
+    cpu_wtype t_embed, t_lm_head;
     const float *inv_freq;
     dev_allocs allocs;           /* KV cache and workspaces */
     int chunk;                   /* tokens of one pass at most */
@@ -101,6 +104,9 @@ struct cuda_state {
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
                                   * (qkv_bias models only; other GEMMs write their output, residual included) */
+    bf16 *wb;                    /* [wb_elems] rows of a matrix of blocks dequantized for a prefill GEMM
+                                  * (models with blocks on the device only, else NULL) */
+    size_t wb_elems;
 };
 
 polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *shape, cuda_state **out,
@@ -126,11 +132,13 @@ void *cuda_dev_alloc(cuda_state *c, size_t bytes);
  * a communicator. */
 void cuda_all_reduce(cuda_state *c, float *x, size_t n);
 
-/* y[T, rows] (=|+=) x . w^T (+ bias): tensor cores through cuBLASLt for more
- * than c->gemv_tokens tokens (x rounded to bf16 into c->xb first), the
- * hand-written GEMV for up to that many (and if cuBLASLt declines a shape). */
-void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
-             int accumulate);
+/* y[T, rows] (=|+=) x . w^T (+ bias), w of storage t (bf16, or GGUF blocks
+ * on the device): tensor cores through cuBLASLt for more than
+ * c->gemv_tokens tokens (x rounded to bf16 into c->xb first; blocks
+ * dequantized to bf16 a chunk of rows at a time), the hand-written GEMV for
+ * up to that many (and if cuBLASLt declines a shape). */
+void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias, int T, int rows,
+             int cols, int accumulate);
 
 /* Tokens t0..t0+n-1 of a pass that are consecutive positions of one
  * sequence (its block table at offset `table`): a prompt chunk, whose

@@ -10,13 +10,51 @@
 
 #include "cuda_internal.h"
 
+/* A matrix of the model on the device as the block kernels take it. */
+static cuda_wmat wmat(const bf16 *w, cpu_wtype t, int cols) {
+    return (cuda_wmat){w, (int)t, cpu_wtype_row_bytes(t, (size_t)cols)};
+}
+
+/* y (=|+=) x . W^T (+ bias) for W of GGUF blocks on tensor cores: chunks of
+ * W's rows dequantized to bf16 into c->wb, each chunk's GEMM writing its
+ * slice of y (with a bias: of c->acc, added after). 0 (nothing launched)
+ * without a workspace or when cuBLASLt declines the first chunk; a later
+ * chunk declined runs the remaining rows on the block GEMV. */
+static int blocks_gemm(cuda_state *c, float *y, const float *x, cuda_wmat w, const bf16 *bias, int T, int rows, int cols,
+                       int accumulate) {
+    int chunk = c->wb ? (int)(c->wb_elems / (size_t)cols) / 16 * 16 : 0;
+    if (chunk < 16) return 0;
+    if (chunk > rows) chunk = rows;
+    float *dst = bias ? c->acc : y;
+    int add = bias ? 0 : accumulate;
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+        int n = rows - r0 < chunk ? rows - r0 : chunk;
+        cuda_dequantize_rows(c->wb, w, r0, n, cols, &c->queue);
+        if (!cuda_gemm_run(c->gemm, dst + r0, rows, c->xb, c->wb, T, n, cols, add, c->queue.stream)) {
+            if (r0 == 0) return 0;
+            cuda_wmat rest = w;
+            rest.p = (const uint8_t *)w.p + (size_t)r0 * w.row_bytes;
+            cuda_matmul_blocks(dst + r0, rows, x, rest, NULL, T, rows - r0, cols, add, &c->queue);
+            break;
+        }
+    }
+    if (bias) cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
+    return 1;
+}
+
 /* cuda_mm for the next product of the same x: c->xb holds it rounded
  * already (one conversion for q, k and v, or gate and up). */
-static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows,
-                     int cols, int accumulate) {
+static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias,
+                            int T, int rows, int cols, int accumulate) {
+    if (t != CPU_W_BF16) {
+        cuda_wmat m = wmat(w, t, cols);
+        if (T <= c->gemv_tokens || !blocks_gemm(c, y, x, m, bias, T, rows, cols, accumulate))
+            cuda_matmul_blocks(y, rows, x, m, bias, T, rows, cols, accumulate, &c->queue);
+        return;
+    }
     if (T > c->gemv_tokens) {
-        if (!bias && cuda_gemm_run(c->gemm, y, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
-        if (bias && cuda_gemm_run(c->gemm, c->acc, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
+        if (!bias && cuda_gemm_run(c->gemm, y, rows, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
+        if (bias && cuda_gemm_run(c->gemm, c->acc, rows, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
             return;
         }
@@ -24,10 +62,10 @@ static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 
     cuda_matmul(y, x, w, bias, T, rows, cols, accumulate, &c->queue);
 }
 
-void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 *bias, int T, int rows, int cols,
-             int accumulate) {
+void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias, int T, int rows,
+             int cols, int accumulate) {
     if (T > c->gemv_tokens) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
-    cuda_mm_rounded(c, y, x, w, bias, T, rows, cols, accumulate);
+    cuda_mm_rounded(c, y, x, w, t, bias, T, rows, cols, accumulate);
 }
 
 /* act[T, F] = silu(xn . gate^T) * (xn . up^T), xn = x or, with norm, x's
@@ -35,18 +73,22 @@ void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, const bf16 
  * c->gemv_tokens tokens; the norm into c->xn, two GEMMs and the activation
  * for more. */
 static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const bf16 *norm, const bf16 *w_gate,
-                   const bf16 *w_up, int T, int F, int cols) {
+                   cpu_wtype t_gate, const bf16 *w_up, cpu_wtype t_up, int T, int F, int cols) {
     float eps = (float)c->m->arch.rms_eps;
     if (T <= c->gemv_tokens) {
-        cuda_matmul_swiglu(act, x, norm, eps, w_gate, w_up, T, F, cols, &c->queue);
+        if (t_gate == CPU_W_BF16 && t_up == CPU_W_BF16)
+            cuda_matmul_swiglu(act, x, norm, eps, w_gate, w_up, T, F, cols, &c->queue);
+        else
+            cuda_matmul_swiglu_blocks(act, x, norm, eps, wmat(w_gate, t_gate, cols), wmat(w_up, t_up, cols), T, F,
+                                      cols, &c->queue);
         return;
     }
     if (norm) {
         cuda_rmsnorm(c->xn, x, norm, T, cols, eps, &c->queue);
         x = c->xn;
     }
-    cuda_mm(c, act, x, w_gate, NULL, T, F, cols, 0);
-    cuda_mm_rounded(c, up, x, w_up, NULL, T, F, cols, 0); /* the same x, already rounded */
+    cuda_mm(c, act, x, w_gate, t_gate, NULL, T, F, cols, 0);
+    cuda_mm_rounded(c, up, x, w_up, t_up, NULL, T, F, cols, 0); /* the same x, already rounded */
     cuda_swiglu(act, up, T * F, &c->queue);
 }
 
@@ -73,8 +115,8 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
         cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
     }
     if (w->sh_gate) {
-        mlp_in(c, c->gate, c->up, c->xn, NULL, w->sh_gate, w->sh_up, T, S, H);
-        cuda_mm(c, c->shared_out, c->gate, w->sh_down, NULL, T, H, S, 0);
+        mlp_in(c, c->gate, c->up, c->xn, NULL, w->sh_gate, w->t_sh_gate, w->sh_up, w->t_sh_up, T, S, H);
+        cuda_mm(c, c->shared_out, c->gate, w->sh_down, w->t_sh_down, NULL, T, H, S, 0);
     }
     cuda_moe_combine(x, c->expert_out, c->expert_w, c->expert_idx, e0, E, w->sh_gate ? c->shared_out : NULL, c->xn,
                      w->sh_router, T, k, H, residual, s);
@@ -117,24 +159,28 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     int residual = c->shard.rank == 0; /* the other ranks' outputs are parts of a sum */
     float eps = (float)a->rms_eps;
     const cuda_queue *s = &c->queue;
-    if (T <= c->gemv_tokens) { /* the attention norm on the fly */
+    int blocks = w->t_wq != CPU_W_BF16 || w->t_wk != CPU_W_BF16 || w->t_wv != CPU_W_BF16;
+    if (T <= c->gemv_tokens && !blocks) { /* the attention norm on the fly */
         cuda_matmul_qkv(c->q, c->k, c->v, x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd,
                         kvd, H, s);
+    } else if (T <= c->gemv_tokens) {
+        cuda_matmul_qkv_blocks(c->q, c->k, c->v, x, wmat(w->wq, w->t_wq, H), wmat(w->wk, w->t_wk, H),
+                               wmat(w->wv, w->t_wv, H), w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd, kvd, H, s);
     } else {
         cuda_rmsnorm(c->xn, x, w->attn_norm, T, H, eps, s);
-        cuda_mm(c, c->q, c->xn, w->wq, w->bq, T, qd, H, 0);
-        cuda_mm_rounded(c, c->k, c->xn, w->wk, w->bk, T, kvd, H, 0); /* the same xn, already rounded */
-        cuda_mm_rounded(c, c->v, c->xn, w->wv, w->bv, T, kvd, H, 0);
+        cuda_mm(c, c->q, c->xn, w->wq, w->t_wq, w->bq, T, qd, H, 0);
+        cuda_mm_rounded(c, c->k, c->xn, w->wk, w->t_wk, w->bk, T, kvd, H, 0); /* the same xn, already rounded */
+        cuda_mm_rounded(c, c->v, c->xn, w->wv, w->t_wv, w->bv, T, kvd, H, 0);
     }
     attend(c, w, T, map, runs, n_runs);
-    cuda_mm(c, x, c->att, w->wo, NULL, T, H, qd, residual);
+    cuda_mm(c, x, c->att, w->wo, w->t_wo, NULL, T, H, qd, residual);
     cuda_all_reduce(c, x, (size_t)T * H);
     if (w->router) { /* the normed rows feed the router, the experts and the shared expert */
         cuda_rmsnorm(c->xn, x, w->mlp_norm, T, H, eps, s);
         moe_forward(c, w, x, T, residual);
     } else {
-        mlp_in(c, c->gate, c->up, x, w->mlp_norm, w->w_gate, w->w_up, T, c->shard.ffn, H);
-        cuda_mm(c, x, c->gate, w->w_down, NULL, T, H, c->shard.ffn, residual);
+        mlp_in(c, c->gate, c->up, x, w->mlp_norm, w->w_gate, w->t_gate, w->w_up, w->t_up, T, c->shard.ffn, H);
+        cuda_mm(c, x, c->gate, w->w_down, w->t_down, NULL, T, H, c->shard.ffn, residual);
     }
     cuda_all_reduce(c, x, (size_t)T * H);
 }

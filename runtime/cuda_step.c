@@ -103,7 +103,7 @@ static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int ro
     for (int r0 = 0; r0 < n && (logits || host_logits); r0 += LOGIT_ROWS) {
         int m = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
         float *y = logits ? logits + (size_t)r0 * V : k->logits;
-        cuda_mm(c, y, c->xn + (size_t)r0 * H, c->lm_head, NULL, m, V, H, 0);
+        cuda_mm(c, y, c->xn + (size_t)r0 * H, c->lm_head, c->t_lm_head, NULL, m, V, H, 0);
         if (!host_logits) continue;
         if (c->comm) gathered_to_host(d, r, half, y, m, host_logits + (size_t)r0 * a->vocab);
         else to_host(d, r, half, host_logits + (size_t)r0 * V, y, (size_t)m * V * sizeof(float));
@@ -146,7 +146,11 @@ void step_issue(cuda_batch *d, int r, int half, const step_op *o) {
     switch ((op_kind)o->kind) {
     case OP_EMBED: {
         const int *t = ints_at(d, r, half, o->at, (size_t)(o->b ? 2 * n : n));
-        cuda_embed(k->x, c->embed, t, k->half[!half].ids, o->b ? t + n : NULL, n, H, q);
+        if (c->t_embed == CPU_W_BF16)
+            cuda_embed(k->x, c->embed, t, k->half[!half].ids, o->b ? t + n : NULL, n, H, q);
+        else
+            cuda_embed_blocks(k->x, (cuda_wmat){c->embed, (int)c->t_embed, cpu_wtype_row_bytes(c->t_embed, Hs)}, t,
+                              k->half[!half].ids, o->b ? t + n : NULL, n, H, q);
         break;
     }
     case OP_PASS: {

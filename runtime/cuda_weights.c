@@ -4,9 +4,10 @@
  * (tp_shard.h): rows of the q/k/v, gate/up and head matrices, columns of
  * o_proj and down_proj, its experts; norms, the router and the embedding
  * are whole on every rank. The uploads are kept per (device, rank, world):
- * a one-GPU batch and a tensor-parallel group of one share theirs. GGUF
- * blocks are dequantized to bf16 here (the CUDA kernels read bf16). Built
- * with POLAR_CUDA. */
+ * a one-GPU batch and a tensor-parallel group of one share theirs. A GGUF's
+ * blocks stay blocks on the device (the block kernels of quant.cu read
+ * them), except the routed experts, which the MoE kernels read as bf16.
+ * Built with POLAR_CUDA. */
 #include "backend.h"
 
 #ifndef POLAR_CUDA
@@ -42,25 +43,51 @@ void dev_free_all(dev_allocs *l) {
     memset(l, 0, sizeof *l);
 }
 
-/* Upload n elements of a host tensor (NULL stays NULL). */
-static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) {
+/* Upload bytes of a host buffer (NULL stays NULL). */
+static int upload_bytes(cuda_weights *w, const void **dst, const void *src, size_t bytes) {
     if (!src) {
         *dst = NULL;
         return 1;
     }
-    void *d = dev_alloc_in(&w->allocs, n * sizeof(bf16));
-    if (!d || cudaMemcpy(d, src, n * sizeof(bf16), cudaMemcpyHostToDevice) != cudaSuccess) return 0;
+    void *d = dev_alloc_in(&w->allocs, bytes);
+    if (!d || cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return 0;
     *dst = d;
     return 1;
 }
 
+/* Upload n elements of a host bf16 tensor. */
+static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) {
+    return upload_bytes(w, (const void **)dst, src, n * sizeof(bf16));
+}
+
 /* Rows r0..r0+nr-1, columns c0..c0+nc-1 of a [rows, cols] matrix of the
- * model as bf16 on the device: bf16 rows as they are when whole, else each
- * row read (GGUF blocks dequantized, row-major or interleaved) and cut. */
-static int upload_part(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_wtype t, size_t cols, size_t r0,
-                       size_t nr, size_t c0, size_t nc) {
+ * model on the device, *dt (when given) its storage there: a GGUF's blocks
+ * stay blocks, as the file lays them out (the CPU's interleaved layouts
+ * read back), where the columns cut at whole blocks and POLAR_CUDA_BLOCKS
+ * is not 0; otherwise bf16: rows as they are when whole, else each row
+ * read (blocks dequantized) and cut. */
+static int upload_part(cuda_weights *w, const bf16 **dst, cpu_wtype *dt, const bf16 *src, cpu_wtype t, size_t cols,
+                       size_t r0, size_t nr, size_t c0, size_t nc) {
+    if (dt) *dt = CPU_W_BF16;
     if (!src) return upload(w, dst, NULL, 0);
     if (t == CPU_W_BF16 && c0 == 0 && nc == cols) return upload(w, dst, src + r0 * cols, nr * nc);
+    cpu_wtype rt = cpu_row_type(t);
+    size_t elems = (size_t)cpu_wtype_block_elems(rt);
+    const char *env = getenv("POLAR_CUDA_BLOCKS");
+    if (dt && t != CPU_W_BF16 && c0 % elems == 0 && nc % elems == 0 && !(env && !strcmp(env, "0"))) {
+        size_t full = cpu_wtype_row_bytes(rt, cols), part = cpu_wtype_row_bytes(rt, nc), skip = cpu_wtype_row_bytes(rt, c0);
+        uint8_t *buf = malloc(nr * part + 1), *row = malloc(full);
+        int ok = buf && row;
+        for (size_t r = 0; ok && r < nr; r++) {
+            cpu_matrix_row_blocks(t, src, cols, (int)(r0 + r), row);
+            memcpy(buf + r * part, row + skip, part);
+        }
+        ok = ok && upload_bytes(w, (const void **)dst, buf, nr * part);
+        free(buf);
+        free(row);
+        if (ok) *dt = rt;
+        return ok;
+    }
     bf16 *buf = malloc(nr * nc * sizeof *buf);
     float *f = malloc(cols * sizeof *f);
     int ok = buf && f;
@@ -75,8 +102,9 @@ static int upload_part(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_w
 }
 
 /* A whole matrix. */
-static int upload_w(cuda_weights *w, const bf16 **dst, const bf16 *src, cpu_wtype t, size_t rows, size_t cols) {
-    return upload_part(w, dst, src, t, cols, 0, rows, 0, cols);
+static int upload_w(cuda_weights *w, const bf16 **dst, cpu_wtype *dt, const bf16 *src, cpu_wtype t, size_t rows,
+                    size_t cols) {
+    return upload_part(w, dst, dt, src, t, cols, 0, rows, 0, cols);
 }
 
 /* Experts e0..e0+n-1's gate and up rows as the CUDA kernels read them,
@@ -110,23 +138,26 @@ static int upload_layer(cuda_weights *c, const polar_model *m, int l, const tp_s
     size_t H = (size_t)a->hidden, hd = (size_t)a->head_dim, q = (size_t)a->n_heads * hd;
     size_t q0 = (size_t)s->q0 * hd, nq = (size_t)s->n_heads * hd, k0 = (size_t)s->kv0 * hd, nk = (size_t)s->n_kv * hd;
     size_t F = (size_t)a->ffn, f0 = (size_t)s->f0, nf = (size_t)s->ffn;
-    int ok = upload(c, &d->attn_norm, w->attn_norm, H) && upload_part(c, &d->wq, w->wq, w->t_wq, H, q0, nq, 0, H) &&
-             upload_part(c, &d->wk, w->wk, w->t_wk, H, k0, nk, 0, H) &&
-             upload_part(c, &d->wv, w->wv, w->t_wv, H, k0, nk, 0, H) && upload(c, &d->bq, w->bq ? w->bq + q0 : NULL, nq) &&
+    int ok = upload(c, &d->attn_norm, w->attn_norm, H) &&
+             upload_part(c, &d->wq, &d->t_wq, w->wq, w->t_wq, H, q0, nq, 0, H) &&
+             upload_part(c, &d->wk, &d->t_wk, w->wk, w->t_wk, H, k0, nk, 0, H) &&
+             upload_part(c, &d->wv, &d->t_wv, w->wv, w->t_wv, H, k0, nk, 0, H) &&
+             upload(c, &d->bq, w->bq ? w->bq + q0 : NULL, nq) &&
              upload(c, &d->bk, w->bk ? w->bk + k0 : NULL, nk) && upload(c, &d->bv, w->bv ? w->bv + k0 : NULL, nk) &&
              upload(c, &d->q_norm, w->q_norm, hd) && upload(c, &d->k_norm, w->k_norm, hd) &&
-             upload_part(c, &d->wo, w->wo, w->t_wo, q, 0, H, q0, nq) && upload(c, &d->mlp_norm, w->mlp_norm, H) &&
-             upload_part(c, &d->w_gate, w->w_gate, w->t_gate, H, f0, nf, 0, H) &&
-             upload_part(c, &d->w_up, w->w_up, w->t_up, H, f0, nf, 0, H) &&
-             upload_part(c, &d->w_down, w->w_down, w->t_down, F, 0, H, f0, nf);
+             upload_part(c, &d->wo, &d->t_wo, w->wo, w->t_wo, q, 0, H, q0, nq) &&
+             upload(c, &d->mlp_norm, w->mlp_norm, H) &&
+             upload_part(c, &d->w_gate, &d->t_gate, w->w_gate, w->t_gate, H, f0, nf, 0, H) &&
+             upload_part(c, &d->w_up, &d->t_up, w->w_up, w->t_up, H, f0, nf, 0, H) &&
+             upload_part(c, &d->w_down, &d->t_down, w->w_down, w->t_down, F, 0, H, f0, nf);
     if (ok && w->router) {
         size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
         size_t e0 = (size_t)s->e0, ne = (size_t)s->n_experts, s0 = (size_t)s->s0, ns = (size_t)s->shared_ffn;
         ok = upload(c, &d->router, w->router, E * H) && upload_gate_up(c, &d->exp_gate_up, w, e0, ne, MF, H) &&
-             upload_part(c, &d->exp_down, w->exp_down, w->t_exp_down, MF, e0 * H, ne * H, 0, MF) &&
-             upload_part(c, &d->sh_gate, w->sh_gate, w->t_sh_gate, H, s0, ns, 0, H) &&
-             upload_part(c, &d->sh_up, w->sh_up, w->t_sh_up, H, s0, ns, 0, H) &&
-             upload_part(c, &d->sh_down, w->sh_down, w->t_sh_down, S, 0, H, s0, ns) &&
+             upload_part(c, &d->exp_down, NULL, w->exp_down, w->t_exp_down, MF, e0 * H, ne * H, 0, MF) &&
+             upload_part(c, &d->sh_gate, &d->t_sh_gate, w->sh_gate, w->t_sh_gate, H, s0, ns, 0, H) &&
+             upload_part(c, &d->sh_up, &d->t_sh_up, w->sh_up, w->t_sh_up, H, s0, ns, 0, H) &&
+             upload_part(c, &d->sh_down, &d->t_sh_down, w->sh_down, w->t_sh_down, S, 0, H, s0, ns) &&
              upload(c, &d->sh_router, w->sh_router, H);
     }
     return ok;
@@ -142,11 +173,14 @@ static cuda_weights *weights_upload(const polar_model *m, const tp_shard *s, int
     }
     c->device = device, c->rank = s->rank, c->world = s->world;
     size_t H = (size_t)a->hidden, V = (size_t)a->vocab, hd = (size_t)a->head_dim;
-    int ok = upload_w(c, &c->embed, m->embed, m->t_embed, V, H) && upload(c, &c->final_norm, m->final_norm, H);
+    int ok = upload_w(c, &c->embed, &c->t_embed, m->embed, m->t_embed, V, H) &&
+             upload(c, &c->final_norm, m->final_norm, H);
     /* a tied head is the embedding's rows of the rank's vocabulary */
-    c->lm_head = c->embed + (size_t)s->v0 * H;
+    c->lm_head = (const bf16 *)((const uint8_t *)c->embed + (size_t)s->v0 * cpu_wtype_row_bytes(c->t_embed, H));
+    c->t_lm_head = c->t_embed;
     if (ok && !a->tied_embeddings)
-        ok = upload_part(c, &c->lm_head, m->lm_head, m->t_lm_head, H, (size_t)s->v0, (size_t)s->vocab, 0, H);
+        ok = upload_part(c, &c->lm_head, &c->t_lm_head, m->lm_head, m->t_lm_head, H, (size_t)s->v0, (size_t)s->vocab,
+                         0, H);
     for (int l = 0; ok && l < a->n_layers; l++) ok = upload_layer(c, m, l, s);
     ok = ok && (c->inv_freq = dev_alloc_in(&c->allocs, hd / 2 * sizeof(float))) &&
          cudaMemcpy(c->inv_freq, m->rope_inv_freq, hd / 2 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;

@@ -309,7 +309,7 @@ static void kernel_prefill_ops(void) {
     cuda_gemm *g = cuda_gemm_create();
     CHECK(g != NULL, "cuda_gemm_create");
     if (g) {
-        CHECK(cuda_gemm_run(g, dacc, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined %d x %d x %d", T, rows,
+        CHECK(cuda_gemm_run(g, dacc, rows, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined %d x %d x %d", T, rows,
               hidden);
         cuda_bias_residual(dy, dacc, db, T, rows, 1, NULL);
         got = from_dev(dy, (size_t)T * rows);
@@ -320,14 +320,14 @@ static void kernel_prefill_ops(void) {
         memcpy(ywant, y, (size_t)T * rows * 4);
         cpu_matmul(ywant, xr, w, NULL, T, rows, hidden, 1, 2);
         cudaMemcpy(dy, y, (size_t)T * rows * 4, cudaMemcpyHostToDevice);
-        CHECK(cuda_gemm_run(g, dy, dxb, dw, T, rows, hidden, 1, NULL), "cuBLASLt declined accumulating");
+        CHECK(cuda_gemm_run(g, dy, rows, dxb, dw, T, rows, hidden, 1, NULL), "cuBLASLt declined accumulating");
         got = from_dev(dy, (size_t)T * rows);
         d = max_rel(got, ywant, (size_t)T * rows);
         CHECK(d < 1e-4f, "GEMM += in place T %d: relative error %g", T, d);
         free(got);
         cpu_matmul(ywant, xr, w, NULL, T, rows, hidden, 0, 2);
         cudaMemset(dy, 0xff, (size_t)T * rows * 4);
-        CHECK(cuda_gemm_run(g, dy, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined writing");
+        CHECK(cuda_gemm_run(g, dy, rows, dxb, dw, T, rows, hidden, 0, NULL), "cuBLASLt declined writing");
         got = from_dev(dy, (size_t)T * rows);
         d = max_rel(got, ywant, (size_t)T * rows);
         CHECK(d < 1e-4f, "GEMM = over NaNs T %d: relative error %g", T, d);

@@ -12,6 +12,7 @@
 
 #include "../kernels/cpu/kernels.h"
 #include "../loader/gguf.h"
+#include "block_util.h"
 #include "harness.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -134,19 +135,8 @@ static void check_dot(const cpu_kernels *k, const char *name, cpu_wtype t, const
     free(xq);
 }
 
-/* rows x cols weights of a kept type t: random bytes with finite f16
- * scales of realistic size (the fields make_quant_blocks.py sets). */
-static void rand_rows(cpu_wtype t, int rows, int cols, uint8_t *w) {
-    size_t bb = cpu_wtype_block_bytes(t), n = (size_t)rows * cols / (size_t)cpu_wtype_block_elems(t);
-    int first = t == CPU_W_Q6_K ? 208 : 0, second = t == CPU_W_Q4_1 || t == CPU_W_Q5_1 || t == CPU_W_Q4_K || t == CPU_W_Q5_K;
-    for (size_t b = 0; b < n; b++, w += bb) {
-        for (size_t i = 0; i < bb; i++) w[i] = (uint8_t)urand();
-        for (int f = 0; f <= second; f++) {
-            uint16_t h = rand_scale(1);
-            w[first + 2 * f] = (uint8_t)h, w[first + 2 * f + 1] = (uint8_t)(h >> 8);
-        }
-    }
-}
+/* rows x cols weights of a kept type t (block_util.h). */
+static void rand_rows(cpu_wtype t, int rows, int cols, uint8_t *w) { rand_block_rows(t, rows, cols, w, urand); }
 
 /* One level's dot products: Q8_0 / Q4_0 / Q4_1 on random blocks of
  * several counts (int8 -128, zero blocks), every kept type on random

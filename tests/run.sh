@@ -131,7 +131,7 @@ if [ -n "${POLAR_CUDA_EMU:-}" ]; then
     done
     # tensor parallel over the emulated NCCL (4 emulated GPUs) against one GPU
     run "test_cuda_batch (tensor parallel)" env POLAR_CUDA_EMU_SMS=16 OMP_WAIT_POLICY=passive \
-        "$POLAR_CUDA_EMU/tests/test_cuda_batch" --quick batch_tp batch_tp_nodes batch_tp_outputs batch_tp_refused
+        "$POLAR_CUDA_EMU/tests/test_cuda_batch" --quick batch_tp batch_tp_blocks batch_tp_nodes batch_tp_outputs batch_tp_refused
     for order in reverse random; do
         # shellcheck disable=SC2086
         emu "order-sensitive" $order --quick $POLAR_CUDA_EMU_ORDER_TESTS

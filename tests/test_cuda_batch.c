@@ -16,7 +16,9 @@
  * step), the same admissions and plans. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <unistd.h>
 
+#include "gguf_util.h"
 #include "harness.h"
 #include "logit_compare.h"
 
@@ -41,6 +43,7 @@ typedef struct {
     int shared;      /* the first `shared` prompt tokens are the same in every request */
     int cache_items; /* prefix cache items, the same number on both (their bytes differ); 0: none */
     int tp;          /* > 0: the GPU batch tensor parallel over tp ranks, against one GPU without NCCL */
+    const polar_model *model; /* this model (the caller's) in place of the arch's golden one */
 } scenario;
 
 /* Both batches' ids of one request (0: not added yet, -1: done). */
@@ -66,8 +69,10 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
     memset(fig, 0, sizeof *fig);
     polar_error err;
     polar_model_info info;
-    polar_model *m = golden_model(arch, &info);
-    if (!m) return;
+    polar_model *m = sc->model ? NULL : golden_model(arch, &info);
+    const polar_model *model = sc->model ? sc->model : m;
+    if (!model) return;
+    if (sc->model) polar_model_info_get(sc->model, &info);
     int V = info.arch.vocab, D = info.arch.n_layers, longest = 0;
     for (int r = 0; r < sc->n_req; r++) longest = sc->reqs[r].n_prompt > longest ? sc->reqs[r].n_prompt : longest;
     polar_batch_opts o[2] = {{.device = POLAR_DEVICE_CUDA}, {.n_threads = 2, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1}};
@@ -77,13 +82,13 @@ static void against_cpu(const char *arch, const scenario *sc, figures *fig) {
         o[i].max_seqs = sc->max_seqs, o[i].max_ctx = longest + sc->max_new, o[i].max_program_len = 2 * D;
         o[i].step_tokens = sc->step_tokens;
         if (sc->cache_items) /* an item: a pool block and 16 f32 residual rows */
-            o[i].prefix_cache_bytes = (size_t)sc->cache_items * (polar_batch_kv_bytes(m, &o[i], 1, 1, 16) +
+            o[i].prefix_cache_bytes = (size_t)sc->cache_items * (polar_batch_kv_bytes(model, &o[i], 1, 1, 16) +
                                                                  16 * (size_t)info.arch.hidden * sizeof(float));
         if (sc->pool_seqs) /* the same number of blocks on both */
-            o[i].kv_bytes = polar_batch_kv_bytes(m, &o[i], sc->pool_seqs, D, longest + sc->max_new);
+            o[i].kv_bytes = polar_batch_kv_bytes(model, &o[i], sc->pool_seqs, D, longest + sc->max_new);
     }
     polar_batch *b[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_create(m, &o[i], &b[i], &err));
+    for (int i = 0; i < 2; i++) CHECK_OK(polar_batch_create(model, &o[i], &b[i], &err));
     pending req[MAX_REQ];
     memset(req, 0, sizeof req);
     for (int r = 0; r < sc->n_req; r++) {
@@ -176,7 +181,7 @@ static const request mixed_reqs[] = {
     {"base", 20, 1, 0, 0, 0},      {"0,3", 20, 2, 0, 0, 1},  {"0-1,3", 20, 1, 0, 0, 0}, /* the first's prompt */
     {"0,1-2x2,3", 12, 3, 0, 0, 0}, {"0,2,1,3", 3, 4, 2, 0, 0},  {"0,2-3x2", 31, 5, 2, 0, 0},
     {"0-1,3", 9, 6, 4, 0, 0}};
-static const scenario mixed_sc = {mixed_reqs, 7, 5, 16, MAX_NEW, 2, 0, 0, 0};
+static const scenario mixed_sc = {mixed_reqs, 7, 5, 16, MAX_NEW, 2, 0, 0, 0, NULL};
 
 static void mixed(const char *arch) {
     figures fig;
@@ -206,7 +211,7 @@ static void wide(figures *fig) {
     int n = 38;
     for (int r = 0; r < n; r++)
         reqs[r] = (request){programs[r % 4], 3 + r % 5, 10 + r, r < 36 ? 0 : 3, r == 35 ? 1 : r == 7 ? 3 : 0, r % 5 == 2};
-    scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0, 0};
+    scenario sc = {reqs, n, 36, 96, 7, 0, 0, 0, 0, NULL};
     against_cpu("llama", &sc, fig);
 }
 
@@ -279,7 +284,7 @@ static void batch_prefix_cache(void) {
     static const request reqs[] = {
         {"base", 40, 1, 0, 0, 0},      {"0-1,3", 40, 2, 0, 0, 0},  {"0-1,3", 38, 3, 0, 0, 0}, {"0,2,1,3", 39, 4, 3, 0, 0},
         {"0-1x2,2-3", 37, 5, 6, 0, 0}, {"base", 40, 1, 9, 0, 0},   {"0,3", 36, 6, 9, 0, 0}};
-    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096, 0};
+    scenario sc = {reqs, 7, 7, 24, 6, 0, 36, 4096, 0, NULL};
     figures fig;
     long all_kept;
     against_cpu("llama", &sc, &fig);
@@ -424,6 +429,40 @@ static void batch_tp(void) {
                       fig.worst_max);
             }
         }
+}
+
+/* Tensor parallel on a GGUF's blocks: a random Llama with whole 256-blocks
+ * written as llama.cpp's Q4_K_M mix, the mixed scenario on 2 and 4 ranks
+ * against one GPU on the same blocks. Each rank's rows of q/k/v, gate/up
+ * and the head are cut from the blocks, and its columns of down_proj (512
+ * of 1024) and, at 2 ranks, of o_proj (256 of 512); at 4 ranks o_proj's
+ * cut (128 columns) falls inside a 256-block, so that matrix goes up as
+ * bf16 there, and the bounds cover its rounding. */
+static void batch_tp_blocks(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL, *q = NULL;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    a.hidden = 512, a.ffn = 1024, a.n_heads = 8, a.n_kv_heads = 4, a.head_dim = 64;
+    CHECK_OK(polar_model_random(&a, 3, &m, &err));
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/polar-tp-gguf-%d.gguf", (int)getpid());
+    CHECK(m && gguf_write_model(m, path, GGUF_K_FILE), "write %s", path);
+    CHECK_OK(polar_model_load(path, &q, &err));
+    unlink(path);
+    for (int tp = 2; q && tp <= (quick ? 2 : 4); tp += 2) {
+        if (tp > gpus()) {
+            printf("  tp %d skipped: %d GPU%s here\n", tp, gpus(), gpus() == 1 ? "" : "s");
+            continue;
+        }
+        scenario sc = mixed_sc;
+        sc.tp = tp, sc.model = q;
+        figures fig;
+        against_cpu("llama q4_k_m", &sc, &fig);
+        CHECK(fig.captured > 0, "tp %d on blocks: no step graph captured", tp);
+    }
+    polar_model_free(m);
+    polar_model_free(q);
 }
 
 /* One process of a multi-node group (a thread of this test): 2 GPUs as
@@ -606,6 +645,7 @@ int main(int argc, char **argv) {
      * kernel that the thread orders could show wrong */
     if (!quick || h_n_only) {
         RUN_IF(batch_tp);
+        RUN_IF(batch_tp_blocks);
         RUN_IF(batch_tp_nodes);
         RUN_IF(batch_tp_outputs);
         RUN_IF(batch_tp_refused);

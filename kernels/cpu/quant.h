@@ -194,6 +194,13 @@ size_t cpu_x16_bytes(cpu_wtype x, int rows, size_t cols);
  * (cpu_x16_bytes of it). */
 void cpu_repack_x16(cpu_wtype t, const void *w, int rows, size_t cols, void *out);
 
+/* The row-major type of t: the type an x16 layout rearranges, t itself
+ * otherwise. */
+cpu_wtype cpu_row_type(cpu_wtype t);
+/* Row r of a matrix of cols weights of type t (row-major or x16) as the
+ * file lays it out: cpu_wtype_row_bytes(cpu_row_type(t), cols) bytes of
+ * row-major blocks (bf16 values for bf16), into out. */
+void cpu_matrix_row_blocks(cpu_wtype t, const void *w, size_t cols, int r, void *out);
 /* Row r of a matrix of cols weights of type t (row-major or x16), as f32. */
 void cpu_dequantize_matrix_row(cpu_wtype t, const void *w, size_t cols, int r, float *out);
 

@@ -146,6 +146,20 @@ void cpu_repack_x16(cpu_wtype t, const void *w, int rows, size_t cols, void *out
             move_unit(t, (uint8_t *)w + (size_t)r * row_bytes + (size_t)u * ub, x16_unit(x, out, units, r, u), r % 16, 1);
 }
 
+cpu_wtype cpu_row_type(cpu_wtype t) { return cpu_wtype_is_x16(t) ? row_type_of(t) : t; }
+
+void cpu_matrix_row_blocks(cpu_wtype t, const void *w, size_t cols, int r, void *out) {
+    cpu_wtype rt = cpu_row_type(t);
+    size_t row_bytes = cpu_wtype_row_bytes(rt, cols);
+    if (rt == t) {
+        memcpy(out, (const uint8_t *)w + (size_t)r * row_bytes, row_bytes);
+        return;
+    }
+    int units = (int)(cols / (size_t)cpu_wtype_block_elems(rt));
+    size_t ub = cpu_wtype_block_bytes(rt);
+    for (int u = 0; u < units; u++) move_unit(rt, (uint8_t *)out + (size_t)u * ub, x16_unit(t, w, units, r, u), r % 16, 0);
+}
+
 void cpu_dequantize_matrix_row(cpu_wtype t, const void *w, size_t cols, int r, float *out) {
     if (!cpu_wtype_is_x16(t)) {
         cpu_dequantize_row(t, (const uint8_t *)w + (size_t)r * cpu_wtype_row_bytes(t, cols), out, (int)cols);

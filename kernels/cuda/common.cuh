@@ -192,6 +192,9 @@ static __device__ __forceinline__ void row_dots(float acc[MAX_TOKENS_PER_PASS], 
     rows_dots<1, 4, false>((float (*)[MAX_TOKENS_PER_PASS])acc, NULL, &wr, NULL, xs, n, cols, lane);
 }
 
+// Passes of up to MAX_TOKENS_PER_PASS tokens over T (a GEMV launch's grid.y).
+static inline unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS); }
+
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 #endif

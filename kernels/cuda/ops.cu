@@ -95,8 +95,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
     }
 }
 
-static unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS); }
-
 static void gemv(gemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
                  const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;

@@ -185,6 +185,33 @@ void cuda_moe_combine(float *x, const float *y, const float *weight, const int *
                       const float *shared, const float *xn, const bf16_bits *gate_w, int T, int k, int H, int residual,
                       const cuda_queue *queue);
 
+/* A weight matrix for the block kernels (quant.cu): rows of bf16 (type
+ * CPU_W_BF16) or of a GGUF block type kept quantized (type: a row-major
+ * kept cpu_wtype of kernels/cpu/quant.h, not an x16 layout), each row
+ * the file's blocks, row_bytes apart. */
+typedef struct {
+    const void *p;
+    int type;
+    size_t row_bytes;
+} cuda_wmat;
+
+/* cuda_matmul over any cuda_wmat (cols a multiple of 32): y rows ldy
+ * floats apart, a warp per row unpacking 32 weights at a time. */
+void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T, int rows,
+                        int cols, int accumulate, const cuda_queue *queue);
+/* cuda_matmul_qkv and cuda_matmul_swiglu over cuda_wmats, each its own type. */
+void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float *x, cuda_wmat wq, cuda_wmat wk, cuda_wmat wv,
+                            const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv, const bf16_bits *norm,
+                            float eps, int T, int q_rows, int kv_rows, int cols, const cuda_queue *queue);
+void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16_bits *norm, float eps, cuda_wmat gate,
+                               cuda_wmat up, int T, int F, int cols, const cuda_queue *queue);
+/* out[n, cols] = rows r0..r0+n-1 of w, dequantized and rounded to bf16 (a
+ * prefill GEMM's weights, a chunk at a time). */
+void cuda_dequantize_rows(bf16_bits *out, cuda_wmat w, int r0, int n, int cols, const cuda_queue *queue);
+/* cuda_embed from a table of any cuda_wmat. */
+void cuda_embed_blocks(float *x, cuda_wmat table, const int *tokens, const int *ids, const int *from, int T,
+                       int hidden, const cuda_queue *queue);
+
 /* A read of bytes (a multiple of 16) of buf by `blocks` blocks of 512
  * threads, each block's sum of its words into out[blocks]: what the
  * device's read bandwidth is measured with. */

@@ -1,0 +1,112 @@
+// GGUF weight blocks read on the device: any 32 weights of a row of a kept
+// block type (or of bf16) unpacked into registers as floats, by the
+// formats' definition (kernels/cpu/quant_formats.c: w[i] = a[i / 16] q[i]
+// - m[i / 16], the same f32 products), so the block GEMVs need no copy of
+// the weights in another type. Rows are the file's row-major blocks
+// (cuda_wmat, ops.h); block scales are little-endian f16 at any byte
+// offset, so everything is read a byte at a time.
+#ifndef POLAR_CUDA_BLOCKS_CUH
+#define POLAR_CUDA_BLOCKS_CUH
+
+#include "../cpu/quant.h"
+#include "common.cuh"
+
+// IQ4_NL's and IQ4_XS's 16 levels (cpu_iq4_levels), where device code can read them.
+static __device__ const int8_t iq4_levels_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                     1,    13,   25,  38,  53,  69,  89,  113};
+
+// An IEEE half at p (little-endian, any alignment) as f32, exactly.
+static __device__ __forceinline__ float f16_at(const uint8_t *p) {
+    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, e = (h >> 10) & 31u, m = h & 1023u;
+    float v = e == 0 ? (float)m * 5.9604644775390625e-8f // subnormal: m * 2^-24
+              : e == 31 ? __uint_as_float(0x7f800000u | m << 13)
+                        : __uint_as_float((e + 112u) << 23 | m << 13);
+    return h & 0x8000u ? -v : v;
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes s.
+static __device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63, *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+// w[0..31] = weights 32k..32k+31 of a row of type t (CPU_W_BF16 or a
+// row-major kept type; the caller's launch is uniform in t per warp).
+static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, int k, float w[32]) {
+    if (t == CPU_W_BF16) {
+        const uint16_t *r = (const uint16_t *)row + 32 * k;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = bf(r[i]);
+        return;
+    }
+    if (t == CPU_W_Q8_0) {
+        const uint8_t *b = row + 34 * k;
+        float d = f16_at(b);
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = d * (float)(int8_t)b[2 + i];
+        return;
+    }
+    if (t == CPU_W_Q4_0 || t == CPU_W_Q4_1 || t == CPU_W_Q5_0 || t == CPU_W_Q5_1 || t == CPU_W_IQ4_NL) {
+        int bytes = t == CPU_W_Q4_0 || t == CPU_W_IQ4_NL ? 18 : t == CPU_W_Q4_1 ? 20 : t == CPU_W_Q5_0 ? 22 : 24;
+        const uint8_t *b = row + (size_t)bytes * k;
+        float d = f16_at(b), m = t == CPU_W_Q4_1 || t == CPU_W_Q5_1 ? -f16_at(b + 2) : 0.0f;
+        if (t == CPU_W_IQ4_NL) {
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                w[i] = d * (float)iq4_levels_dev[b[2 + i] & 0xF], w[i + 16] = d * (float)iq4_levels_dev[b[2 + i] >> 4];
+            return;
+        }
+        int five = t == CPU_W_Q5_0 || t == CPU_W_Q5_1, off = t == CPU_W_Q4_0 ? 8 : t == CPU_W_Q5_0 ? 16 : 0;
+        const uint8_t *h = b + (t == CPU_W_Q5_0 ? 2 : 4), *qs = b + (t == CPU_W_Q4_0 ? 2 : t == CPU_W_Q4_1 ? 4 : t == CPU_W_Q5_0 ? 6 : 8);
+        uint32_t qh = five ? (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24 : 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int lo = (int)((qs[i] & 0xF) | ((qh >> i) & 1) << 4) - off;
+            int hi = (int)((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - off;
+            w[i] = d * (float)lo - m, w[i + 16] = d * (float)hi - m;
+        }
+        return;
+    }
+    int j = k % 8; // the 256-block, then its sub-block j
+    if (t == CPU_W_Q4_K || t == CPU_W_Q5_K) {
+        const uint8_t *b = row + (size_t)(t == CPU_W_Q4_K ? 144 : 176) * (k / 8);
+        int sc, mn;
+        k4_scale_min(b + 4, j, &sc, &mn);
+        float a = f16_at(b) * (float)sc, m = f16_at(b + 2) * (float)mn;
+        const uint8_t *qh = b + 16, *qs = b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int v = j % 2 ? qs[i] >> 4 : qs[i] & 0xF;
+            if (t == CPU_W_Q5_K) v |= ((qh[i] >> j) & 1) << 4;
+            w[i] = a * (float)v - m;
+        }
+        return;
+    }
+    if (t == CPU_W_Q6_K) {
+        const uint8_t *b = row + (size_t)210 * (k / 8);
+        int h = j / 4, part = j % 4;
+        const uint8_t *ql = b + 64 * h + (part & 1) * 32, *qh = b + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
+        float d = f16_at(b + 208), a0 = d * (float)sc[0], a1 = d * (float)sc[1];
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int low = part < 2 ? ql[i] & 0xF : ql[i] >> 4;
+            w[i] = (i < 16 ? a0 : a1) * (float)((low | ((qh[i] >> (2 * part)) & 3) << 4) - 32);
+        }
+        return;
+    }
+    // IQ4_XS: d, the scales' high bits (2 bytes), their low nibbles (4), 8 x 16 bytes of codes
+    const uint8_t *b = row + (size_t)136 * (k / 8);
+    int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, high = (((unsigned)b[2] | (unsigned)b[3] << 8) >> (2 * j)) & 3;
+    float a = f16_at(b) * (float)((low | high << 4) - 32);
+    const uint8_t *qs = b + 8 + 16 * j;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        w[i] = a * (float)iq4_levels_dev[qs[i] & 0xF], w[i + 16] = a * (float)iq4_levels_dev[qs[i] >> 4];
+}
+
+#endif

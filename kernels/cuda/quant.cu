@@ -1,0 +1,198 @@
+// Kernels over GGUF blocks kept quantized in device memory (ops.h,
+// cuda_wmat): the decode GEMVs (alone, q/k/v in one launch, gate/up with
+// the SwiGLU epilogue, each with the RMSNorm on the fly as the bf16 ones
+// have it), rows dequantized to bf16 for the prefill GEMMs, and embedding
+// rows. Each reads a matrix's bytes once per pass of up to 8 tokens and
+// unpacks 32 weights at a time into registers (blocks.cuh); f32 products
+// and sums as the CPU's dequantized reference. tests/cuda_block_checks.h
+// checks them against it.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "blocks.cuh"
+#include "common.cuh"
+#include "ops.h"
+
+// Up to three matrices sharing one input (q, k and v), as gemv_parts in
+// ops.cu, each of its own type; y rows ld floats apart.
+struct qgemv_part {
+    float *y;
+    cuda_wmat w;
+    const bf16_bits *bias;
+    int rows, ld;
+};
+struct qgemv_parts {
+    qgemv_part p[3];
+    int n, rows;
+};
+
+// acc[r][t] += this lane's share of w_r . xs[t] for R rows (types uniform
+// across the warp) and n <= MAX_TOKENS_PER_PASS inputs: the lane takes the
+// 32-weight units lane, lane + 32, ... of the rows (cols a multiple of 32,
+// rows of whole blocks). NORM: the inputs are residual rows, scaled by the
+// norm weights as loaded, ss[t] gathering x^2 (rms_scale finishes it), as
+// dot8 does for bf16 rows.
+template <int R, bool NORM>
+static __device__ __forceinline__ void units_dots(float (*acc)[MAX_TOKENS_PER_PASS], float *ss, const cuda_wmat *w,
+                                                  const uint8_t *const *rows, const uint16_t *norm,
+                                                  const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
+                                                  int lane) {
+    for (int k = lane; k < cols / 32; k += WARP) {
+        float wv[R][32];
+#pragma unroll
+        for (int r = 0; r < R; r++) unit_weights(w[r].type, rows[r], k, wv[r]);
+#pragma unroll
+        for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+            if (t >= n) break;
+            const float *x = xs[t] + 32 * k;
+#pragma unroll
+            for (int c = 0; c < 32; c += 4) {
+                float4 a = *(const float4 *)(x + c);
+                if (NORM) {
+                    ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                    const uint16_t *nw = norm + 32 * k + c;
+                    a.x *= bf(nw[0]), a.y *= bf(nw[1]), a.z *= bf(nw[2]), a.w *= bf(nw[3]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r][t] += wv[r][c] * a.x + wv[r][c + 1] * a.y + wv[r][c + 2] * a.z + wv[r][c + 3] * a.w;
+            }
+        }
+    }
+}
+
+// One warp per output row, as gemv_kernel (ops.cu): blockIdx.y the pass of
+// 8 tokens; ONE compiled apart for a decode step's single token.
+template <bool ONE, bool NORM>
+__global__ void __launch_bounds__(256) qgemv_kernel(qgemv_parts parts, const float *x, const bf16_bits *norm,
+                                                    float eps, int T, int cols, int accumulate) {
+    await_previous_kernel();
+    int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    if (r >= parts.rows) return;
+    qgemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
+    if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
+    if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
+    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+    const float *xs[MAX_TOKENS_PER_PASS];
+    float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = ss[t] = 0.0f;
+    const uint8_t *row = (const uint8_t *)part.w.p + (size_t)r * part.w.row_bytes;
+    units_dots<1, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &part.w, &row, norm, xs, n, cols, lane);
+    float b = part.bias ? bf(part.bias[r]) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        float v = warp_sum(acc[t]);
+        if (NORM) v *= rms_scale(ss[t], cols, eps);
+        if (lane == 0) {
+            float *dst = &part.y[(size_t)(t0 + t) * part.ld + r];
+            *dst = accumulate ? *dst + (v + b) : v + b;
+        }
+    }
+}
+
+static void qgemv(qgemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
+                  const cuda_queue *queue) {
+    const int threads = 256, warps = threads / WARP;
+    dim3 grid((parts.rows + warps - 1) / warps, passes(T));
+    auto kernel = norm ? (T == 1 ? qgemv_kernel<true, true> : qgemv_kernel<false, true>)
+                       : (T == 1 ? qgemv_kernel<true, false> : qgemv_kernel<false, false>);
+    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate);
+}
+
+extern "C" void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T,
+                                   int rows, int cols, int accumulate, const cuda_queue *queue) {
+    qgemv_parts parts = {{{y, w, bias, rows, ldy}}, 1, rows};
+    qgemv(parts, x, NULL, 0.0f, T, cols, accumulate, queue);
+}
+
+extern "C" void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float *x, cuda_wmat wq, cuda_wmat wk,
+                                       cuda_wmat wv, const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv,
+                                       const bf16_bits *norm, float eps, int T, int q_rows, int kv_rows, int cols,
+                                       const cuda_queue *queue) {
+    qgemv_parts parts = {{{q, wq, bq, q_rows, q_rows}, {k, wk, bk, kv_rows, kv_rows}, {v, wv, bv, kv_rows, kv_rows}},
+                         3, q_rows + 2 * kv_rows};
+    qgemv(parts, x, norm, eps, T, cols, 0, queue);
+}
+
+// act[t, r] = silu(x_t . gate_r) * (x_t . up_r), a warp per r, as
+// gemv_swiglu_kernel (ops.cu).
+template <bool ONE, bool NORM>
+__global__ void __launch_bounds__(256) qgemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm,
+                                                           float eps, cuda_wmat gate, cuda_wmat up, int T, int F,
+                                                           int cols) {
+    await_previous_kernel();
+    int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    if (r >= F) return;
+    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+    const float *xs[MAX_TOKENS_PER_PASS];
+    float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = ss[t] = 0.0f;
+    cuda_wmat w[2] = {gate, up};
+    const uint8_t *rows[2] = {(const uint8_t *)gate.p + (size_t)r * gate.row_bytes,
+                              (const uint8_t *)up.p + (size_t)r * up.row_bytes};
+    units_dots<2, NORM>(gu, ss, w, rows, norm, xs, n, cols, lane);
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        float gv = warp_sum(gu[0][t]), uv = warp_sum(gu[1][t]);
+        if (NORM) {
+            float inv = rms_scale(ss[t], cols, eps);
+            gv *= inv, uv *= inv;
+        }
+        if (lane == 0) act[(size_t)(t0 + t) * F + r] = silu_mul(gv, uv);
+    }
+}
+
+extern "C" void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16_bits *norm, float eps,
+                                          cuda_wmat gate, cuda_wmat up, int T, int F, int cols,
+                                          const cuda_queue *queue) {
+    const int threads = 256, warps = threads / WARP;
+    dim3 grid((F + warps - 1) / warps, passes(T));
+    auto kernel = norm ? (T == 1 ? qgemv_swiglu_kernel<true, true> : qgemv_swiglu_kernel<false, true>)
+                       : (T == 1 ? qgemv_swiglu_kernel<true, false> : qgemv_swiglu_kernel<false, false>);
+    launch(queue, grid, threads, 0, kernel, act, x, norm, eps, gate, up, T, F, cols);
+}
+
+// A block per row: row r0 + blockIdx.x of w, its units over the threads.
+__global__ void dequantize_rows_kernel(bf16_bits *out, cuda_wmat w, int r0, int cols) {
+    await_previous_kernel();
+    const uint8_t *row = (const uint8_t *)w.p + (size_t)(r0 + blockIdx.x) * w.row_bytes;
+    bf16_bits *o = out + (size_t)blockIdx.x * cols;
+    for (int k = threadIdx.x; k < cols / 32; k += blockDim.x) {
+        float v[32];
+        unit_weights(w.type, row, k, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[32 * k + i] = to_bf(v[i]);
+    }
+}
+
+extern "C" void cuda_dequantize_rows(bf16_bits *out, cuda_wmat w, int r0, int n, int cols, const cuda_queue *queue) {
+    if (n > 0) launch(queue, n, 128, 0, dequantize_rows_kernel, out, w, r0, cols);
+}
+
+// As embed_kernel (ops.cu), the table's rows unpacked from their blocks.
+__global__ void embed_blocks_kernel(float *x, cuda_wmat table, const int *tokens, const int *ids, const int *from,
+                                    int hidden) {
+    await_previous_kernel();
+    int token = from && from[blockIdx.x] >= 0 ? ids[from[blockIdx.x]] : tokens[blockIdx.x];
+    const uint8_t *row = (const uint8_t *)table.p + (size_t)token * table.row_bytes;
+    float *out = x + (size_t)blockIdx.x * hidden;
+    for (int k = threadIdx.x; k < hidden / 32; k += blockDim.x) {
+        float v[32];
+        unit_weights(table.type, row, k, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) out[32 * k + i] = v[i];
+    }
+}
+
+extern "C" void cuda_embed_blocks(float *x, cuda_wmat table, const int *tokens, const int *ids, const int *from, int T,
+                                  int hidden, const cuda_queue *queue) {
+    launch(queue, T, 64, 0, embed_blocks_kernel, x, table, tokens, ids, from, hidden);
+}

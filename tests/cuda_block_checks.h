@@ -1,0 +1,265 @@
+/* test_cuda's checks of the block kernels (kernels/cuda/quant.cu): GGUF
+ * blocks of every kept type, random bytes with realistic scales, multiplied
+ * on the device against the f32 dot product of the rows the CPU dequantizes
+ * by the formats' definition (cpu_dequantize_row, which equals gguf-py bit
+ * for bit), at odd row counts, 1-11 and 64 tokens, alone, as q/k/v with the
+ * norm on the fly and mixed types, as gate/up with SwiGLU; the bf16 rows of
+ * the prefill GEMM's chunks and embedding rows. Planted mistakes in the
+ * blocks (a swapped nibble, a dropped min, a wrong scale) must move the
+ * outputs past the bound the kernels are held to. Included by test_cuda.c
+ * after cuda_kernel_checks.h (to_dev, frand, from_dev). */
+#ifndef POLAR_TEST_CUDA_BLOCK_CHECKS_H
+#define POLAR_TEST_CUDA_BLOCK_CHECKS_H
+
+#include "block_util.h"
+
+static const cpu_wtype kept_types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU_W_Q5_0,  CPU_W_Q5_1,
+                                       CPU_W_Q4_K, CPU_W_Q5_K, CPU_W_Q6_K, CPU_W_IQ4_NL, CPU_W_IQ4_XS};
+#define N_KEPT (int)(sizeof kept_types / sizeof kept_types[0])
+
+/* Relative bound of a block GEMV output to the f32 reference: of the sum of
+ * |w x| over the row (f32 sums of products exact in f32, in another order). */
+#define TOL_BLOCKS 2e-6
+
+static uint32_t block_rng = 0x9E3779B9u;
+static uint32_t block_next(void) {
+    block_rng ^= block_rng << 13;
+    block_rng ^= block_rng >> 17;
+    block_rng ^= block_rng << 5;
+    return block_rng;
+}
+
+/* A rows x cols matrix of type t on the host (rand_block_rows) and its rows
+ * dequantized, f[rows * cols]. */
+typedef struct {
+    cpu_wtype t;
+    int rows, cols;
+    size_t row_bytes;
+    uint8_t *b;
+    float *f;
+} host_blocks;
+
+static host_blocks make_blocks(cpu_wtype t, int rows, int cols) {
+    host_blocks h = {t, rows, cols, cpu_wtype_row_bytes(t, (size_t)cols), NULL, NULL};
+    h.b = malloc((size_t)rows * h.row_bytes);
+    h.f = malloc((size_t)rows * cols * sizeof(float));
+    rand_block_rows(t, rows, cols, h.b, block_next);
+    for (int r = 0; r < rows; r++) cpu_dequantize_row(t, h.b + (size_t)r * h.row_bytes, h.f + (size_t)r * cols, cols);
+    return h;
+}
+
+static void free_blocks(host_blocks *h) { free(h->b), free(h->f); }
+
+static cuda_wmat dev_blocks(const host_blocks *h) {
+    return (cuda_wmat){to_dev(h->b, (size_t)h->rows * h->row_bytes), (int)h->t, h->row_bytes};
+}
+
+/* want[t, r] = f_r . x_t (+ bias), and scale[t, r] = sum |f_r x_t|, in double. */
+static void blocks_reference(const host_blocks *h, const float *x, const bf16 *bias, int T, double *want, double *scale) {
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < h->rows; r++) {
+            double s = bias ? bf16_to_f32(bias[r]) : 0.0, a = 0.0;
+            for (int j = 0; j < h->cols; j++) {
+                double p = (double)h->f[(size_t)r * h->cols + j] * x[(size_t)t * h->cols + j];
+                s += p, a += fabs(p);
+            }
+            want[(size_t)t * h->rows + r] = s, scale[(size_t)t * h->rows + r] = a + 1e-30;
+        }
+}
+
+/* The largest |got - want| / scale over T x rows outputs, got ld floats a row. */
+static double blocks_error(const float *got, int ld, const double *want, const double *scale, int T, int rows) {
+    double e = 0.0;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double d = fabs((double)got[(size_t)t * ld + r] - want[(size_t)t * rows + r]) / scale[(size_t)t * rows + r];
+            if (d != d) return INFINITY;
+            if (d > e) e = d;
+        }
+    return e;
+}
+
+/* y = x W^T + bias through cuda_matmul_blocks into a y of ld > rows
+ * columns (the extra ones must stay as they were), then accumulated once
+ * more; returns the larger error. */
+static double blocks_matmul_error(const host_blocks *h, const cuda_wmat *w, const float *x, const bf16 *bias, int T) {
+    int rows = h->rows, cols = h->cols, ld = rows + 3;
+    double *want = malloc((size_t)T * rows * sizeof *want), *scale = malloc((size_t)T * rows * sizeof *scale);
+    blocks_reference(h, x, bias, T, want, scale);
+    float *y0 = malloc((size_t)T * ld * 4);
+    for (size_t i = 0; i < (size_t)T * ld; i++) y0[i] = -7.0f;
+    float *dy = to_dev(y0, (size_t)T * ld * 4), *dx = to_dev(x, (size_t)T * cols * 4);
+    bf16 *db = bias ? to_dev(bias, (size_t)rows * 2) : NULL;
+    cuda_matmul_blocks(dy, ld, dx, *w, db, T, rows, cols, 0, NULL);
+    float *got = from_dev(dy, (size_t)T * ld);
+    double e = blocks_error(got, ld, want, scale, T, rows);
+    for (int t = 0; t < T; t++)
+        for (int r = rows; r < ld; r++) CHECK(got[(size_t)t * ld + r] == -7.0f, "a column past the rows was written");
+    cuda_matmul_blocks(dy, ld, dx, *w, db, T, rows, cols, 1, NULL); /* y += the same again: twice the reference */
+    free(got);
+    got = from_dev(dy, (size_t)T * ld);
+    for (size_t i = 0; i < (size_t)T * rows; i++) want[i] *= 2, scale[i] *= 2;
+    double e2 = blocks_error(got, ld, want, scale, T, rows);
+    free(got), free(y0), free(want), free(scale);
+    cudaFree(dy), cudaFree(dx), cudaFree(db);
+    return e > e2 ? e : e2;
+}
+
+/* Every kept type at a row of 512 (both kinds of block) and, for the
+ * 32-weight types, 96; 37 rows; tokens 1..11 (passes of 8 and a
+ * remainder) and 64. */
+static void kernel_blocks_matmul(void) {
+    static const int tokens[] = {1, 2, 5, 8, 9, 11, 64};
+    for (int i = 0; i < N_KEPT; i++) {
+        cpu_wtype t = kept_types[i];
+        for (int short_row = 0; short_row < 2; short_row++) {
+            if (short_row && cpu_wtype_block_elems(t) == 256) continue;
+            int rows = 37, cols = short_row ? 96 : 512;
+            host_blocks h = make_blocks(t, rows, cols);
+            cuda_wmat w = dev_blocks(&h);
+            bf16 *bias = malloc((size_t)rows * 2);
+            for (int r = 0; r < rows; r++) bias[r] = f32_to_bf16(frand());
+            for (int k = 0; k < (quick ? 2 : 7); k++) {
+                int T = tokens[quick ? 5 * k : k];
+                float *x = rand_floats((size_t)T * cols, 2.0f);
+                double e = blocks_matmul_error(&h, &w, x, k % 2 ? bias : NULL, T);
+                CHECK(e < TOL_BLOCKS, "%s %dx%d T=%d: error %g of sum |w x| (bound %g)", cpu_wtype_name(t), rows, cols,
+                      T, e, TOL_BLOCKS);
+                free(x);
+            }
+            free(bias), cudaFree((void *)w.p), free_blocks(&h);
+        }
+    }
+}
+
+/* A mistake planted in row 0's first block (its bytes changed on the
+ * device only) must put the output past TOL_BLOCKS. */
+static void planted(const host_blocks *h, const char *what, int byte, uint8_t (*change)(uint8_t)) {
+    host_blocks bad = *h;
+    bad.b = malloc((size_t)h->rows * h->row_bytes);
+    memcpy(bad.b, h->b, (size_t)h->rows * h->row_bytes);
+    bad.b[byte] = change(bad.b[byte]);
+    cuda_wmat w = dev_blocks(&bad);
+    float *x = rand_floats((size_t)h->cols, 2.0f);
+    double e = blocks_matmul_error(h, &w, x, NULL, 1); /* against the unchanged blocks */
+    CHECK(e > 10 * TOL_BLOCKS, "%s: %s went unnoticed (error %g)", cpu_wtype_name(h->t), what, e);
+    free(x), free(bad.b), cudaFree((void *)w.p);
+}
+
+static uint8_t swap_nibbles(uint8_t b) { return (uint8_t)(b << 4 | b >> 4) == b ? (uint8_t)(b ^ 0x11) : (uint8_t)(b << 4 | b >> 4); }
+static uint8_t zero_byte(uint8_t b) { return b ? 0 : 0x3C; }
+static uint8_t next_scale(uint8_t b) { return (uint8_t)(b ^ 0x01); }
+
+static void kernel_blocks_planted(void) {
+    host_blocks q4k = make_blocks(CPU_W_Q4_K, 5, 256), q6k = make_blocks(CPU_W_Q6_K, 5, 256);
+    host_blocks q41 = make_blocks(CPU_W_Q4_1, 5, 64);
+    planted(&q4k, "a swapped nibble pair", 16 + 3, swap_nibbles);
+    planted(&q4k, "a dropped min (dmin's high byte)", 3, zero_byte);
+    planted(&q4k, "a wrong 6-bit scale", 4 + 1, next_scale);
+    planted(&q6k, "a wrong int8 scale", 192 + 9, next_scale);
+    planted(&q41, "a dropped offset (m's high byte)", 3, zero_byte);
+    free_blocks(&q4k), free_blocks(&q6k), free_blocks(&q41);
+}
+
+/* q/k/v of three types (with biases, the norm on the fly or not) and
+ * gate/up of two more with SwiGLU, against the reference of the normed x. */
+static void kernel_blocks_fused(void) {
+    const float eps = 1e-5f;
+    const int cols = 512, qr = 70, kr = 21, F = 45;
+    host_blocks w[3] = {make_blocks(CPU_W_Q4_K, qr, cols), make_blocks(CPU_W_Q8_0, kr, cols),
+                        make_blocks(CPU_W_Q6_K, kr, cols)};
+    host_blocks gate = make_blocks(CPU_W_Q5_K, F, cols), up = make_blocks(CPU_W_IQ4_XS, F, cols);
+    cuda_wmat dw[3] = {dev_blocks(&w[0]), dev_blocks(&w[1]), dev_blocks(&w[2])};
+    cuda_wmat dg = dev_blocks(&gate), du = dev_blocks(&up);
+    bf16 *b[3], *nw = malloc((size_t)cols * 2), *db[3];
+    for (int i = 0; i < 3; i++) {
+        b[i] = malloc((size_t)w[i].rows * 2);
+        for (int r = 0; r < w[i].rows; r++) b[i][r] = f32_to_bf16(frand());
+        db[i] = to_dev(b[i], (size_t)w[i].rows * 2);
+    }
+    for (int i = 0; i < cols; i++) nw[i] = f32_to_bf16(1 + 0.2f * frand());
+    bf16 *dnw = to_dev(nw, (size_t)cols * 2);
+    for (int T = 1; T <= 11; T += (quick ? 10 : 2)) {
+        for (int normed = 0; normed < 2; normed++) {
+            float *x = rand_floats((size_t)T * cols, 3), *xn = malloc((size_t)T * cols * 4);
+            for (int t = 0; t < T; t++)
+                if (normed) cpu_rmsnorm(xn + (size_t)t * cols, x + (size_t)t * cols, nw, cols, eps);
+                else memcpy(xn + (size_t)t * cols, x + (size_t)t * cols, (size_t)cols * 4);
+            float *dx = to_dev(x, (size_t)T * cols * 4), *dy[3];
+            for (int i = 0; i < 3; i++) dy[i] = dev_floats((size_t)T * w[i].rows);
+            cuda_matmul_qkv_blocks(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], db[0], db[1], db[2],
+                                   normed ? dnw : NULL, eps, T, qr, kr, cols, NULL);
+            for (int i = 0; i < 3; i++) {
+                double *want = malloc((size_t)T * w[i].rows * 8), *scale = malloc((size_t)T * w[i].rows * 8);
+                blocks_reference(&w[i], xn, b[i], T, want, scale);
+                float *got = from_dev(dy[i], (size_t)T * w[i].rows);
+                /* the norm in another order: 1e-5 of the row's scale */
+                double e = blocks_error(got, w[i].rows, want, scale, T, w[i].rows);
+                CHECK(e < (normed ? 1e-5 : TOL_BLOCKS), "qkv part %d (%s) T=%d normed %d: error %g", i,
+                      cpu_wtype_name(w[i].t), T, normed, e);
+                free(want), free(scale), free(got), cudaFree(dy[i]);
+            }
+            double *g = malloc((size_t)T * F * 8), *u = malloc((size_t)T * F * 8), *sg = malloc((size_t)T * F * 8),
+                   *su = malloc((size_t)T * F * 8);
+            blocks_reference(&gate, xn, NULL, T, g, sg);
+            blocks_reference(&up, xn, NULL, T, u, su);
+            float *dact = dev_floats((size_t)T * F);
+            cuda_matmul_swiglu_blocks(dact, dx, normed ? dnw : NULL, eps, dg, du, T, F, cols, NULL);
+            float *got = from_dev(dact, (size_t)T * F);
+            double worst = 0.0;
+            for (int i = 0; i < T * F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
+                double s = g[i] / (1.0 + exp(-g[i])), want = s * u[i];
+                double bound = 1e-5 * (fabs(s) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
+                double e = fabs(got[i] - want) / bound;
+                if (!(e <= worst)) worst = e;
+            }
+            CHECK(worst <= 1.0, "gate/up (q5_k, iq4_xs) swiglu T=%d normed %d: %g of the bound", T, normed, worst);
+            free(g), free(u), free(sg), free(su), free(got), free(x), free(xn), cudaFree(dact), cudaFree(dx);
+        }
+    }
+    for (int i = 0; i < 3; i++) free(b[i]), cudaFree(db[i]), cudaFree((void *)dw[i].p), free_blocks(&w[i]);
+    free(nw), cudaFree(dnw), cudaFree((void *)dg.p), cudaFree((void *)du.p), free_blocks(&gate), free_blocks(&up);
+}
+
+/* Rows dequantized for the prefill GEMM (a slice from row 3) are the CPU's
+ * f32 values rounded to bf16; embedding rows are the f32 values, also of
+ * ids a greedy step fed back (from). */
+static void kernel_blocks_rows(void) {
+    for (int i = 0; i < N_KEPT; i++) {
+        cpu_wtype t = kept_types[i];
+        int rows = 19, cols = 512, r0 = 3, n = 11;
+        host_blocks h = make_blocks(t, rows, cols);
+        cuda_wmat w = dev_blocks(&h);
+        bf16 *dout = NULL;
+        cudaMalloc((void **)&dout, (size_t)n * cols * 2);
+        cuda_dequantize_rows(dout, w, r0, n, cols, NULL);
+        bf16 *got = malloc((size_t)n * cols * 2);
+        cudaMemcpy(got, dout, (size_t)n * cols * 2, cudaMemcpyDeviceToHost);
+        float top = 0.0f; /* an FMA in a q - m rounds once less: a difference of ~1e-7 of the terms */
+        for (size_t j = 0; j < (size_t)rows * cols; j++) top = fmaxf(top, fabsf(h.f[j]));
+        int off = 0;
+        for (size_t j = 0; j < (size_t)n * cols; j++) {
+            float want = h.f[(size_t)r0 * cols + j];
+            off += got[j] != f32_to_bf16(want) && fabsf(bf16_to_f32(got[j]) - want) > fabsf(want) / 128 + 1e-6f * top;
+        }
+        CHECK(off == 0, "%s: %d dequantized bf16 weights off by more than a rounding", cpu_wtype_name(t), off);
+        int tokens[4] = {7, 0, 18, 7}, ids[2] = {5, 11}, from[4] = {-1, 1, -1, 0};
+        int *dt = to_dev(tokens, sizeof tokens), *di = to_dev(ids, sizeof ids), *df = to_dev(from, sizeof from);
+        float *dx = dev_floats((size_t)4 * cols);
+        cuda_embed_blocks(dx, w, dt, di, df, 4, cols, NULL);
+        float *x = from_dev(dx, (size_t)4 * cols);
+        int want_rows[4] = {7, 11, 18, 5};
+        double e = 0.0;
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < cols; j++) {
+                float want = h.f[(size_t)want_rows[k] * cols + j];
+                double d = fabs((double)x[(size_t)k * cols + j] - want) / (top + 1e-30);
+                if (!(d <= e)) e = d;
+            }
+        CHECK(e <= 1e-6, "%s: embedding rows off by %g of the largest weight", cpu_wtype_name(t), e);
+        free(got), free(x), cudaFree(dout), cudaFree(dt), cudaFree(di), cudaFree(df), cudaFree(dx);
+        cudaFree((void *)w.p), free_blocks(&h);
+    }
+}
+
+#endif
