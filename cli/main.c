@@ -32,8 +32,8 @@ static const command commands[] = {
      "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},
     {"search", cmd_search,
      "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"
-     "            [--lambda 5] [--max-new 50] [--min-layers A --max-layers B] [--style boxed|chat]\n"
-     "            [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] [--batch 8]\n"
+     "            [--actions both|skip|loop] [--lambda 5] [--max-new 50] [--min-layers A --max-layers B]\n"
+     "            [--style boxed|chat] [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] [--batch 8]\n"
      "            [--kv f32|bf16] [--cache-mb 1024] -o LABELS.jsonl [--quiet]\n"
      "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"},
     {"train", cmd_train,

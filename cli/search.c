@@ -6,7 +6,9 @@
  * `polar train` read them), appended, so a stopped run resumes. --batch
  * questions are searched at once in one batch (CPU or CUDA) whose prefix
  * cache shares prompts (a few-shot prefix across questions, a question's
- * prompt across programs with the same first entries). */
+ * prompt across programs with the same first entries). --actions skip or
+ * loop searches one of the paper's smaller spaces (search/search.c), and
+ * each line says which. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +92,7 @@ static int add_layers(FILE *f, const polar_program *p) {
 }
 
 /* The question's line: the reference's fields, then ours. */
-static int write_line(FILE *f, const job *j, const polar_search_result *res, double seconds) {
+static int write_line(FILE *f, const job *j, const polar_search_result *res, int actions, double seconds) {
     const polar_question *q = j->q;
     char *question = polar_json_quote(q->question), *gold = polar_json_quote(q->answer);
     if (!question || !gold) {
@@ -118,19 +120,53 @@ static int write_line(FILE *f, const job *j, const polar_search_result *res, dou
         fprintf(f, ",\"score\":%g,\"length\":%d}", res->programs[i].score, res->programs[i].program.n);
     }
     fprintf(f,
-            "],\"simulations\":%d,\"programs_evaluated\":%d,\"tokens_generated\":%ld,\"prompt_tokens\":%d,"
-            "\"prompt_layer_tokens_run\":%ld,\"prompt_layer_tokens_needed\":%ld,\"seconds\":%.3f}\n",
-            res->simulations, res->evaluations, j->tokens, j->n_ids, j->entries_run, j->entries_needed, seconds);
+            "],\"actions\":\"%s\",\"simulations\":%d,\"programs_evaluated\":%d,\"tokens_generated\":%ld,"
+            "\"prompt_tokens\":%d,\"prompt_layer_tokens_run\":%ld,\"prompt_layer_tokens_needed\":%ld,\"seconds\":%.3f}\n",
+            polar_search_actions_name(actions), res->simulations, res->evaluations, j->tokens, j->n_ids, j->entries_run,
+            j->entries_needed, seconds);
     return fflush(f) == 0;
 }
 
 typedef struct {
-    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *kv_text, *summary, *plot, *shots_from;
+    const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *kv_text, *summary, *plot,
+        *shots_from, *actions_text;
+    int actions; /* POLAR_ACTIONS_* of --actions */
     float lambda;
     int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots, batch, cache_mb;
     uint64_t seed;
     const polar_question *shots[MAX_SHOTS];
 } search_args;
+
+/* A labels file being resumed must come from the same action space: each
+ * complete line's "actions" (absent in lines written before --actions, whose
+ * searches all took both) against --actions. 0 after printing the error. */
+static int same_actions(const char *cmd, const char *path, int actions) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    char *line = NULL;
+    size_t cap = 0;
+    long lineno = 0;
+    ssize_t len;
+    int ok = 1;
+    while (ok && (len = getline(&line, &cap, f)) > 0) {
+        lineno++;
+        /* torn (cut off) or not ours (refused): resume_results says which */
+        if (line[len - 1] != '\n' || polar_eval_record_index(line) < 0) break;
+        /* a JSON string escapes its quotes, so the key cannot be text of the question */
+        const char *k = strstr(line, "\"actions\":\""), *name = "both";
+        size_t n = 4;
+        if (k) name = k + 11, n = strcspn(name, "\"");
+        if (n != strlen(polar_search_actions_name(actions)) || strncmp(name, polar_search_actions_name(actions), n)) {
+            fprintf(stderr, "polar %s: error: %s:%ld: searched with --actions %.*s%s, not %s; give another -o\n", cmd,
+                    path, lineno, (int)n, name, k ? "" : " (a line without \"actions\")",
+                    polar_search_actions_name(actions));
+            ok = 0;
+        }
+    }
+    free(line);
+    fclose(f);
+    return ok;
+}
 
 /* The run's summary line. */
 typedef struct {
@@ -155,10 +191,10 @@ static polar_status job_start(job *j, int index, const polar_question *q, const 
 }
 
 /* The question's line, then the totals; the slot is free again. */
-static polar_status job_finish(job *j, FILE *f, const char *path, totals *t, polar_error *err) {
+static polar_status job_finish(job *j, FILE *f, const char *path, int actions, totals *t, polar_error *err) {
     polar_search_result res;
     polar_status st = polar_search_result_get(j->search, &res, err);
-    if (st == POLAR_OK && !write_line(f, j, &res, (polar_time_ms() - j->t0) / 1000))
+    if (st == POLAR_OK && !write_line(f, j, &res, actions, (polar_time_ms() - j->t0) / 1000))
         st = cli_error(err, POLAR_ERR_IO, "%s: write failed", path);
     if (st == POLAR_OK) {
         int valid = res.n > 0 && res.programs[0].score == 1.0;
@@ -182,7 +218,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     polar_model_info_get(m, &info);
     int D = info.arch.n_layers, n_done = 0, rc = 1, longest = 0;
     polar_search_opts so = polar_search_defaults(D);
-    so.simulations = a->sims, so.seed = a->seed, so.lambda = a->lambda;
+    so.simulations = a->sims, so.seed = a->seed, so.lambda = a->lambda, so.actions = a->actions;
     if (a->min_layers) so.min_len = a->min_layers;
     if (a->max_layers) so.max_len = a->max_layers;
     if (so.min_len > so.max_len) return fail_usage(cmd, "--min-layers %d is above --max-layers %d", so.min_len, so.max_len);
@@ -204,7 +240,8 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
                                 .stop_at_box = 1,
                                 .stop_id = style == STYLE_CHAT ? polar_tokenizer_end_of_turn(tok) : -1,
                                 .arch = &info.arch}};
-    if (!(f = resume_results(cmd, a->out, first, count, done, &n_done))) goto out;
+    if (!same_actions(cmd, a->out, a->actions) || !(f = resume_results(cmd, a->out, first, count, done, &n_done)))
+        goto out;
     polar_status st = longest_prompt(tok, style, data, first, count, done, a->shots, a->n_shots, &longest, &err);
     int max_ctx = longest + a->max_new;
     if (st == POLAR_OK && n_done < count) {
@@ -235,7 +272,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
             next++, active++;
             if (st == POLAR_OK) st = advance(&r, j, &finished, &err);
             if (st == POLAR_OK && finished) {
-                st = job_finish(j, f, a->out, &t, &err);
+                st = job_finish(j, f, a->out, a->actions, &t, &err);
                 if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
             }
             continue;
@@ -250,7 +287,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
             st = poll(&r, j, &rewarded, &err);
             if (st == POLAR_OK && rewarded) st = advance(&r, j, &finished, &err);
             if (st == POLAR_OK && finished) {
-                st = job_finish(j, f, a->out, &t, &err);
+                st = job_finish(j, f, a->out, a->actions, &t, &err);
                 if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
             }
         }
@@ -293,10 +330,12 @@ int cmd_search(int argc, char **argv) {
         {"--plot", OPT_STR, &a.plot, 0},             {"--shots", OPT_INT, &a.n_shots, 0},
         {"--shots-from", OPT_STR, &a.shots_from, 0}, {"--batch", OPT_INT, &a.batch, 0},
         {"--cache-mb", OPT_INT, &a.cache_mb, 0},     {"--kv", OPT_STR, &a.kv_text, 0},
+        {"--actions", OPT_STR, &a.actions_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (a.summary) {
-        if (a.data || a.out) return fail_usage(cmd, "--summary takes only --layers, --json and --plot");
+        if (a.data || a.out || a.actions_text)
+            return fail_usage(cmd, "--summary takes only --layers, --json and --plot (the file says its --actions)");
         polar_error err;
         char *text = NULL;
         if (polar_labels_summary(a.summary, a.layers, a.json ? &text : NULL, a.json ? NULL : &text, a.plot, &err) !=
@@ -310,6 +349,8 @@ int cmd_search(int argc, char **argv) {
     prompt_style style;
     if (!parse_style(cmd, a.style_text, &style)) return EXIT_USAGE;
     if (style == STYLE_MC) return fail_usage(cmd, "--style is boxed or chat (the reward checks a \\boxed{} answer)");
+    if ((a.actions = polar_search_actions_parse(a.actions_text ? a.actions_text : "both")) < 0)
+        return fail_usage(cmd, "--actions is both, skip or loop, not '%s'", a.actions_text);
     if (a.sims < 1) return fail_usage(cmd, "--sims must be at least 1");
     if (a.max_new < 1) return fail_usage(cmd, "--max-new must be at least 1");
     if (a.batch < 1 || a.batch > 256) return fail_usage(cmd, "--batch must be 1 to 256 questions");

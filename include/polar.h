@@ -892,7 +892,18 @@ typedef struct {
     double lambda;     /* length penalty in the UCB (5) */
     double explore;    /* chance of a random child while selecting (0.1) */
     uint64_t seed;     /* (42) */
+    int actions;       /* POLAR_ACTIONS_*: the edits candidates make (0: both, the reference's search) */
 } polar_search_opts;
+
+/* The action spaces of the paper's Table 1 (search/search.c says the rule).
+ * SKIP: every program is 0..D-1 with layers left out (no layer twice);
+ * LOOP: every program keeps each layer of 0..D-1 in order, some blocks run
+ * twice in place (no layer left out). */
+enum { POLAR_ACTIONS_BOTH = 0, POLAR_ACTIONS_SKIP = 1, POLAR_ACTIONS_LOOP = 2 };
+
+/* "both", "skip", "loop" (NULL for another value), and back (-1: none of them). */
+const char *polar_search_actions_name(int actions);
+int polar_search_actions_parse(const char *name);
 
 /* The reference's defaults; length limits from polar_search_limits. */
 polar_search_opts polar_search_defaults(int n_layers);
@@ -1155,7 +1166,9 @@ polar_status polar_eval_plot(const char *results_path, const char *svg_path, pol
  * valid program, of base-wrong questions a program fixes, the mean length of
  * the shortest valid program against D, and the segments of the valid
  * programs (single-layer, skip, repeat, keep shares, through the segment
- * codec). n_layers: D (0: the search root's length, read from the file).
+ * codec), and the action space its lines name ("both" for lines without one,
+ * written before --actions; "mixed" when they differ). n_layers: D (0: the
+ * search root's length, read from the file).
  * json / table as polar_eval_summary; svg_path (NULL: none) gets the
  * histograms of the shortest and of all valid programs' lengths. */
 polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,

@@ -2,7 +2,10 @@
  * questions have a valid program, how many base-wrong questions a program
  * fixes, how short the shortest valid programs are against D, and what
  * valid programs are made of in PoLar's segment form (single-layer
- * segments, skips, repeats), with the depth distribution as SVG. */
+ * segments, skips, repeats), with the depth distribution as SVG, and the
+ * action space the file was searched in ("actions" of each line; lines
+ * written before `polar search --actions` have none, and their searches all
+ * took both kinds of edit). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,8 @@ typedef struct {
     int questions, with_valid, base_correct, fixed, n_valid_programs, codec_rejected;
     long shortest_sum, segments, single, skips, repeats, keeps;
     int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
+    int actions;          /* POLAR_ACTIONS_* of the lines, -1 before the first, -2 when they differ */
+    int without_actions;  /* lines with no "actions" (read as both) */
 } labels_stats;
 
 /* The depth: the longest path 0..n-1 (the search's root) in the line. */
@@ -63,6 +68,12 @@ static polar_status add_line(const pred_label_line *line, void *ctx, polar_error
     const json_value *init = json_get(line->root, "initial_score");
     if (!init || init->type != JSON_NUMBER)
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: no initial_score: not a polar search line", line->where);
+    const json_value *act = json_get(line->root, "actions");
+    int actions = POLAR_ACTIONS_BOTH;
+    if (!act) s->without_actions++;
+    else if (act->type != JSON_STRING || (actions = polar_search_actions_parse(act->str)) < 0)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s: actions is not \"both\", \"skip\" or \"loop\"", line->where);
+    s->actions = s->actions == -1 || s->actions == actions ? actions : -2;
     if (!*c->n_layers) *c->n_layers = base_depth(line->root);
     int D = *c->n_layers, shortest = 0, layers[MAX_LEN];
     s->questions++;
@@ -93,32 +104,42 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                                   const char *svg_path, polar_error *err) {
     labels_stats *s = calloc(1, sizeof *s);
     if (!s) return polar_fail(err, POLAR_ERR_NOMEM, "labels: out of memory");
+    s->actions = -1;
     int D = n_layers;
     polar_status st = read_labels(labels_path, &D, s, err);
     sbuf j = {0}, t = {0}, g = {0};
     int base_wrong = s->questions - s->base_correct, ok = 1;
     double mean_short = share(s->shortest_sum, s->with_valid);
+    const char *actions = s->actions == -2 ? "mixed" : polar_search_actions_name(s->actions);
+    char note[160] = "";
+    if (s->without_actions == s->questions)
+        snprintf(note, sizeof note, " (not recorded: written before --actions, when every search took both)");
+    else if (s->without_actions)
+        snprintf(note, sizeof note, " (%d line%s without \"actions\", read as both)", s->without_actions,
+                 s->without_actions == 1 ? "" : "s");
     if (st == POLAR_OK && json)
         ok = sbuf_add(&j,
                       "{\"questions\":%d,\"n_layers\":%d,\"with_valid_program\":%.6f,\"base_correct\":%.6f,"
                       "\"base_wrong_fixed\":%.6f,\"mean_shortest_valid_length\":%.3f,"
                       "\"mean_shortest_valid_length_over_D\":%.6f,\"valid_programs\":%d,\"codec_rejected\":%d,"
                       "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
-                      "\"repeat_segments\":%.6f,\"keep_segments\":%.6f}",
+                      "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"actions\":\"%s\","
+                      "\"lines_without_actions\":%d}",
                       s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
                       share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0, s->n_valid_programs,
                       s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
-                      share(s->repeats, s->segments), share(s->keeps, s->segments));
+                      share(s->repeats, s->segments), share(s->keeps, s->segments), actions ? actions : "",
+                      s->without_actions);
     if (st == POLAR_OK && table && ok)
         ok = sbuf_add(&t,
-                      "%d questions, D = %d\n"
+                      "%d questions, D = %d, actions %s%s\n"
                       "with a valid program:            %5.1f%%\n"
                       "base program correct:            %5.1f%%\n"
                       "base-wrong questions fixed:      %5.1f%% (%d of %d)\n"
                       "shortest valid program:          %.2f layers on average (%.1f%% of D)\n"
                       "valid programs:                  %d (%d not expressible as segments)\n"
                       "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n",
-                      s->questions, D, 100 * share(s->with_valid, s->questions),
+                      s->questions, D, actions ? actions : "", note, 100 * share(s->with_valid, s->questions),
                       100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
                       base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->n_valid_programs, s->codec_rejected,
                       s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),

@@ -9,7 +9,26 @@
  * reward, once per program. The search knows nothing of models: it hands
  * out programs (polar_search_next) and takes their rewards, so a caller may
  * run many questions' searches at once; polar_search_programs is the loop
- * with a reward callback. */
+ * with a reward callback.
+ *
+ * Action spaces (opts.actions, `polar search --actions`), for the paper's
+ * Table 1, which searches Skip, Loop and Skip&Loop apart: the reference's
+ * release (tianyi-lab/PoLar, mcts_discovery/run_mcts.py,
+ * generate_mcts_candidates) has no such switch; it always offers both kinds
+ * of candidate, and that is POLAR_ACTIONS_BOTH, unchanged. Its candidates are
+ * typed ("type": "skip" or "repeat"), and the paper names the spaces by those
+ * two action classes (Table 1: Skip = layer skipping, Loop = recurrence; its
+ * appendix's Skip and Repeat actions), so SKIP and LOOP keep the reference's
+ * candidates of one type and drop the other's: SKIP offers only the skips
+ * (one layer anywhere, blocks of 2-4 at the root), LOOP only the in-place
+ * repeats (with the twice-only rule for one layer, blocks of 2-4 at the
+ * root). Selection, UCB, length limits, the random child, the seed and the
+ * number of simulations (the budget) are the same in every space. Skipping
+ * in a subsequence of 0..D-1 gives another, and a repeat leaves every layer
+ * in, so SKIP's programs never run a layer twice and LOOP's never leave one
+ * out.
+ * With BOTH the candidates, their order and the random stream are those of
+ * the search before the switch existed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,13 +164,15 @@ static int at_most_twice(const int *c, int n, int D) {
 }
 
 /* Children of node id, in the reference's order: for each position i, the
- * skips of 1 (and at the root 2, 3, 4) layers from i, then the repeats. */
+ * skips of 1 (and at the root 2, 3, 4) layers from i, then the repeats;
+ * only the kind the action space allows. */
 static polar_status expand(tree *t, int id, polar_error *err) {
-    int n = t->nodes[id].len, root = id == 0;
+    int n = t->nodes[id].len, root = id == 0, actions = t->o->actions;
     int *p = t->expanding; /* the pool may move while children are added */
     memcpy(p, program_of(t, id), (size_t)n * sizeof *p);
     for (int i = 0; i < n; i++) {
         for (int repeat = 0; repeat < 2; repeat++) {
+            if ((repeat && actions == POLAR_ACTIONS_SKIP) || (!repeat && actions == POLAR_ACTIONS_LOOP)) continue;
             for (int k = 1; k <= (root ? 4 : 1) && i + k <= n; k++) {
                 int m = edit(t, p, n, i, k, repeat);
                 if (repeat && k == 1 && !at_most_twice(t->candidate, m, t->o->n_layers)) continue;
@@ -257,6 +278,18 @@ static polar_status collect(tree *t, polar_search_result *out, polar_error *err)
     return POLAR_OK;
 }
 
+static const char *const action_names[] = {"both", "skip", "loop"};
+
+const char *polar_search_actions_name(int actions) {
+    return actions >= 0 && actions < 3 ? action_names[actions] : NULL;
+}
+
+int polar_search_actions_parse(const char *name) {
+    for (int i = 0; name && i < 3; i++)
+        if (!strcmp(name, action_names[i])) return i;
+    return -1;
+}
+
 void polar_search_limits(int n_layers, int *min_len, int *max_len) {
     /* the reference's presets (Llama-3.2-3B and Qwen2.5-1.5B, Qwen2.5-3B and
      * Qwen3-8B, Qwen1.5-MoE, Qwen3-30B-A3B), else about their ratios */
@@ -311,6 +344,8 @@ polar_status polar_search_begin(const polar_search_opts *o, polar_search **out, 
     if (o->simulations < 0 || !(o->lambda >= 0) || !(o->explore >= 0 && o->explore <= 1))
         return polar_fail(err, POLAR_ERR_ARG, "search: simulations %d, lambda %g, explore %g out of range",
                           o->simulations, o->lambda, o->explore);
+    if (!polar_search_actions_name(o->actions))
+        return polar_fail(err, POLAR_ERR_ARG, "search: action space %d (both 0, skip 1, loop 2)", o->actions);
     polar_search *s = calloc(1, sizeof *s);
     if (!s) return polar_fail(err, POLAR_ERR_NOMEM, "search: out of memory");
     s->o = *o;

@@ -291,6 +291,36 @@ else
         "$(diff "$D/lab1.s" "$D/lab3.s" | head -c 300)"
 fi
 expect search_batch_zero 2 "--batch must be 1 to 256" $P search $SB --batch 0 -o "$D/x.jsonl"
+# --actions, the paper's Table 1 spaces: skip never runs a layer twice (every program 0..29 in order with
+# layers left out), loop never leaves one out (every layer of 0..29, none more than twice); --actions both
+# writes the default's lines; each line and the summary say the space; a file resumes only in its own.
+SA="--model $M --data $Q --limit 1 --sims 8 --max-new 4 --quiet"
+expect_out search_skip "searched 1 questions" $P search $SA --actions skip -o "$D/skip.jsonl"
+expect_out search_loop "searched 1 questions" $P search $SA --actions loop -o "$D/loop.jsonl"
+paths() { grep -o '"path":\[[0-9,]*\]' "$1" | sed 's/"path":\[//; s/\]//'; }
+skip_bad=$(paths "$D/skip.jsonl" | awk -F, '{for (i = 2; i <= NF; i++) if ($i <= $(i-1)) {print; break}}')
+loop_bad=$(paths "$D/loop.jsonl" | awk -F, '{delete c; for (i = 1; i <= NF; i++) c[$i]++;
+    for (l = 0; l < 30; l++) if (!(l in c) || c[l] > 2) {print; break}}')
+if [ "$(paths "$D/skip.jsonl" | wc -l)" -gt 3 ] && [ "$(paths "$D/loop.jsonl" | wc -l)" -gt 3 ] &&
+    [ -z "$skip_bad$loop_bad" ] && paths "$D/skip.jsonl" | awk -F, 'NF < 30 {f = 1} END {exit !f}' &&
+    paths "$D/loop.jsonl" | awk -F, 'NF > 30 {f = 1} END {exit !f}' &&
+    grep -q '"actions":"skip","simulations":8,' "$D/skip.jsonl" && grep -q '"actions":"loop","simulations":8,' "$D/loop.jsonl"; then
+    echo "PASS cli_search_actions_spaces"
+else
+    echo "FAIL cli_search_actions_spaces: skip '$skip_bad' loop '$loop_bad'; $(head -c 300 "$D/skip.jsonl")"
+fi
+expect_out search_both "searched 2 questions" $P search --model "$M" --data "$Q" --limit 2 --sims 6 --max-new 4 \
+    --actions both -o "$D/both.jsonl" --quiet
+strip_s() { sed 's/"seconds":[0-9.]*//' "$1" | sort; }
+if grep -q '"actions":"both",' "$D/labels.jsonl" && [ "$(strip_s "$D/labels.jsonl")" = "$(strip_s "$D/both.jsonl")" ]; then
+    echo "PASS cli_search_actions_both_default"
+else
+    echo "FAIL cli_search_actions_both_default: $(diff "$D/labels.jsonl" "$D/both.jsonl" | head -c 300)"
+fi
+expect_out search_summary_skip "1 questions, D = 30, actions skip" $P search --summary "$D/skip.jsonl"
+expect search_actions_resume 1 "searched with --actions skip, not loop" $P search $SA --actions loop -o "$D/skip.jsonl"
+expect search_actions_bad 2 "--actions is both, skip or loop" $P search $SA --actions skips -o "$D/x.jsonl"
+expect search_summary_actions 2 "--summary takes only" $P search --summary "$D/skip.jsonl" --actions skip
 expect search_shots_alone 2 "--shots N and --shots-from FILE go together" $P search --model "$M" --data "$Q" --shots 2 \
     -o "$D/x.jsonl"
 

@@ -154,8 +154,48 @@ static void labels_summary(void) {
           "%s", json);
     CHECK(strstr(json, "\"valid_programs\":3,\"codec_rejected\":0"), "%s", json);
     CHECK(strstr(table, "base-wrong questions fixed:       50.0% (1 of 2)"), "%s", table);
+    /* written before --actions: no "actions" in the lines, every search both */
+    CHECK(strstr(json, "\"actions\":\"both\",\"lines_without_actions\":3}"), "%s", json);
+    CHECK(strstr(table, "3 questions, D = 6, actions both (not recorded"), "%s", table);
     polar_free(json), polar_free(table);
     CHECK(access(svg, R_OK) == 0, "no plot written");
+    /* the action space each line names: one for the file, "mixed" when they
+     * differ, an unknown name an error */
+    static const struct {
+        const char *a, *b, *json, *table;
+    } spaces[] = {
+        {"skip", "skip", "\"actions\":\"skip\",\"lines_without_actions\":0}", "2 questions, D = 6, actions skip\n"},
+        {"loop", "loop", "\"actions\":\"loop\",\"lines_without_actions\":0}", "2 questions, D = 6, actions loop\n"},
+        {"both", NULL, "\"actions\":\"both\",\"lines_without_actions\":1}",
+         "2 questions, D = 6, actions both (1 line without \"actions\", read as both)\n"},
+        {"skip", "loop", "\"actions\":\"mixed\",\"lines_without_actions\":0}", "actions mixed\n"},
+        {"skip", NULL, "\"actions\":\"mixed\",\"lines_without_actions\":1}", "actions mixed (1 line without"},
+    };
+    for (size_t i = 0; i < sizeof spaces / sizeof spaces[0]; i++) {
+        f = fopen(path, "w");
+        if (!f) return;
+        for (int k = 0; k < 2; k++) {
+            const char *a = k ? spaces[i].b : spaces[i].a;
+            fprintf(f, "{\"index\":%d,\"question\":\"a\",\"gt_ans\":\"1\",\"initial_score\":0,"
+                    "\"final_valid_transitions\":[],\"final_invalid_transitions\":[[0,1,2,3,4,5]],"
+                    "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":0,\"length\":6}]%s%s%s}\n", k,
+                    a ? ",\"actions\":\"" : "", a ? a : "", a ? "\"" : "");
+        }
+        fclose(f);
+        CHECK_OK(polar_labels_summary(path, 0, &json, &table, NULL, &err));
+        if (!json || !table) return;
+        CHECK(strstr(json, spaces[i].json), "%s/%s: %s", spaces[i].a, spaces[i].b, json);
+        CHECK(strstr(table, spaces[i].table), "%s/%s: %s", spaces[i].a, spaces[i].b, table);
+        polar_free(json), polar_free(table);
+    }
+    f = fopen(path, "w");
+    if (!f) return;
+    fputs("{\"index\":0,\"question\":\"a\",\"gt_ans\":\"1\",\"initial_score\":0,\"final_valid_transitions\":[],"
+          "\"best_transitions\":[],\"actions\":\"skips\"}\n", f);
+    fclose(f);
+    CHECK(polar_labels_summary(path, 0, &json, NULL, NULL, &err) == POLAR_ERR_FORMAT && strstr(err.msg, ":1:") &&
+              strstr(err.msg, "actions"),
+          "unknown action space: %s", err.msg);
     /* a file that is not labels */
     snprintf(path, sizeof path, "%s/notlabels.jsonl", tmp_dir);
     f = fopen(path, "w");
