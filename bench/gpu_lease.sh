@@ -61,13 +61,26 @@ if [ -f "$BASE_TAR" ]; then
     (mkdir -p /tmp/polar-ab-base && tar -xzf "$BASE_TAR" -C /tmp/polar-ab-base &&
         nice make -C /tmp/polar-ab-base/base -j"$jobs" cuda >"$R/build-base.log" 2>&1) &
 fi
-step build 240 sh -c "make -j$jobs cuda && make -j$jobs CUDA=1 build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch"
+step build 240 sh -c "make -j$jobs cuda && make -j$jobs CUDA=1 build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch \
+    build-cuda/tests/mkgguf"
 [ -x build-cuda/polar ] || { tail -n 30 "$R/build.log"; exit 1; }
 
 step test_cuda 200 ./build-cuda/tests/test_cuda
 step test_cuda_batch 100 ./build-cuda/tests/test_cuda_batch
 echo "tests: $(cat "$R"/test_cuda*.log | grep -c '^PASS') passed, $(cat "$R"/test_cuda*.log | grep -c '^FAIL') failed"
 grep -h -B3 "^FAIL" "$R"/test_cuda*.log
+
+# Issue 43: a GGUF's blocks kept on the GPU (2026-11-27, never run on a GPU
+# before) against the same file uploaded as bf16 (POLAR_CUDA_BLOCKS=0, the
+# path measured on 2026-11-26), alternated: an 8-layer Llama-3.2-1B-shaped
+# Q4_K_M (tied Q6_K head), decode at ctx 128 and a 512-token prefill.
+step blocks 120 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
+    ./build-cuda/tests/mkgguf llama-3.2-1b /tmp/polar-q4km.gguf q4_k_m 1 8 || exit 1
+    for rep in 1 2; do for b in 1 0; do for len in "128 --gen 32" "512 --gen 1"; do
+        POLAR_CUDA_BLOCKS=$b ./build-cuda/polar bench --device cuda --json --model /tmp/polar-q4km.gguf \
+            --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"result\":/; s/\$/}/" /tmp/polar-blocks.json >>"$OUTFILE"
+    done; done; done'
 
 # issue 15's GPU targets (batches 2-8 too: the multi-token GEMV's range, 3x
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
@@ -103,6 +116,8 @@ step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
+grep -o '"blocks":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - | sed 's/^/  blocks: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

@@ -964,7 +964,9 @@ polar_status polar_copy_bandwidth(polar_device device, size_t bytes, int n_threa
 polar_status polar_read_bandwidth(polar_device device, size_t bytes, int n_threads, double *gbps, polar_error *err);
 
 /* Bytes one decode step at context length ctx reads on a device: the
- * executed layers' weights (MoE: router, top-k and shared experts), their KV
+ * executed layers' weights as the device holds them (a GGUF's blocks as
+ * blocks, but on CUDA the routed experts, and everything under
+ * POLAR_CUDA_BLOCKS=0, as bf16; MoE: router, top-k and shared experts), their KV
  * cache rows (f32 on the CPU unless kv_bf16, bf16 on CUDA), one embedding
  * row, the final norm and the head. */
 double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx, polar_device device, int kv_bf16);

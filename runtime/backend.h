@@ -5,6 +5,8 @@
 #ifndef POLAR_BACKEND_H
 #define POLAR_BACKEND_H
 
+#include <stdlib.h>
+
 #include "model.h"
 #include "polar.h"
 
@@ -28,6 +30,13 @@ static inline int cuda_expert_gemm_fits(int hidden, int moe_ffn) { return hidden
 /* Release a model's device weights (model_device.weights); polar_model_free
  * calls it once no batch is left. */
 void cuda_weights_free(void *weights);
+
+/* Whether the CUDA upload keeps a GGUF's blocks as blocks (not when
+ * POLAR_CUDA_BLOCKS=0: then bf16, as before, for A/B runs). */
+static inline int cuda_keeps_blocks(void) {
+    const char *v = getenv("POLAR_CUDA_BLOCKS");
+    return !(v && v[0] == '0' && !v[1]);
+}
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */
 polar_status cuda_copy_bandwidth(size_t bytes, double *gbps, polar_error *err);

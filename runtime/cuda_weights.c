@@ -73,8 +73,7 @@ static int upload_part(cuda_weights *w, const bf16 **dst, cpu_wtype *dt, const b
     if (t == CPU_W_BF16 && c0 == 0 && nc == cols) return upload(w, dst, src + r0 * cols, nr * nc);
     cpu_wtype rt = cpu_row_type(t);
     size_t elems = (size_t)cpu_wtype_block_elems(rt);
-    const char *env = getenv("POLAR_CUDA_BLOCKS");
-    if (dt && t != CPU_W_BF16 && c0 % elems == 0 && nc % elems == 0 && !(env && !strcmp(env, "0"))) {
+    if (dt && t != CPU_W_BF16 && c0 % elems == 0 && nc % elems == 0 && cuda_keeps_blocks()) {
         size_t full = cpu_wtype_row_bytes(rt, cols), part = cpu_wtype_row_bytes(rt, nc), skip = cpu_wtype_row_bytes(rt, c0);
         uint8_t *buf = malloc(nr * part + 1), *row = malloc(full);
         int ok = buf && row;

@@ -118,12 +118,12 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         free(layer);
         return 0;
     }
-    /* What the device reads: the CPU its block formats as they are, CUDA
-     * bf16 (it dequantizes at upload). */
-    int cpu = device != POLAR_DEVICE_CUDA;
+    /* What the device reads: the blocks as they are (on CUDA unless
+     * POLAR_CUDA_BLOCKS=0 uploaded bf16), routed experts on CUDA bf16. */
+    int cpu = device != POLAR_DEVICE_CUDA, blocks = cpu || cuda_keeps_blocks();
     for (int i = 0; i < n; i++)
         if (refs[i].layer >= 0)
-            layer[refs[i].layer] += cpu && refs[i].wtype ? (double)refs[i].rows *
+            layer[refs[i].layer] += blocks && refs[i].wtype ? (double)refs[i].rows *
                                                                 (double)cpu_wtype_row_bytes(*refs[i].wtype, (size_t)refs[i].cols)
                                                           : (double)ref_elems(&refs[i]) * sizeof(bf16);
     free(refs);
@@ -140,7 +140,7 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         layer[l] += a->top_k * one - a->n_experts * 3.0 * (double)F * (double)H * sizeof(bf16);
     }
     double kv_row = 2.0 * a->n_kv_heads * a->head_dim * (!cpu || kv_bf16 ? sizeof(bf16) : sizeof(float));
-    cpu_wtype th = cpu ? m->t_lm_head : CPU_W_BF16, te = cpu ? m->t_embed : CPU_W_BF16;
+    cpu_wtype th = blocks ? cpu_row_type(m->t_lm_head) : CPU_W_BF16, te = blocks ? cpu_row_type(m->t_embed) : CPU_W_BF16;
     double head = (double)a->hidden * sizeof(bf16) + (double)a->vocab * (double)cpu_wtype_row_bytes(th, (size_t)a->hidden);
     double total = (double)cpu_wtype_row_bytes(te, (size_t)a->hidden) + head; /* one embedding row, final norm, lm_head */
     for (int k = 0; k < p->n; k++)

@@ -842,6 +842,18 @@ static void model_gguf_blocks(void) {
                       w ? cpu_wtype_name(w->layers[0].t_wq) : "-", w ? cpu_wtype_name(w->t_embed) : "-");
                 gpu_vs_cpu_on_blocks(q, name, 7, 8);
                 if (!quick) gpu_vs_cpu_on_blocks(q, name, 40, 8);
+                if (!a.n_experts) { /* polar bench's bytes a step reads: the blocks, as on the CPU */
+                    polar_program bp;
+                    CHECK_OK(polar_program_base(a.n_layers, &bp, &err));
+                    double gpu = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CUDA, 1);
+                    double cpu = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CPU, 1);
+                    setenv("POLAR_CUDA_BLOCKS", "0", 1);
+                    double as_bf16 = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CUDA, 1);
+                    unsetenv("POLAR_CUDA_BLOCKS");
+                    CHECK(gpu == cpu && as_bf16 > 1.5 * gpu, "%s: decode bytes GPU %.0f, CPU %.0f, bf16 upload %.0f",
+                          name, gpu, cpu, as_bf16);
+                    polar_program_free(&bp);
+                }
                 /* Q8_0 of q8_exact weights: the bf16 load's weights exactly, so the golden models' bounds */
                 if (files[f].file == GGUF_Q8_0_FILE) compare_models(q, b, "0,1-2x2,3", 7, 8, 1);
                 if (files[f].file == GGUF_Q8_0_FILE && !quick) compare_models(q, b, "0,1-2x2,3", 40, 8, 1);
