@@ -163,8 +163,9 @@ $(BUILD)/obj/%.o: %.cu $(CU_HDR)
 	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC $(CUDA_ARCH) -Iinclude -c $< -o $@
 endif
 
+# rm first: ar r keeps members whose sources were moved or deleted
 $(BUILD)/libpolar.a: $(LIB_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/libpolar.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
