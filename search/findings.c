@@ -2,7 +2,9 @@
  * questions have a valid program, how many base-wrong questions a program
  * fixes, how short the shortest valid programs are against D, and what
  * valid programs are made of in PoLar's segment form (single-layer
- * segments, skips, repeats), with the depth distribution as SVG, and the
+ * segments, skips, repeats; the paper's single-layer ratio: of the skip and
+ * repeat segments, those of one layer; programs by the edits they make),
+ * with the depth distribution as SVG, and the
  * action space the file was searched in ("actions" of each line; lines
  * written before `polar search --actions` have none, and their searches all
  * took both kinds of edit). */
@@ -19,6 +21,8 @@ enum { MAX_LEN = 1024 };
 typedef struct {
     int questions, with_valid, base_correct, fixed, n_valid_programs, codec_rejected;
     long shortest_sum, segments, single, skips, repeats, keeps;
+    long edits, single_edits;        /* skip and repeat segments, and those of one layer (the paper's ratio) */
+    int skip_only, repeat_only, both_kinds, no_edit; /* valid programs by the edits they make */
     int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
     int actions;          /* POLAR_ACTIONS_* of the lines, -1 before the first, -2 when they differ */
     int without_actions;  /* lines with no "actions" (read as both) */
@@ -48,13 +52,18 @@ static void add_valid(labels_stats *s, const int *layers, int n, int D) {
         s->codec_rejected++;
         return;
     }
+    int skips = 0, repeats = 0;
     for (int i = 0; i < D; i++) {
         if (!seg[i]) continue;
         int len = 1;
         while (i + len < D && !seg[i + len]) len++;
         s->segments++, s->single += len == 1;
         s->skips += ops[i] == 0, s->keeps += ops[i] == 1, s->repeats += ops[i] == 2;
+        skips += ops[i] == 0, repeats += ops[i] == 2;
+        if (ops[i] != 1) s->edits++, s->single_edits += len == 1;
     }
+    s->skip_only += skips && !repeats, s->repeat_only += repeats && !skips;
+    s->both_kinds += skips && repeats, s->no_edit += !skips && !repeats;
 }
 
 typedef struct {
@@ -123,13 +132,15 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "\"base_wrong_fixed\":%.6f,\"mean_shortest_valid_length\":%.3f,"
                       "\"mean_shortest_valid_length_over_D\":%.6f,\"valid_programs\":%d,\"codec_rejected\":%d,"
                       "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
-                      "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"actions\":\"%s\","
-                      "\"lines_without_actions\":%d}",
+                      "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"edits\":%ld,\"single_layer_edits\":%.6f,"
+                      "\"valid_skip_only\":%d,\"valid_repeat_only\":%d,\"valid_skip_and_repeat\":%d,"
+                      "\"valid_no_edit\":%d,\"actions\":\"%s\",\"lines_without_actions\":%d}",
                       s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
                       share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0, s->n_valid_programs,
                       s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
-                      share(s->repeats, s->segments), share(s->keeps, s->segments), actions ? actions : "",
-                      s->without_actions);
+                      share(s->repeats, s->segments), share(s->keeps, s->segments), s->edits,
+                      share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit,
+                      actions ? actions : "", s->without_actions);
     if (st == POLAR_OK && table && ok)
         ok = sbuf_add(&t,
                       "%d questions, D = %d, actions %s%s\n"
@@ -138,12 +149,15 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "base-wrong questions fixed:      %5.1f%% (%d of %d)\n"
                       "shortest valid program:          %.2f layers on average (%.1f%% of D)\n"
                       "valid programs:                  %d (%d not expressible as segments)\n"
-                      "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n",
+                      "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n"
+                      "their edits (skip and repeat segments): %ld, single-layer %.1f%% (the paper's ratio)\n"
+                      "valid programs by edit: skip only %d, repeat only %d, both %d, none (the base) %d\n",
                       s->questions, D, actions ? actions : "", note, 100 * share(s->with_valid, s->questions),
                       100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
                       base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->n_valid_programs, s->codec_rejected,
                       s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),
-                      100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments));
+                      100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments), s->edits,
+                      100 * share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit);
     if (st == POLAR_OK && svg_path && ok) {
         ok = svg_begin(&g) && svg_axes(&g, 60, "Shortest valid program per question", "layers run", "questions") &&
              svg_axes(&g, 510, "Every valid program", "layers run", "programs") &&
