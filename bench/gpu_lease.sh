@@ -82,6 +82,16 @@ step blocks 120 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"result\":/; s/\$/}/" /tmp/polar-blocks.json >>"$OUTFILE"
     done; done; done'
 
+# Issue 42 item 1: the bf16 GEMVs' weight rows prefetched into L2 before the
+# grid-dependency wait (POLAR_CUDA_PREFETCH=1) against without, alternated,
+# 3B preset decode at ctx 128.
+step prefetch 60 env COMMIT="$COMMIT" OUTFILE="$R/prefetch.jsonl" sh -c '
+    for rep in 1 2 3; do for p in 0 1; do
+        POLAR_CUDA_PREFETCH=$p ./build-cuda/polar bench --device cuda --json --preset llama-3.2-3b \
+            --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-prefetch.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"prefetch\":$p,\"result\":/; s/\$/}/" /tmp/polar-prefetch.json >>"$OUTFILE"
+    done; done'
+
 # issue 15's GPU targets (batches 2-8 too: the multi-token GEMV's range, 3x
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
 step batch 150 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 BATCH_SIZES=1,2,4,8,16,32 \
@@ -118,6 +128,8 @@ pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
 grep -o '"blocks":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
     "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - | sed 's/^/  blocks: /'
+grep -o '"prefetch":[0-9]\|"decode_ms_per_token":[0-9.]*\|"fraction_of_read":[0-9.]*' "$R/prefetch.jsonl" 2>/dev/null |
+    paste -d' ' - - - | sed 's/^/  prefetch: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

@@ -133,6 +133,8 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     }
     const char *pdl = getenv("POLAR_CUDA_PDL");
     c->queue.overlap = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    const char *prefetch = getenv("POLAR_CUDA_PREFETCH");
+    c->queue.prefetch = prefetch && !strcmp(prefetch, "1");
     c->launches = c->queue.overlap ? "overlapped"
                   : major < 9     ? "serial: the GPU is older than compute capability 9.0"
                                   : "serial: POLAR_CUDA_PDL=0";

@@ -66,14 +66,15 @@ struct gemv_parts {
 // sm_90: three blocks a multiprocessor, as without the norm).
 template <bool ONE, bool NORM>
 __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, const bf16_bits *norm, float eps,
-                                                   int T, int cols, int accumulate) {
-    await_previous_kernel();
+                                                   int T, int cols, int accumulate, int prefetch) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
-    if (r >= parts.rows) return;
     gemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
     if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
+    if (prefetch && r < part.rows && blockIdx.y == 0) prefetch_l2(part.w + (size_t)r * cols, (size_t)cols * 2, lane);
+    await_previous_kernel();
+    if (r >= part.rows) return;
     int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
@@ -101,7 +102,7 @@ static void gemv(gemv_parts parts, const float *x, const bf16_bits *norm, float 
     dim3 grid((parts.rows + warps - 1) / warps, passes(T));
     auto kernel = norm ? (T == 1 ? gemv_kernel<true, true> : gemv_kernel<false, true>)
                        : (T == 1 ? gemv_kernel<true, false> : gemv_kernel<false, false>);
-    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate);
+    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate, queue ? queue->prefetch : 0);
 }
 
 extern "C" void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
@@ -124,10 +125,14 @@ extern "C" void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, co
 template <bool ONE, bool NORM>
 __global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm, float eps,
                                                           const bf16_bits *w_gate, const bf16_bits *w_up, int T,
-                                                          int F, int cols) {
-    await_previous_kernel();
+                                                          int F, int cols, int prefetch) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    if (prefetch && r < F && blockIdx.y == 0) {
+        prefetch_l2(w_gate + (size_t)r * cols, (size_t)cols * 2, lane);
+        prefetch_l2(w_up + (size_t)r * cols, (size_t)cols * 2, lane);
+    }
+    await_previous_kernel();
     if (r >= F) return;
     int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
@@ -156,7 +161,7 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
     dim3 grid((F + warps - 1) / warps, passes(T));
     auto kernel = norm ? (T == 1 ? gemv_swiglu_kernel<true, true> : gemv_swiglu_kernel<false, true>)
                        : (T == 1 ? gemv_swiglu_kernel<true, false> : gemv_swiglu_kernel<false, false>);
-    launch(queue, grid, threads, 0, kernel, act, x, norm, eps, w_gate, w_up, T, F, cols);
+    launch(queue, grid, threads, 0, kernel, act, x, norm, eps, w_gate, w_up, T, F, cols, queue ? queue->prefetch : 0);
 }
 
 // ------------------------------------------------- q/k norm, RoPE, KV store

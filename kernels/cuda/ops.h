@@ -17,10 +17,14 @@ typedef uint16_t bf16_bits;
 /* Where a launcher's kernels go: a stream (a cudaStream_t), and whether
  * each may be scheduled while the previous kernel of the stream finishes
  * (overlap: programmatic dependent launch, sm_90 and later; the kernels wait
- * for it before touching memory, so results do not change). */
+ * for it before touching memory, so results do not change); prefetch: the
+ * bf16 GEMVs ask L2 for their weight rows before that wait (weights no
+ * kernel writes), so blocks resident early stream them while the previous
+ * kernel ends (POLAR_CUDA_PREFETCH=1; off until measured on a GPU). */
 typedef struct {
     void *stream;
     int overlap;
+    int prefetch;
 } cuda_queue;
 
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
