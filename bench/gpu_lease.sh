@@ -82,15 +82,20 @@ step blocks 120 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"result\":/; s/\$/}/" /tmp/polar-blocks.json >>"$OUTFILE"
     done; done; done'
 
-# Issue 42 item 1: the bf16 GEMVs' weight rows prefetched into L2 before the
-# grid-dependency wait (POLAR_CUDA_PREFETCH=1) against without, alternated,
-# 3B preset decode at ctx 128.
-step prefetch 60 env COMMIT="$COMMIT" OUTFILE="$R/prefetch.jsonl" sh -c '
-    for rep in 1 2 3; do for p in 0 1; do
-        POLAR_CUDA_PREFETCH=$p ./build-cuda/polar bench --device cuda --json --preset llama-3.2-3b \
-            --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-prefetch.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"prefetch\":$p,\"result\":/; s/\$/}/" /tmp/polar-prefetch.json >>"$OUTFILE"
-    done; done'
+# Issue 42, items 1 and 3: the bf16 GEMVs' weight rows prefetched into L2
+# before the grid-dependency wait (POLAR_CUDA_PREFETCH=1) and split-K
+# attention merged by its last block (POLAR_CUDA_FUSED_MERGE=1, one launch
+# a layer fewer), each alone and both, against neither, alternated: the 1B
+# preset's decode at ctx 128 and 2048 (a cut at the cap keeps the rows so far).
+step switches 120 env COMMIT="$COMMIT" OUTFILE="$R/switches.jsonl" sh -c '
+    for rep in 1 2; do for cfg in none prefetch merge both; do for ctx in 128 2048; do
+        p=0 f=0
+        case $cfg in prefetch) p=1 ;; merge) f=1 ;; both) p=1 f=1 ;; esac
+        POLAR_CUDA_PREFETCH=$p POLAR_CUDA_FUSED_MERGE=$f ./build-cuda/polar bench --device cuda --json \
+            --preset llama-3.2-1b --prompt-len $ctx --gen 32 --reps 2 >/tmp/polar-switch.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"switches\":\"$cfg\",\"result\":/; s/\$/}/" /tmp/polar-switch.json \
+            >>"$OUTFILE"
+    done; done; done'
 
 # issue 15's GPU targets (batches 2-8 too: the multi-token GEMV's range, 3x
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
@@ -128,8 +133,8 @@ pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
 grep -o '"blocks":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
     "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - | sed 's/^/  blocks: /'
-grep -o '"prefetch":[0-9]\|"decode_ms_per_token":[0-9.]*\|"fraction_of_read":[0-9.]*' "$R/prefetch.jsonl" 2>/dev/null |
-    paste -d' ' - - - | sed 's/^/  prefetch: /'
+grep -o '"switches":"[a-z]*"\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/switches.jsonl" 2>/dev/null | paste -d' ' - - - - | sed 's/^/  switches: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

@@ -156,6 +156,10 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if ((size_t)a->top_k * a->moe_ffn > widest_in) widest_in = (size_t)a->top_k * a->moe_ffn; /* expert inputs */
     ok = ok && (c->gemm = cuda_gemm_create()) && (c->xb = cuda_dev_alloc(c, C * widest_in * sizeof(bf16))) &&
          (!a->qkv_bias || (c->acc = cuda_dev_alloc(c, C * (q > kv ? q : kv) * 4)));
+    const char *fused = getenv("POLAR_CUDA_FUSED_MERGE");
+    if (ok && fused && !strcmp(fused, "1"))
+        ok = (c->att_tickets = cuda_dev_alloc(c, C * (size_t)sh->n_kv * sizeof(int))) &&
+             cudaMemset(c->att_tickets, 0, C * (size_t)sh->n_kv * sizeof(int)) == cudaSuccess;
     if (ok && m->quantized) { /* prefill GEMMs over blocks: a chunk of rows as bf16, up to 32 MB */
         size_t rows = (size_t)sh->vocab > widest_in ? (size_t)sh->vocab : widest_in;
         c->wb_elems = rows * widest_in < ((size_t)16 << 20) ? rows * widest_in : (size_t)16 << 20;

@@ -87,6 +87,8 @@ struct cuda_state {
     float *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */
     float *gate, *up;            /* [chunk, max(ffn, shared_ffn)] */
     float *scores;               /* split-K attention partials: cuda_attention_scratch_upto of chunk floats */
+    int *att_tickets;            /* [chunk * n_kv] zeros: split-K attention merged by its last block (one launch;
+                                  * POLAR_CUDA_FUSED_MERGE=1, off until measured), else NULL: a merge kernel */
     float *router_logits;        /* [chunk, n_experts]                          MoE models only */
     int *expert_idx;             /* [chunk, top_k] chosen experts, ascending */
     float *expert_w;             /* [chunk, top_k] their weights */

@@ -128,7 +128,7 @@ static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) 
     size_t qd = (size_t)nq * hd;
     cuda_kv_map sub = {.pos = map->pos + t0, .table = map->table + t0, .tables = map->tables};
     cuda_attention_decode(c->att + t0 * qd, c->q + t0 * qd, c->k_pool, c->v_pool, c->scores, sub, t1 - t0, nq, nk, hd,
-                          cuda_attention_splits(t1 - t0, nk, c->sms), &c->queue);
+                          cuda_attention_splits(t1 - t0, nk, c->sms), c->att_tickets, &c->queue);
 }
 
 /* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,

@@ -554,12 +554,27 @@ static void kernel_attention(void) {
                 cudaMemset(dout, 0xff, out_vals * 4); /* NaN: unwritten outputs fail */
                 if (kind < 2)
                     cuda_attention_decode(dout, dq, dk, dv, scratch, map[per_token], T, nh, nkv, hd,
-                                          cuda_attention_splits(T, nkv, 132), NULL);
+                                          cuda_attention_splits(T, nkv, 132), NULL, NULL);
                 else
                     cuda_attention_prefill(dout, dq, dk, dv, map[0].run, T, nh, nkv, hd, 1 << (kind - 2), NULL);
                 float *got = from_dev(dout, out_vals), d = max_rel(got, want[per_token], out_vals);
                 CHECK(d < 1e-4f, "attention %s (%d rows per warp) heads %d/%d hd %d T %d at %d: relative error %g",
                       kinds[kind], kind < 2 ? 0 : 1 << (kind - 2), nh, nkv, hd, T, pos0, d);
+                if (kind < 2) { /* merged by the last split block, twice (the tickets back at 0): the same bits */
+                    int *tickets = NULL;
+                    cudaMalloc((void **)&tickets, (size_t)T * nkv * sizeof(int));
+                    cudaMemset(tickets, 0, (size_t)T * nkv * sizeof(int));
+                    for (int rep = 0; rep < 2; rep++) {
+                        cudaMemset(dout, 0xff, out_vals * 4);
+                        cuda_attention_decode(dout, dq, dk, dv, scratch, map[per_token], T, nh, nkv, hd,
+                                              cuda_attention_splits(T, nkv, 132), tickets, NULL);
+                        float *fused = from_dev(dout, out_vals);
+                        CHECK(!memcmp(fused, got, out_vals * 4), "attention %s, merged by the last block (run %d): "
+                              "other bits than the merge kernel's", kinds[kind], rep + 1);
+                        free(fused);
+                    }
+                    cudaFree(tickets);
+                }
                 free(got);
             }
             if (tc) { /* a probability may round the other way (2^-8 of it): the largest error bounded, the L2 tight */

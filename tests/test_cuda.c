@@ -222,10 +222,13 @@ static void graph_recapture(void) {
  * bit for bit: with POLAR_CUDA_PDL=0, and (under the emulation) with every
  * graph capture that records an overlapping launch failing, which a session
  * answers by capturing again without overlap. */
-/* POLAR_CUDA_PREFETCH=1 (the GEMVs' weight rows asked into L2 before the
- * dependency wait) changes timing only: the same prompt logits and greedy
- * tokens, bit for bit, on a dense and an MoE model. */
-static void prefetch_env(void) {
+/* The switches that change timing only, each the same prompt logits and
+ * greedy tokens bit for bit on a dense and an MoE model:
+ * POLAR_CUDA_PREFETCH=1 (the GEMVs' weight rows asked into L2 before the
+ * dependency wait), POLAR_CUDA_FUSED_MERGE=1 (split-K attention merged by
+ * its last block: one launch, the merge's operations unchanged). */
+static void timing_switches(void) {
+    static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE"};
     static const char *archs[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
         polar_error err;
@@ -238,25 +241,28 @@ static void prefetch_env(void) {
         polar_model_info_get(m, &info);
         polar_program p;
         CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));
-        int prompt[4] = {1, 2, 3, 4}, toks[2][10];
-        float *logits[2] = {malloc((size_t)info.arch.vocab * 4), malloc((size_t)info.arch.vocab * 4)};
+        int prompt[4] = {1, 2, 3, 4}, toks[3][10];
+        float *logits[3];
         polar_gen_opts go = {.max_new = 10, .ignore_eos = 1};
         polar_session_opts o = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
-        for (int i = 0; i < 2; i++) {
-            if (i) setenv("POLAR_CUDA_PREFETCH", "1", 1);
+        for (int i = 0; i < 3; i++) { /* none, then each switch */
+            logits[i] = malloc((size_t)info.arch.vocab * 4);
+            if (i) setenv(vars[i - 1], "1", 1);
             polar_session *s = NULL;
             CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
-            unsetenv("POLAR_CUDA_PREFETCH");
+            if (i) unsetenv(vars[i - 1]);
             if (s) {
                 CHECK_OK(polar_prefill(s, prompt, 4, NULL, &err));
                 memcpy(logits[i], polar_logits(s), (size_t)info.arch.vocab * 4);
                 CHECK_OK(polar_generate(s, prompt, 4, &go, toks[i], NULL, NULL, NULL, &err));
             }
             polar_session_free(s);
+            if (i)
+                CHECK(!memcmp(logits[0], logits[i], (size_t)info.arch.vocab * 4) &&
+                          !memcmp(toks[0], toks[i], sizeof toks[0]),
+                      "%s: %s=1 changed the logits or tokens", archs[a], vars[i - 1]);
         }
-        CHECK(!memcmp(logits[0], logits[1], (size_t)info.arch.vocab * 4) && !memcmp(toks[0], toks[1], sizeof toks[0]),
-              "%s: POLAR_CUDA_PREFETCH=1 changed the logits or tokens", archs[a]);
-        free(logits[0]), free(logits[1]);
+        for (int i = 0; i < 3; i++) free(logits[i]);
         polar_program_free(&p);
         polar_model_free(m);
     }
@@ -958,7 +964,7 @@ int main(int argc, char **argv) {
     RUN_IF(no_alloc_per_step);
     RUN_IF(graph_recapture);
     RUN_IF(overlap_off);
-    RUN_IF(prefetch_env);
+    RUN_IF(timing_switches);
     RUN_IF(gemv_tokens_env);
     RUN_IF(greedy_stop);
     RUN_IF(shared_weights);

@@ -64,10 +64,59 @@ static __device__ __forceinline__ void load_kv_tile(uint16_t *ks, uint16_t *vs, 
 // ... up to the token's position with an online softmax for every query head
 // of the group, loading each K/V tile once for the group, and writes its
 // partial (max, sum of exponentials, unnormalised output). A second kernel
-// merges the S partials with their log-sum-exp weights.
+// merges the S partials with their log-sum-exp weights, or (with tickets)
+// the last split block of each (token, KV head) does.
+
+// The S partials of (token t, head h): each split's log-sum-exp weight
+// computed once, in shared memory, then a thread per output dimension sums
+// the splits in order with every split's load issued up front. Only the
+// splits that hold keys are read: split s covers chunks s, s + S, ..., so
+// the first min(S, chunks up to the token's position) of them (at a
+// 128-token context and 64 splits, 4 of 64). The others, with no keys, write
+// nothing; they used to write a sum of 0 that this loop skipped, so the
+// same operations give the same bits. Every thread of the block calls it.
+static __device__ void merge_head(float *out, const float *part, int t, int h, int n_heads, int hd, int splits,
+                                  int used) {
+    __shared__ float ms[ATT_MAX_SPLITS], ls[ATT_MAX_SPLITS], wgt[ATT_MAX_SPLITS], total;
+    size_t stride = (size_t)hd + 2;
+    const float *p = part + ((size_t)t * n_heads + h) * splits * stride;
+    for (int k = threadIdx.x; k < used; k += blockDim.x) ms[k] = p[k * stride], ls[k] = p[k * stride + 1];
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float m = -INFINITY;
+        for (int k = threadIdx.x; k < used; k += WARP) m = fmaxf(m, ms[k]);
+        m = warp_max(m);
+        for (int k = threadIdx.x; k < used; k += WARP) wgt[k] = ls[k] > 0.0f ? expf(ms[k] - m) : 0.0f;
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            float l = 0.0f;
+            for (int k = 0; k < used; k++)
+                if (ls[k] > 0.0f) l += ls[k] * wgt[k];
+            total = l;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < used; k++) {
+            float v = p[k * stride + 2 + c];
+            if (ls[k] > 0.0f) o += v * wgt[k];
+        }
+        out[((size_t)t * n_heads + h) * hd + c] = o / total;
+    }
+    __syncthreads(); // the shared arrays are the next head's
+}
+
+// Splits holding keys for a token at position pos.
+static __device__ __forceinline__ int used_splits(int pos, int splits) {
+    int chunks = pos / ATT_CHUNK + 1;
+    return chunks < splits ? chunks : splits;
+}
 
 __global__ void attention_split_kernel(float *part, const float *q, const bf16_bits *kc, const bf16_bits *vc,
-                                       cuda_kv_map map, int n_heads, int n_kv, int hd, int splits) {
+                                       cuda_kv_map map, int n_heads, int n_kv, int hd, int splits, float *out,
+                                       int *tickets) {
     await_previous_kernel();
     int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, pos = kv_pos(map, t);
     if (split * ATT_CHUNK > pos) return; // no keys: the merge reads only the splits that have some
@@ -130,49 +179,27 @@ __global__ void attention_split_kernel(float *part, const float *q, const bf16_b
         }
         __syncthreads();
     }
+    if (!tickets) return;
+    // With tickets, the last block of (t, kvh) to finish merges the group's
+    // heads and sets the ticket back to 0 for the next launch (a replayed
+    // graph): one launch instead of two, the merge's bits unchanged.
+    __shared__ int last;
+    int used = used_splits(pos, splits), *ticket = &tickets[t * n_kv + kvh];
+    __threadfence(); // this block's partials before its ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == used - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); // the other blocks' partials after their tickets
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) merge_head(out, part, t, h, n_heads, hd, splits, used);
+    if (threadIdx.x == 0) *ticket = 0;
 }
 
-// The S partials of (token t, head h): each split's log-sum-exp weight
-// computed once, in shared memory, then a thread per output dimension sums
-// the splits in order with every split's load issued up front. Only the
-// splits that hold keys are read: split s covers chunks s, s + S, ..., so
-// the first min(S, chunks up to the token's position) of them (at a
-// 128-token context and 64 splits, 4 of 64). The others, with no keys, write
-// nothing; they used to write a sum of 0 that this loop skipped, so the
-// same operations give the same bits.
 __global__ void attention_merge_kernel(float *out, const float *part, cuda_kv_map map, int n_heads, int hd,
                                        int splits) {
     await_previous_kernel();
-    __shared__ float ms[ATT_MAX_SPLITS], ls[ATT_MAX_SPLITS], wgt[ATT_MAX_SPLITS], total;
-    int t = blockIdx.x, h = blockIdx.y, chunks = kv_pos(map, t) / ATT_CHUNK + 1;
-    int used = chunks < splits ? chunks : splits;
-    size_t stride = (size_t)hd + 2;
-    const float *p = part + ((size_t)t * n_heads + h) * splits * stride;
-    for (int k = threadIdx.x; k < used; k += blockDim.x) ms[k] = p[k * stride], ls[k] = p[k * stride + 1];
-    __syncthreads();
-    if (threadIdx.x < WARP) {
-        float m = -INFINITY;
-        for (int k = threadIdx.x; k < used; k += WARP) m = fmaxf(m, ms[k]);
-        m = warp_max(m);
-        for (int k = threadIdx.x; k < used; k += WARP) wgt[k] = ls[k] > 0.0f ? expf(ms[k] - m) : 0.0f;
-        __syncwarp();
-        if (threadIdx.x == 0) {
-            float l = 0.0f;
-            for (int k = 0; k < used; k++)
-                if (ls[k] > 0.0f) l += ls[k] * wgt[k];
-            total = l;
-        }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
-        float o = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < used; k++) {
-            float v = p[k * stride + 2 + c];
-            if (ls[k] > 0.0f) o += v * wgt[k];
-        }
-        out[((size_t)t * n_heads + h) * hd + c] = o / total;
-    }
+    int t = blockIdx.x, h = blockIdx.y;
+    merge_head(out, part, t, h, n_heads, hd, splits, used_splits(kv_pos(map, t), splits));
 }
 
 // Splits so that the grid covers the GPU (sms multiprocessors) about four
@@ -197,11 +224,12 @@ extern "C" size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, 
 
 extern "C" void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                                       float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim,
-                                      int splits, const cuda_queue *queue) {
+                                      int splits, int *tickets, const cuda_queue *queue) {
     if (splits < 1 || splits > ATT_MAX_SPLITS) splits = splits < 1 ? 1 : ATT_MAX_SPLITS;
     launch(queue, dim3(T, n_kv, splits), 256, 0, attention_split_kernel, scratch, q, k_pool, v_pool, map, n_heads,
-           n_kv, head_dim, splits);
-    launch(queue, dim3(T, n_heads), 128, 0, attention_merge_kernel, out, scratch, map, n_heads, head_dim, splits);
+           n_kv, head_dim, splits, out, tickets);
+    if (!tickets)
+        launch(queue, dim3(T, n_heads), 128, 0, attention_merge_kernel, out, scratch, map, n_heads, head_dim, splits);
 }
 
 // ------------------------------------------------------------------ prefill

@@ -101,9 +101,12 @@ size_t cuda_attention_scratch(int T, int n_heads, int head_dim);
  * picks on a GPU of sms multiprocessors. */
 size_t cuda_attention_scratch_upto(int max_T, int n_heads, int n_kv, int head_dim, int sms);
 int cuda_attention_splits(int T, int n_kv, int sms); /* splits for a GPU of sms multiprocessors */
+/* tickets: NULL, a second kernel merges the splits; else T * n_kv ints,
+ * all 0 (and left 0), with which the last split block of each (token, KV
+ * head) merges its heads itself: one launch, the same bits. */
 void cuda_attention_decode(float *out, const float *q, const bf16_bits *k_pool, const bf16_bits *v_pool,
                            float *scratch, cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int splits,
-                           const cuda_queue *queue);
+                           int *tickets, const cuda_queue *queue);
 /* Once per process and head_dim before the first prefill: the prefill
  * kernel's shared-memory limit. Returns a cudaError_t (0: success).
  * rows_per_warp: query rows each warp of the CUDA-core prefill kernel owns
