@@ -17,6 +17,7 @@ typedef struct {
     char text[512];
     double prefill_ms, decode_ms; /* best of reps: whole prefill, per decode step */
     double bytes;                 /* read per decode step at the mean context */
+    int kernels, copies;          /* its decode step's CUDA graph: kernel and memcpy/memset nodes (-1: none) */
 } bench_run;
 
 /* One prefill of the prompt and gen decode steps, greedy (on a GPU the
@@ -30,7 +31,53 @@ static polar_status time_run(polar_session *s, bench_run *r, const int *prompt, 
     if ((st = polar_generate(s, prompt, n_prompt, &o, out, &stats, NULL, NULL, err)) != POLAR_OK) return st;
     if (stats.prefill_ms < r->prefill_ms) r->prefill_ms = stats.prefill_ms;
     if (gen && stats.decode_ms / gen < r->decode_ms) r->decode_ms = stats.decode_ms / gen;
+    r->kernels = polar_session_graph_kernels(s, &r->copies); /* the last decode step's */
     return POLAR_OK;
+}
+
+/* Kernels a decode step launches (a GPU's, from its graph): the fixed
+ * part (embed, head) from programs "0" and "0x2" (fixed = K(0) - (K(0x2) -
+ * K(0))), per layer the mean over the base program's layers ((K(base) -
+ * fixed) / D): exact per layer when every layer is of one kind. */
+typedef struct {
+    double per_layer;
+    int fixed, ok;
+} launch_count;
+
+/* The kernels of the last decode step of program spec (-1: no graph): a
+ * prompt, then 3 decode steps: the host feeds the first, the device the
+ * next (run ahead), whose calls the third repeats: captured. */
+static int program_kernels(polar_session *s, const char *spec, int D, const int *prompt, int n_prompt,
+                           polar_status *st, polar_error *err) {
+    polar_program p;
+    int out[4], copies;
+    polar_gen_opts o = {.max_new = 4, .ignore_eos = 1};
+    if ((*st = polar_program_parse(spec, D, 0, &p, err)) != POLAR_OK) return -1;
+    *st = polar_session_set_program(s, &p, err);
+    polar_program_free(&p);
+    if (*st == POLAR_OK) *st = polar_generate(s, prompt, n_prompt < 8 ? n_prompt : 8, &o, out, NULL, NULL, NULL, err);
+    return *st == POLAR_OK ? polar_session_graph_kernels(s, &copies) : -1;
+}
+
+static polar_status count_launches(polar_session *s, const bench_run *base, int D, const int *prompt, int n_prompt,
+                                   launch_count *lc, polar_error *err) {
+    polar_status st = POLAR_OK;
+    memset(lc, 0, sizeof *lc);
+    if (base->kernels < 0) return st; /* the CPU, or no decode step as a graph (--gen 1-2, POLAR_CUDA_GRAPHS=0) */
+    int one = program_kernels(s, "0", D, prompt, n_prompt, &st, err);
+    int two = one < 0 ? -1 : program_kernels(s, "0x2", D, prompt, n_prompt, &st, err);
+    if (two >= 0) {
+        lc->fixed = one - (two - one);
+        lc->per_layer = (double)(base->kernels - lc->fixed) / D;
+        lc->ok = 1;
+    }
+    return st;
+}
+
+/* A JSON number, or null for a count of -1. */
+static void json_count(const char *key, int v) {
+    if (v >= 0) printf(",\"%s\":%d", key, v);
+    else printf(",\"%s\":null", key);
 }
 
 /* The device's memory, GB/s: a read (what a decode step does) and a copy
@@ -55,23 +102,35 @@ static polar_status measure_bandwidth(polar_device device, int threads, bandwidt
 /* launches: polar_session_cuda_launches (NULL on the CPU); tp: GPUs in
  * all under tensor parallel (0: none). */
 static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, bandwidth bw,
-                   const char *name, const char *device, int tp, const char *kv, const char *launches, int json) {
+                   const char *name, const char *device, int tp, const char *kv, const char *launches,
+                   const launch_count *lc, int json) {
     const bench_run *base = &runs[0];
     if (json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"tp\":%d,\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
                "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"read_gbps\":%.3f,"
-               "\"copy_gbps\":%.3f,\"runs\":[",
+               "\"copy_gbps\":%.3f",
                name, device, tp, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
                launches ? "\"" : "", n_prompt, gen, D, bw.read, bw.copy);
+        json_count("launches_per_step", base->kernels);
+        json_count("copies_per_step", base->copies);
+        if (lc->ok)
+            printf(",\"launches_per_layer\":%.4g,\"launches_fixed\":%d,\"launches_counted\":\"kernel nodes of a batch-1 "
+                   "decode step's CUDA graph; fixed: 2 K(0) - K(0x2); per layer: (base - fixed) / %d layers\"",
+                   lc->per_layer, lc->fixed, D);
+        else
+            printf(",\"launches_per_layer\":null,\"launches_fixed\":null,\"launches_counted\":null");
+        printf(",\"runs\":[");
         for (int i = 0; i < n_runs; i++) {
             const bench_run *r = &runs[i];
             double gbps = r->bytes / (r->decode_ms * 1e6);
             printf("%s{\"program\":\"%s\",\"executed_layers\":%d,\"prefill_ms\":%.4f,\"prefill_tok_s\":%.2f,"
                    "\"decode_ms_per_token\":%.4f,\"decode_tok_s\":%.3f,\"bytes_per_step\":%.0f,\"gbps\":%.3f,"
-                   "\"fraction_of_copy\":%.4f,\"fraction_of_read\":%.4f,\"decode_time_vs_base\":%.4f,\"bytes_vs_base\":%.4f}",
+                   "\"fraction_of_copy\":%.4f,\"fraction_of_read\":%.4f,\"decode_time_vs_base\":%.4f,\"bytes_vs_base\":%.4f",
                    i ? "," : "", r->text, r->prog.n, r->prefill_ms, n_prompt / (r->prefill_ms * 1e-3), r->decode_ms,
                    1e3 / r->decode_ms, r->bytes, gbps, gbps / bw.copy, gbps / bw.read, r->decode_ms / base->decode_ms,
                    r->bytes / base->bytes);
+            json_count("launches_per_step", r->kernels);
+            printf("}");
         }
         printf("]}\n");
         return;
@@ -81,6 +140,9 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
     printf("%s: read %.2f GB/s, copy %.2f GB/s (bytes read + written)\n",
            strcmp(device, "cuda") ? "memory" : "device memory", bw.read, bw.copy);
     if (launches) printf("kernel launches: %s\n", launches);
+    if (lc->ok)
+        printf("kernels per decode step: %d = %d (embed, head) + %d layers x %.4g, %d memcpy/memset nodes\n",
+               base->kernels, lc->fixed, D, lc->per_layer, base->copies);
     if (tp) printf("tensor parallel: %d GPUs (bandwidth and bytes above are one GPU's)\n", tp);
     printf("\n");
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
@@ -261,7 +323,9 @@ int cmd_bench(int argc, char **argv) {
     int D = info.arch.n_layers;
     polar_error err;
     bench_run runs[2];
+    launch_count lc;
     memset(runs, 0, sizeof runs);
+    memset(&lc, 0, sizeof lc);
     int n_runs = 1;
     polar_session *s = NULL;
     int *prompt = NULL, *generated = NULL;
@@ -277,8 +341,10 @@ int cmd_bench(int argc, char **argv) {
         bench_run *r = &runs[i];
         polar_program_format(&r->prog, r->text, sizeof r->text);
         r->prefill_ms = r->decode_ms = 1e300;
+        r->kernels = r->copies = -1;
         if (r->prog.n > cap) cap = r->prog.n;
     }
+    if (cap < 2) cap = 2; /* program_kernels' 0x2 */
     prompt = malloc((size_t)n_prompt * sizeof *prompt);
     generated = malloc((size_t)(gen + 1) * sizeof *generated);
     if (!prompt || !generated) {
@@ -306,13 +372,14 @@ int cmd_bench(int argc, char **argv) {
                 rc = fail_status(cmd, &err);
                 goto done;
             }
-    if (measure_bandwidth(used, threads, &bw, &err) != POLAR_OK) {
+    if (measure_bandwidth(used, threads, &bw, &err) != POLAR_OK ||
+        count_launches(s, &runs[0], D, prompt, n_prompt, &lc, &err) != POLAR_OK) {
         rc = fail_status(cmd, &err);
         goto done;
     }
     const char *name = model_dir ? model_dir : preset ? preset : arch;
     report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), bw, name, polar_session_device(s),
-           par.world ? par.world : par.tp, polar_session_kv_type(s), polar_session_cuda_launches(s), json);
+           par.world ? par.world : par.tp, polar_session_kv_type(s), polar_session_cuda_launches(s), &lc, json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

@@ -202,6 +202,10 @@ const char *polar_session_kv_type(const polar_session *s);
  * overlapping launches in a graph, which a session finds at its first
  * decode graph and then goes on without). NULL on the CPU. */
 const char *polar_session_cuda_launches(const polar_session *s);
+/* On a GPU, the kernels (and into *copies, which may be NULL, the memcpy
+ * and memset nodes) of the session's last step when it ran as a CUDA graph:
+ * a decode step's launches; -1 otherwise (polar_batch_graph_kernels). */
+int polar_session_graph_kernels(const polar_session *s, int *copies);
 
 /* The CPU kernels this process runs: "generic" (plain C), "avx2", "avx512"
  * or "neon", the best the CPU supports unless the environment variable
@@ -576,6 +580,14 @@ const char *polar_batch_kv_type(const polar_batch *b);
  * batch finds a driver's refusal at its first graph capture); NULL on the
  * CPU. */
 const char *polar_batch_cuda_launches(const polar_batch *b);
+/* On a GPU, the kernel nodes of the CUDA graph the last step ran as
+ * (polar_batch_stats.graph 1 or 2: a decode step repeating the calls of the
+ * one before), counted when it was captured (cudaGraphGetNodes; under
+ * tensor parallel the first rank's, its all-reduces among them), and into
+ * *copies (may be NULL) its memcpy and memset nodes. -1 for both when the
+ * last step went call by call (a prompt, the first decode step of a shape,
+ * POLAR_CUDA_GRAPHS=0) and on the CPU. docs/cuda.md lists the kernels. */
+int polar_batch_graph_kernels(const polar_batch *b, int *copies);
 
 /* -------------------------------------------------------------- tokenizers */
 

@@ -432,3 +432,7 @@ const char *polar_batch_kv_type(const polar_batch *b) { return kv_pool_row_type(
 const char *polar_batch_device(const polar_batch *b) { return b->on_gpu ? "cuda" : "cpu"; }
 
 const char *polar_batch_cuda_launches(const polar_batch *b) { return b->dev.ops->launches(b->dev.state); }
+
+int polar_batch_graph_kernels(const polar_batch *b, int *copies) {
+    return b->dev.ops->graph_kernels(b->dev.state, copies);
+}

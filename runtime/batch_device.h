@@ -62,6 +62,10 @@ typedef struct {
     /* 0: the last step ran call by call; 1 a captured graph replayed; 2
      * captured from it. */
     int (*step_graph)(const void *d);
+    /* The last step's graph (step_graph 1 or 2): its kernel nodes, and its
+     * memcpy and memset nodes into *copies (may be NULL); -1 for both
+     * without a graph (and on the CPU). */
+    int (*graph_kernels)(const void *d, int *copies);
     /* The GPU: how its kernels are launched (cuda_state_launches); the
      * CPU: NULL. */
     const char *(*launches)(const void *d);

@@ -169,6 +169,12 @@ static int cpu_batch_graph(const void *state) {
     return 0;
 }
 
+static int cpu_batch_graph_kernels(const void *state, int *copies) {
+    (void)state;
+    if (copies) *copies = -1;
+    return -1;
+}
+
 static const char *cpu_batch_launches(const void *state) {
     (void)state;
     return NULL;
@@ -180,7 +186,8 @@ static const batch_device_ops cpu_batch_ops = {
     .cache_keep = cpu_batch_cache_keep, .cache_take = cpu_batch_cache_take,
     .rows_from_start = cpu_batch_rows_from_start, .outputs = cpu_batch_outputs, .head = cpu_batch_head,
     .launch = cpu_batch_launch, .wait = cpu_batch_wait, .host_logits = cpu_batch_host_logits,
-    .copy_logits = cpu_batch_copy_logits, .step_graph = cpu_batch_graph, .launches = cpu_batch_launches,
+    .copy_logits = cpu_batch_copy_logits, .step_graph = cpu_batch_graph,
+    .graph_kernels = cpu_batch_graph_kernels, .launches = cpu_batch_launches,
     .free = cpu_batch_free,
 };
 

@@ -177,6 +177,7 @@ static polar_status cuda_batch_create(const polar_model *m, const batch_device_s
     d->graph_ops = 2 * sh->cap_program + 2 * sh->head_rows + 8;
     const char *env = getenv("POLAR_CUDA_GRAPHS");
     d->graphs = !(env && !strcmp(env, "0"));
+    d->ran_kernels = d->ran_copies = -1;
     int ok = half_init(d, &d->half[0], V, HR) && half_init(d, &d->half[1], V, HR) &&
              (d->ops = malloc((size_t)d->cap_ops * sizeof *d->ops)) && (d->want = calloc(HR, 1)) &&
              (d->rank = calloc((size_t)d->n_ranks, sizeof *d->rank));
@@ -260,7 +261,7 @@ static int op_begin(void *state) {
     step_half *h = &d->half[d->h];
     h->used = 0, h->tables_used = 0, h->failed = 0;
     for (int r = 0; r < d->n_ranks; r++) d->rank[r].half[d->h].failed = 0, d->rank[r].half[d->h].error = cudaSuccess;
-    d->n_ops = 0, d->direct = 0, d->ran_as = 0;
+    d->n_ops = 0, d->direct = 0, d->ran_as = 0, d->ran_kernels = d->ran_copies = -1;
     memset(d->want, 0, (size_t)d->head_rows);
     return d->h;
 }
@@ -380,6 +381,12 @@ static polar_status op_copy_logits(void *d, int half, int i, polar_error *err) {
 
 static int op_step_graph(const void *d) { return ((const cuda_batch *)d)->ran_as; }
 
+static int op_graph_kernels(const void *state, int *copies) {
+    const cuda_batch *d = state;
+    if (copies) *copies = d->ran_copies;
+    return d->ran_kernels;
+}
+
 /* Rank 0's (every rank launches alike). */
 static const char *op_launches(const void *d) { return cuda_state_launches(((const cuda_batch *)d)->rank[0].c); }
 
@@ -388,7 +395,7 @@ static const batch_device_ops cuda_batch_ops = {
     .copy_rows = op_copy_rows, .copy_kv = op_copy_kv, .cache_keep = op_cache_keep, .cache_take = op_cache_take,
     .rows_from_start = op_rows_from_start, .outputs = op_outputs, .head = op_head, .launch = op_launch,
     .wait = op_wait, .host_logits = op_host_logits, .copy_logits = op_copy_logits, .step_graph = op_step_graph,
-    .launches = op_launches, .free = cuda_batch_free,
+    .graph_kernels = op_graph_kernels, .launches = op_launches, .free = cuda_batch_free,
 };
 
 polar_status cuda_batch_device(const polar_model *m, const batch_device_shape *shape, batch_device *out,

@@ -20,6 +20,7 @@
 #include "cuda_step.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 void ranks_run(cuda_batch *d, void (*fn)(void *arg, int r), void *arg) {
@@ -240,9 +241,26 @@ static step_graph *free_slot(cuda_batch *d) {
     return g;
 }
 
+/* The kernel nodes of graph into g->kernels, its memcpy and memset nodes
+ * into g->copies (-1 each when the runtime cannot say). */
+static void count_nodes(cudaGraph_t graph, step_graph *g) {
+    size_t n = 0;
+    cudaGraphNode_t *nodes = NULL;
+    int kernels = 0, copies = 0, ok = cudaGraphGetNodes(graph, NULL, &n) == cudaSuccess;
+    if (ok && n) ok = (nodes = malloc(n * sizeof *nodes)) && cudaGraphGetNodes(graph, nodes, &n) == cudaSuccess;
+    for (size_t i = 0; ok && i < n; i++) {
+        enum cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+        ok = cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess;
+        kernels += t == cudaGraphNodeTypeKernel, copies += t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset;
+    }
+    free(nodes);
+    if (!ok) (void)cudaGetLastError(); /* a count missing is no failure of the step */
+    g->kernels = ok ? kernels : -1, g->copies = ok ? copies : -1;
+}
+
 /* Rank r captures the recorded calls on the buffers of half `half` into its
- * graph of slot `slot`. Calls refused by a dead capture are no failure of a
- * step. */
+ * graph of slot `slot` (the first rank counts its nodes). Calls refused by a
+ * dead capture are no failure of a step. */
 static cudaError_t capture(cuda_batch *d, int r, int half, int slot) {
     rank_state *k = &d->rank[r];
     cudaStream_t s = k->c->queue.stream;
@@ -253,6 +271,7 @@ static cudaError_t capture(cuda_batch *d, int r, int half, int slot) {
     for (int i = 0; i < d->n_ops; i++) step_issue(d, r, half, &d->ops[i]);
     e = cudaStreamEndCapture(s, &graph);
     if (e == cudaSuccess) e = cudaGraphInstantiate(&k->exec[slot], graph, 0);
+    if (e == cudaSuccess && r == 0) count_nodes(graph, &d->graph[slot]);
     if (graph) cudaGraphDestroy(graph);
     k->half[half].failed = failed;
     if (e != cudaSuccess) k->exec[slot] = NULL;
@@ -317,7 +336,7 @@ static void settle(cuda_batch *d, const step_job *j) {
         const rank_state *k = &d->rank[r];
         captured &= !k->capture_failed, retry &= !k->capture_failed || k->retry, launched &= !k->launch_failed;
     }
-    d->ran_as = 0;
+    d->ran_as = 0, d->ran_kernels = d->ran_copies = -1;
     if (j->plan == RUN_CAPTURE) {
         if (!captured) {
             if (!retry) d->graphs = 0;
@@ -334,6 +353,7 @@ static void settle(cuda_batch *d, const step_job *j) {
         }
         d->graph[j->slot].last_used = ++d->clock;
         d->ran_as = j->plan == RUN_CAPTURE ? 2 : 1;
+        d->ran_kernels = d->graph[j->slot].kernels, d->ran_copies = d->graph[j->slot].copies;
     }
 }
 

@@ -44,6 +44,7 @@ typedef struct {
     int n_ops;
     unsigned char *want;  /* [head_rows] the head rows it copies to the host */
     unsigned long last_used;
+    int kernels, copies;  /* the first rank's graph's kernel nodes and memcpy/memset nodes (-1: not counted) */
 } step_graph;
 
 /* The host's side of one step, so that the next may be planned and queued
@@ -108,6 +109,7 @@ typedef struct {
     step_graph graph[STEP_GRAPHS];
     unsigned long clock;
     int ran_as;            /* the last step: 0 issued call by call, 1 replayed, 2 captured and run */
+    int ran_kernels, ran_copies; /* the last step's graph's nodes (step_graph's kernels, copies); -1: no graph */
 } cuda_batch;
 
 /* fn(arg, r) for every rank r, each on its own thread with its device
@@ -125,7 +127,8 @@ void step_issue(cuda_batch *d, int r, int half, const step_op *o);
 /* The step's recorded calls go out on every rank: a graph of this shape
  * and half replayed, or captured when the previous step had the same calls
  * (on both halves: the next such step runs on the other), or else one by
- * one; then each rank records its half's event. */
+ * one; then each rank records its half's event. A captured graph's nodes
+ * are counted (cudaGraphGetNodes): what ran_kernels reports. */
 void step_launch(cuda_batch *d);
 
 /* Row i of a half's head to the host now (the rows not wanted with the

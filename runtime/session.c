@@ -161,6 +161,8 @@ const char *polar_session_kv_type(const polar_session *s) { return polar_batch_k
 
 const char *polar_session_cuda_launches(const polar_session *s) { return polar_batch_cuda_launches(s->b); }
 
+int polar_session_graph_kernels(const polar_session *s, int *copies) { return polar_batch_graph_kernels(s->b, copies); }
+
 const char *polar_cpu_kernels(void) { return cpu_kernels_active()->name; }
 
 const float *polar_logits(const polar_session *s) { return s->logits_copied ? s->logits : polar_batch_logits(s->b, s->id); }

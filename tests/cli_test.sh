@@ -110,6 +110,8 @@ expect_out bench_batch_kv_bf16 '"kv":"bf16"' $P bench --arch llama --batch 1,2 -
 expect usage_kv 2 "--kv must be f32 or bf16, got 'f16'" $P bench --arch llama --kv f16
 # how GPU kernels are launched: nothing to say on the CPU
 expect_out bench_launches '"threads":1,"cuda_launches":null,"prompt_len":8' $P bench --arch llama --prompt-len 8 --gen 2 --reps 1 --threads 1 --json
+grep -q -F '"launches_per_step":null,"copies_per_step":null,"launches_per_layer":null,' "$D/out" &&
+    echo "PASS cli_bench_launches_cpu" || echo "FAIL cli_bench_launches_cpu: $(head -c 600 "$D/out")"
 expect_out bench_batch_launches '"threads":1,"cuda_launches":null,"prompt_len":5' $P bench --arch llama --batch 1 --prompt-len 5 --gen 2 --reps 1 --threads 1 --json
 printf '0-3\n0-9\n' >"$D/batch_bad.txt"
 expect bench_batch_bad_file 1 "batch_bad.txt:2:" $P bench --arch llama --batch 2 --programs "$D/batch_bad.txt"
@@ -390,7 +392,11 @@ if [ -n "$POLAR_CUDA_EMU" ]; then
     [ -n "$one" ] && [ "$one" = "$three" ] && echo "PASS cli_tp_emulated" ||
         echo "FAIL cli_tp_emulated: one GPU $one, 3 ranks $three"
     expect tp_heads 1 "5 ranks, but the model has 4 attention heads" $E run --model "$G" --tokens 1,2 --tp 5
-    expect_out tp_bench_json '"device":"cuda","tp":2,' $E bench --arch llama --prompt-len 4 --gen 2 --reps 1 --tp 2 --json
+    expect_out tp_bench_json '"device":"cuda","tp":2,' $E bench --arch llama --prompt-len 4 --gen 3 --reps 1 --tp 2 --json
+    # its decode step graph's kernels (rank 0's): a dense layer's 7 and its 2 all-reduces; embed and the head's
+    # 5 with the argmax parts all-gathered and merged (test_cuda_batch batch_launch_count: one GPU's)
+    grep -q -F '"launches_per_step":43,"copies_per_step":0,"launches_per_layer":9,"launches_fixed":7,' "$D/out" &&
+        echo "PASS cli_tp_bench_launches" || echo "FAIL cli_tp_bench_launches: $(grep -o '"launches_per_step[^[]*' "$D/out")"
     # rank 0 of one process writes the group's id (128 bytes) and runs
     two=$(tokens_of $E run --model "$G" --tokens 1,2,3 --program 0,1-2x2,3 --max-new 6 --tp 2 --nccl-id "$D/new-id" \
         --rank 0 --world 1)

@@ -13,7 +13,8 @@
  * one; on the GPU each row copied from the device when asked for), the
  * same greedy tokens (the argmax on the device; a few requests sampled on
  * the host with a one-token nucleus, their rows brought back with the
- * step), the same admissions and plans. */
+ * step), the same admissions and plans. And the kernels a decode step's
+ * graph holds, per layer of each kind (batch_launch_count). */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -616,6 +617,104 @@ static void batch_tp_refused(void) {
     polar_model_free(m);
 }
 
+/* The kernels of a batch-1 decode step's CUDA graph (issue 42 item 3:
+ * fewer launches; polar bench --json reports them as launches_per_step).
+ * Written down so that a change adding a launch fails here and must change
+ * a count on purpose; docs/cuda.md lists them too. */
+#define STEP_FIXED_KERNELS 5 /* embed; the head: its row gathered (copy_rows), final RMSNorm, head GEMV, argmax */
+#define DENSE_KERNELS 7      /* q/k/v GEMV (the attention norm fused), q/k norm + RoPE + bf16 KV store, split-K
+                              * attention, its merge, o_proj GEMV (+ residual), gate/up SwiGLU GEMV (the MLP norm
+                              * fused), down GEMV (+ residual) */
+#define MOE_KERNELS 12       /* the attention's 5 as above, then the MLP RMSNorm, router GEMV, top-k, grouping by
+                              * expert, experts' gate/up GEMV, experts' down GEMV, combine (+ residual) */
+#define SHARED_EXPERT_KERNELS 2 /* qwen2_moe: the shared expert's gate/up SwiGLU GEMV and down GEMV */
+#define FUSED_MERGE_SAVES 1  /* POLAR_CUDA_FUSED_MERGE=1: the attention merged by its last split block */
+
+/* The kernel nodes (and into *copies the memcpy and memset nodes) of a
+ * batch-1 decode step of program spec on m: a 3-token prompt, then 4
+ * decode steps, the first call by call, the second captured, then replays,
+ * every graph step's counts alike. */
+static int decode_kernels(const polar_model *m, int D, const char *spec, int *copies) {
+    polar_error err;
+    polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .max_seqs = 1, .max_ctx = 16, .max_program_len = 8,
+                          .step_tokens = 16};
+    polar_gen_opts g = {.max_new = 5, .ignore_eos = 1};
+    polar_batch *b = NULL;
+    polar_program p;
+    int id = 0, prompt[3] = {5, 17, 42}, kernels = -1, graphs = 0;
+    *copies = -1;
+    CHECK_OK(polar_program_parse(spec, D, 0, &p, &err));
+    CHECK_OK(polar_batch_create(m, &o, &b, &err));
+    if (b) CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err));
+    for (int step = 0; b && polar_batch_running(b) && step < 10; step++) {
+        polar_batch_stats st;
+        int c, k;
+        if (polar_batch_step(b, &st, &err) != POLAR_OK) {
+            CHECK(0, "%s: step %d: %s", spec, step, err.msg);
+            break;
+        }
+        k = polar_batch_graph_kernels(b, &c);
+        CHECK((k >= 0 && c >= 0) == (st.graph != 0), "%s: step %d ran as graph %d, counted %d kernels", spec, step,
+              st.graph, k);
+        if (!st.graph) continue;
+        CHECK(!graphs || (k == kernels && c == *copies), "%s: graph steps of %d and %d kernels", spec, kernels, k);
+        kernels = k, *copies = c, graphs++;
+    }
+    CHECK(graphs == 3, "%s: %d decode steps ran as a graph, not 3 (captured, then replayed twice)", spec, graphs);
+    polar_batch_free(b);
+    polar_program_free(&p);
+    return kernels;
+}
+
+/* Kernels per layer of each kind, from programs of one layer and of that
+ * layer three times (the difference is two layers' worth), and the fixed
+ * rest of a step (embed and head); the base program as their sum; with the
+ * merge kernel and with POLAR_CUDA_FUSED_MERGE=1. No memcpy or memset node:
+ * the step's ints go up before the graph, its argmax into mapped host
+ * memory. */
+static void batch_launch_count(void) {
+    static const struct {
+        const char *arch, *layer;
+        int want;
+        const char *what;
+    } cases[] = {{"llama", "0", DENSE_KERNELS, "dense"},
+                 {"qwen2_moe", "0", DENSE_KERNELS, "dense, q/k/v bias"},
+                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, "MoE + shared expert"},
+                 {"qwen3_moe", "0", MOE_KERNELS, "MoE, q/k norm"}};
+    const char *env = getenv("POLAR_CUDA_FUSED_MERGE");
+    char *was = env ? strdup(env) : NULL;
+    const size_t n = sizeof cases / sizeof cases[0];
+    for (size_t i = 0; i < 2 * n; i++) { /* each case with the merge kernel, then fused */
+        int fused = i >= n, want = cases[i % n].want - (fused ? FUSED_MERGE_SAVES : 0);
+        const char *arch = cases[i % n].arch, *spec = cases[i % n].layer, *what = cases[i % n].what;
+        setenv("POLAR_CUDA_FUSED_MERGE", fused ? "1" : "0", 1); /* read as a batch is created */
+        polar_model_info info;
+        polar_model *m = golden_model(arch, &info);
+        if (!m) continue;
+        int D = info.arch.n_layers, c1, c3, cb;
+        char three[16];
+        snprintf(three, sizeof three, "%sx3", spec);
+        int k1 = decode_kernels(m, D, spec, &c1), k3 = decode_kernels(m, D, three, &c3);
+        int layer = (k3 - k1) / 2, fixed = k1 - layer;
+        CHECK(k3 - k1 == 2 * layer && layer == want, "%s layer %s (%s%s): %d kernels a layer (%d, %d), not %d", arch,
+              spec, what, fused ? ", fused merge" : "", layer, k1, k3, want);
+        CHECK(fixed == STEP_FIXED_KERNELS, "%s: %d kernels a step besides the layers, not %d", arch, fixed,
+              STEP_FIXED_KERNELS);
+        CHECK(c1 == 0 && c3 == 0, "%s: %d and %d memcpy/memset nodes in a decode step", arch, c1, c3);
+        printf("  %s layer %s (%s%s): %d kernels, %d a step besides\n", arch, spec, what, fused ? ", fused merge" : "",
+               layer, fixed);
+        if (!strcmp(arch, "llama")) {
+            int kb = decode_kernels(m, D, "base", &cb), wb = STEP_FIXED_KERNELS + D * want;
+            CHECK(kb == wb && cb == 0, "llama base: %d kernels, %d copies, not %d", kb, cb, wb);
+            printf("  llama base (%d layers%s): %d kernels a decode step\n", D, fused ? ", fused merge" : "", kb);
+        }
+        polar_model_free(m);
+    }
+    if (was) setenv("POLAR_CUDA_FUSED_MERGE", was, 1);
+    else unsetenv("POLAR_CUDA_FUSED_MERGE");
+    free(was);
+}
+
 int main(int argc, char **argv) {
     /* [--quick] [names...]: a smaller set; only the named cases */
     int first = 1;
@@ -641,6 +740,7 @@ int main(int argc, char **argv) {
 #endif
     RUN_IF(batch_prefix_cache);
     RUN_IF(batch_run_ahead);
+    RUN_IF(batch_launch_count);
     /* make test runs these once, in forward order, by name: they add no
      * kernel that the thread orders could show wrong */
     if (!quick || h_n_only) {

@@ -21,7 +21,8 @@ struct launch_record {
 // would have punished).
 void execute(const launch_record &rec);
 
-// Host work on a stream (cuBLASLt's GEMM): now, or recorded when it captures.
+// Host work on a stream (cuBLASLt's GEMM, NCCL's collectives): now, or recorded
+// when it captures, a kernel node of the graph as on a GPU.
 cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()> op);
 // cudaSuccess when [p, p + bytes) lies inside one device allocation; else
 // says why on stderr.

@@ -4,6 +4,9 @@
 // their device side against the allocation table instead. Work on a stream
 // runs when it is issued (the host then waits for nothing), except on a
 // capturing stream, where it is recorded and replayed by cudaGraphLaunch.
+// A graph lists its kernel (cuBLASLt's GEMM and NCCL's collectives one
+// each), memcpy and memset nodes; an event recorded during a capture is no
+// node (in CUDA it only joins streams), though its replay here records it.
 //
 // What it checks, as the real runtime or a GPU would refuse it:
 //  - cudaMalloc'd memory starts as 0xFF bytes (NaN floats, bf16 NaN, -1
@@ -53,13 +56,21 @@
 
 typedef std::function<void()> stream_op;
 
+const int NOT_A_NODE = -1; // captured work that is no node of the graph (an event record)
+
+// Work captured from a stream: what a graph replays, and its node's kind.
+struct emu_graph_node {
+    int type; // a cudaGraphNodeType, or NOT_A_NODE
+    stream_op op;
+};
+
 struct emu_stream {
     unsigned flags;
     int device; // the device current when it was made
     bool capturing, invalidated;
     cudaStreamCaptureMode mode;
     std::thread::id owner;
-    std::vector<stream_op> ops;
+    std::vector<emu_graph_node> ops;
 };
 struct emu_event {
     unsigned flags;
@@ -68,7 +79,7 @@ struct emu_event {
     double ms;
 };
 struct emu_graph {
-    std::vector<stream_op> ops;
+    std::vector<emu_graph_node> ops;
 };
 struct emu_graph_exec {
     std::vector<stream_op> ops;
@@ -148,8 +159,9 @@ bool known_stream(cudaStream_t s) {
     return streams.count(s) != 0;
 }
 
-// Runs op on stream s now, or records it when s captures.
-cudaError_t enqueue(cudaStream_t s, const char *api, stream_op op) {
+// Runs op on stream s now, or records it when s captures (as a node of
+// that type).
+cudaError_t enqueue(cudaStream_t s, const char *api, int type, stream_op op) {
     if (!s) {
         cudaError_t e = legacy_stream_use(api);
         if (e != cudaSuccess) return e;
@@ -159,7 +171,7 @@ cudaError_t enqueue(cudaStream_t s, const char *api, stream_op op) {
     if (!known_stream(s)) return cudaErrorInvalidResourceHandle;
     if (s->capturing) {
         if (s->invalidated) return cudaErrorStreamCaptureInvalidated;
-        s->ops.push_back(std::move(op));
+        s->ops.push_back(emu_graph_node{type, std::move(op)});
         return cudaSuccess;
     }
     op();
@@ -366,7 +378,7 @@ cudaError_t submit(const void *func, const char *name, const launch_config &cfg,
     if (overlap && brk && !strcmp(brk, "overlap") && cfg.stream && known_stream(cfg.stream) && cfg.stream->capturing)
         cfg.stream->invalidated = true;
     launch_record rec{func, name, cfg, std::move(body), cooperative, overlap};
-    return record(enqueue(cfg.stream, name, [rec]() { execute(rec); }));
+    return record(enqueue(cfg.stream, name, cudaGraphNodeTypeKernel, [rec]() { execute(rec); }));
 }
 
 bool quiet() {
@@ -398,7 +410,7 @@ int sms() {
 }
 
 cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()> op) {
-    return record(enqueue(s, api, std::move(op)));
+    return record(enqueue(s, api, cudaGraphNodeTypeKernel, std::move(op)));
 }
 
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what) {
@@ -575,7 +587,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
     if (e == cudaSuccess)
-        e = enqueue(stream, "cudaMemcpyAsync", [=]() {
+        e = enqueue(stream, "cudaMemcpyAsync", cudaGraphNodeTypeMemcpy, [=]() {
             if (bytes) memmove(dst, src, bytes);
         });
     return record(e);
@@ -592,7 +604,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     cudaError_t e = check_range(dst, dspan, dst_dev, "cudaMemcpy2DAsync", "destination");
     if (e == cudaSuccess) e = check_range(src, sspan, src_dev, "cudaMemcpy2DAsync", "source");
     if (e == cudaSuccess)
-        e = enqueue(stream, "cudaMemcpy2DAsync", [=]() {
+        e = enqueue(stream, "cudaMemcpy2DAsync", cudaGraphNodeTypeMemcpy, [=]() {
             for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
         });
     return record(e);
@@ -608,7 +620,7 @@ cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
     cudaError_t e = bytes ? check_range(dst, bytes, true, "cudaMemsetAsync", "destination") : cudaSuccess;
-    if (e == cudaSuccess) e = enqueue(stream, "cudaMemsetAsync", [=]() { memset(dst, value, bytes); });
+    if (e == cudaSuccess) e = enqueue(stream, "cudaMemsetAsync", cudaGraphNodeTypeMemset, [=]() { memset(dst, value, bytes); });
     return record(e);
 }
 
@@ -674,7 +686,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
                  emu::stream_device(stream));
         return record(cudaErrorInvalidResourceHandle);
     }
-    return record(enqueue(stream, "cudaEventRecord", [event]() {
+    return record(enqueue(stream, "cudaEventRecord", NOT_A_NODE, [event]() {
         event->recorded = true;
         event->ms = now_ms();
     }));
@@ -719,7 +731,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
     if (stream->owner != std::this_thread::get_id() && stream->mode != cudaStreamCaptureModeRelaxed)
         return record(cudaErrorStreamCaptureUnmatched);
     stream->capturing = false;
-    std::vector<stream_op> ops;
+    std::vector<emu_graph_node> ops;
     ops.swap(stream->ops);
     if (stream->invalidated) return record(cudaErrorStreamCaptureInvalidated);
     *graph = new emu_graph{std::move(ops)};
@@ -729,7 +741,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
     (void)flags;
     if (!graph) return record(cudaErrorInvalidValue);
-    *exec = new emu_graph_exec{graph->ops}; // a copy: the graph may be destroyed
+    *exec = new emu_graph_exec{}; // a copy: the graph may be destroyed
+    for (const emu_graph_node &n : graph->ops) (*exec)->ops.push_back(n.op);
     return cudaSuccess;
 }
 
@@ -740,7 +753,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     const char *brk = getenv("POLAR_CUDA_EMU_BREAK_LAUNCH");
     if (brk && !strcmp(brk, "1")) return record(cudaErrorInvalidResourceHandle);
     if (stream && known_stream(stream) && stream->capturing) return record(cudaErrorStreamCaptureUnsupported);
-    return record(enqueue(stream, "cudaGraphLaunch", [exec]() {
+    return record(enqueue(stream, "cudaGraphLaunch", cudaGraphNodeTypeGraph, [exec]() {
         for (const stream_op &op : exec->ops) op();
     }));
 }
@@ -752,6 +765,28 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
     delete graph;
+    return cudaSuccess;
+}
+
+// The graph's nodes in capture order (CUDA promises no order): all of them
+// when nodes is NULL, else the first *numNodes, the entries past the last
+// node set to NULL and *numNodes lowered to the nodes there are.
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes) {
+    if (!graph || !numNodes) return record(cudaErrorInvalidValue);
+    size_t n = 0;
+    for (emu_graph_node &node : graph->ops) {
+        if (node.type == NOT_A_NODE) continue;
+        if (nodes && n < *numNodes) nodes[n] = &node;
+        n++;
+    }
+    for (size_t i = n; nodes && i < *numNodes; i++) nodes[i] = nullptr;
+    if (!nodes || n < *numNodes) *numNodes = n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *pType) {
+    if (!node || !pType || node->type == NOT_A_NODE) return record(cudaErrorInvalidValue);
+    *pType = (cudaGraphNodeType)node->type;
     return cudaSuccess;
 }
 

@@ -215,6 +215,7 @@ static void runtime_checks(void) {
 }
 
 /* Capture records launches with their arguments, a replay runs them; a
+ * graph lists its kernel, memcpy and memset nodes; a
  * forbidden call during capture fails as the real runtime fails it and
  * invalidates the capture; the legacy stream may not wait on a blocking
  * stream that captures. */
@@ -242,6 +243,33 @@ static void graph_capture_rules(void) {
     cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
     CHECK(h[0] == 2 && h[7] == 2 && n == 3, "two replays: %g %g", h[0], h[7]);
     cudaGraphExecDestroy(x);
+    /* a graph's nodes (what polar counts a decode step's launches by): a
+     * kernel, a memcpy, a memset; an event recorded during capture is none */
+    cudaEvent_t ev;
+    cudaEventCreate(&ev);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "begin capture");
+    emu_bad_launch("add_one", d, 8, s);
+    cudaMemcpyAsync(d + 4, d, 4 * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    cudaEventRecord(ev, s);
+    cudaMemsetAsync(d, 0, 4 * sizeof(float), s);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess && g, "end capture");
+    static const enum cudaGraphNodeType kinds[3] = {cudaGraphNodeTypeKernel, cudaGraphNodeTypeMemcpy,
+                                                    cudaGraphNodeTypeMemset};
+    cudaGraphNode_t nodes[5];
+    size_t nn = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &nn) == cudaSuccess && nn == 3, "%zu nodes counted, not 3", nn);
+    nn = 5;
+    CHECK(cudaGraphGetNodes(g, nodes, &nn) == cudaSuccess && nn == 3 && !nodes[3] && !nodes[4],
+          "5 asked for: %zu nodes, the rest not NULL", nn);
+    for (int i = 0; i < 3 && nn == 3; i++) {
+        enum cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+        CHECK(cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == kinds[i], "node %d: type %d, not %d", i,
+              (int)t, (int)kinds[i]);
+    }
+    nn = 2;
+    CHECK(cudaGraphGetNodes(g, nodes, &nn) == cudaSuccess && nn == 2, "2 asked for: %zu", nn);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(ev);
     /* forbidden calls on the capturing thread */
     static const char *calls[] = {"cudaMalloc", "cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize"};
     for (int c = 0; c < 4; c++) {
