@@ -87,7 +87,7 @@ step blocks 120 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
 # attention merged by its last block (POLAR_CUDA_FUSED_MERGE=1, one launch
 # a layer fewer), each alone and both, against neither, alternated: the 1B
 # preset's decode at ctx 128 and 2048 (a cut at the cap keeps the rows so far).
-step switches 120 env COMMIT="$COMMIT" OUTFILE="$R/switches.jsonl" sh -c '
+step switches 90 env COMMIT="$COMMIT" OUTFILE="$R/switches.jsonl" sh -c '
     for rep in 1 2; do for cfg in none prefetch merge both; do for ctx in 128 2048; do
         p=0 f=0
         case $cfg in prefetch) p=1 ;; merge) f=1 ;; both) p=1 f=1 ;; esac
@@ -96,6 +96,16 @@ step switches 120 env COMMIT="$COMMIT" OUTFILE="$R/switches.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"switches\":\"$cfg\",\"result\":/; s/\$/}/" /tmp/polar-switch.json \
             >>"$OUTFILE"
     done; done; done'
+
+# Sanitizer on the new kernels (blocks, fused merge), then the A/B against
+# the last GPU-measured base, before the longer benchmarks.
+step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
+wait # the base build
+if [ -x /tmp/polar-ab-base/base/build-cuda/polar ]; then
+    step ab 150 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
+--preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 2
+--preset qwen1.5-moe-a2.7b --prompt-len 150 --gen 16 --reps 2" sh bench/gpu_ab.sh "$R/ab" "$BASE_TAR" 2
+fi
 
 # issue 15's GPU targets (batches 2-8 too: the multi-token GEMV's range, 3x
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
@@ -113,19 +123,12 @@ step gemv_sweep 120 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
     done'
 step evidence 210 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
     sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
-step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
 # Does initcheck see what cuBLASLt writes? kernel_prefill_ops has the bias
 # kernel read a cuBLASLt product in memory nothing else wrote (its values
 # checked): reports there mean it does not (2026-11-26: 100 reports of rows
 # only cuBLASLt writes, in test_cuda_batch).
 step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_prefill_ops
-wait # the base build
-if [ -x /tmp/polar-ab-base/base/build-cuda/polar ]; then
-    step ab 150 env HEAD_COMMIT="$COMMIT" BASE_COMMIT="${BASE_COMMIT:-}" CASES="--preset llama-3.2-3b --prompt-len 128 --gen 32 --reps 2
---preset llama-3.2-3b --prompt-len 512 --gen 1 --reps 2
---preset qwen1.5-moe-a2.7b --prompt-len 150 --gen 16 --reps 2" sh bench/gpu_ab.sh "$R/ab" "$BASE_TAR" 2
-fi
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe
