@@ -86,7 +86,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
 # polar serve (serve/): linked into the CLI only, with libmicrohttpd; the library stays free of it.
 # Without its headers (a machine with no package manager) the CLI builds
 # whole but for the server: serve/http_none.c says why `polar serve` cannot start.
-HAVE_MHD := $(shell echo '\#include <microhttpd.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
+HAVE_MHD := $(shell printf '\043include <microhttpd.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
 SERVE_SRC := $(if $(HAVE_MHD),serve/http.c,serve/http_none.c) serve/api.c serve/engine.c serve/reply.c
 SERVE_LIBS := $(if $(HAVE_MHD),-lmicrohttpd)
 CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c cli/auto.c cli/predict.c cli/loop.c \
