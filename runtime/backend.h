@@ -12,7 +12,15 @@
 
 /* Up to this many tokens a device pass runs the GEMVs on f32 activations;
  * more go through tensor-core GEMMs on activations rounded to bf16 (a CPU
- * batch with round_like_cuda mirrors this). */
+ * batch with round_like_cuda mirrors this). On an H200 (2026-11-27,
+ * bench/results/2026-11-27-h200/) cuBLASLt took a 1B-preset step of 4
+ * sequences in 1.68 ms and of 8 in 1.70 where the 8-token GEMV took 2.25
+ * and 3.84 (2 sequences: 1.41 either way), so the GEMVs keep 1-2 tokens;
+ * POLAR_CUDA_GEMV_TOKENS=N (0 to CUDA_DECODE_TOKENS) moves the limit. */
+#define CUDA_GEMV_TOKENS 2
+/* The most tokens a GEMV pass takes, and the longest run of consecutive
+ * positions that split-K attention serves (longer ones: the tiled prefill
+ * kernel). */
 #define CUDA_DECODE_TOKENS 8
 
 /* Rows of logits computed at once (the outputs of a long append, or a
@@ -31,11 +39,14 @@ static inline int cuda_expert_gemm_fits(int hidden, int moe_ffn) { return hidden
  * calls it once no batch is left. */
 void cuda_weights_free(void *weights);
 
-/* Whether the CUDA upload keeps a GGUF's blocks as blocks (not when
- * POLAR_CUDA_BLOCKS=0: then bf16, as before, for A/B runs). */
+/* Whether the CUDA upload keeps a GGUF's blocks as blocks: only with
+ * POLAR_CUDA_BLOCKS=1, until the block kernels are fast. On an H200
+ * (2026-11-27) an 8-layer 1B-shaped Q4_K_M decoded in 1.83 ms a token from
+ * its blocks and 0.63 ms from the bf16 upload, prefill 512 in 9.6 ms
+ * against 3.0 (the block GEMVs read a byte at a time). */
 static inline int cuda_keeps_blocks(void) {
     const char *v = getenv("POLAR_CUDA_BLOCKS");
-    return !(v && v[0] == '0' && !v[1]);
+    return v && v[0] == '1' && !v[1];
 }
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */

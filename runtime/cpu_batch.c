@@ -3,7 +3,7 @@
  * are rows 0..T-1, else gathers them into the workspace and scatters them
  * back; the K/V rows are the host pool's. With round_like_cuda it rounds to
  * bf16 where the GPU's step does: the K/V rows, the GEMM inputs of passes
- * of more than CUDA_DECODE_TOKENS rows, and the head's rows in slices of
+ * of more than CUDA_GEMV_TOKENS rows, and the head's rows in slices of
  * CUDA_LOGIT_ROWS of more than that many. */
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +81,7 @@ static void cpu_batch_pass(void *state, int layer, const int *rows, const int *p
     }
     float *x = in_order ? c->x : c->work.x;
     for (int t = 0; t < T && !in_order; t++) memcpy(x + (size_t)t * H, c->x + (size_t)rows[t] * H, H * sizeof(float));
-    int round_in = c->round_like_cuda && T > CUDA_DECODE_TOKENS; /* as the GPU's GEMMs */
+    int round_in = c->round_like_cuda && T > CUDA_GEMV_TOKENS; /* as the GPU's GEMMs */
     cpu_layer_forward(m, &c->work, &m->layers[layer], x, c->pool, c->at, T, round_in, c->round_like_cuda);
     for (int t = 0; t < T && !in_order; t++) memcpy(c->x + (size_t)rows[t] * H, x + (size_t)t * H, H * sizeof(float));
 }
@@ -117,7 +117,7 @@ static void cpu_batch_rows_from_start(void *state, const int *rows, const int *s
 /* The final norm of n rows (rows[i], or row0 + i when rows is NULL) into
  * the workspace's xn (and to hidden), then their logits (when logits is
  * given), as the GPU computes them: in slices of CUDA_LOGIT_ROWS, those of
- * more than CUDA_DECODE_TOKENS rows on bf16 inputs when rounding like it. */
+ * more than CUDA_GEMV_TOKENS rows on bf16 inputs when rounding like it. */
 static void norm_and_head(cpu_batch *c, const int *rows, int row0, int n, float *logits, float *out_hidden) {
     const polar_model *m = c->m;
     size_t H = hidden(c);
@@ -127,7 +127,7 @@ static void norm_and_head(cpu_batch *c, const int *rows, int row0, int n, float 
     if (out_hidden) memcpy(out_hidden, xn, (size_t)n * H * sizeof(float));
     if (!logits) return;
     for (int r0 = 0; c->round_like_cuda && r0 < n; r0 += CUDA_LOGIT_ROWS)
-        if (n - r0 > CUDA_DECODE_TOKENS)
+        if (n - r0 > CUDA_GEMV_TOKENS)
             cpu_round_bf16(xn + (size_t)r0 * H, (size_t)(n - r0 < CUDA_LOGIT_ROWS ? n - r0 : CUDA_LOGIT_ROWS) * H);
     cpu_matmul_q(logits, xn, m->lm_head, m->t_lm_head, NULL, n, m->arch.vocab, m->arch.hidden, 0, c->work.n_threads,
                  c->work.xq);

@@ -97,7 +97,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device cuda: head_dim %d (at most 256)", a->head_dim);
     }
-    c->gemv_tokens = DECODE_TOKENS;
+    c->gemv_tokens = CUDA_GEMV_TOKENS;
     const char *gemv = getenv("POLAR_CUDA_GEMV_TOKENS");
     if (gemv) {
         char *end;

@@ -15,12 +15,11 @@
 #include "cuda_tp.h"
 #include "tp_shard.h"
 
-/* A pass of up to CUDA_DECODE_TOKENS tokens goes through the hand-written
+/* A pass of up to CUDA_GEMV_TOKENS tokens goes through the hand-written
  * GEMVs (a weight row read once for all of them), more through cuBLASLt
- * (POLAR_CUDA_GEMV_TOKENS=N moves that limit down to N, to measure where
- * cuBLASLt overtakes the GEMVs: on an H200 a batch of 8 took 3.97 ms a step
- * through them and one of 32 2.11 through cuBLASLt; the CPU's
- * round_like_cuda mirrors only the default). Attention is chosen apart
+ * (backend.h says why 2; POLAR_CUDA_GEMV_TOKENS=N moves that limit to N,
+ * 0 to CUDA_DECODE_TOKENS; the CPU's round_like_cuda mirrors only the
+ * default). Attention is chosen apart
  * (cuda_layer_forward): the tiled prefill kernel for a run of more than
  * CUDA_DECODE_TOKENS consecutive positions, split-K for every other token,
  * however many the pass has. */
@@ -101,7 +100,7 @@ struct cuda_state {
     const char *launches;        /* queue.overlap in words, and why not (cuda_state_launches) */
     int overlap_dropped;         /* a failed capture turned overlap off (cuda_state_capture_failed) */
     cuda_gemm *gemm;             /* cuBLASLt, for passes of more than gemv_tokens tokens */
-    int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (DECODE_TOKENS, or
+    int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (CUDA_GEMV_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias

@@ -147,16 +147,19 @@ polar_status tp_group_create(const tp_config *cfg, tp_group **out, polar_error *
                           cfg->world, cfg->world > n && !cfg->unique_id ? " without the NCCL id of the job" : "");
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess) return polar_fail(err, POLAR_ERR_UNSUPPORTED, "tensor parallel: %s", cudaGetErrorString(ce));
+    /* a device named twice first: wrong on any machine, so the same error on every one */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (cfg->devices && cfg->devices[j] == cfg->devices[i])
+                return polar_fail(err, POLAR_ERR_ARG,
+                                  "tensor parallel: device %d given twice (NCCL runs one rank per GPU: a machine with "
+                                  "%d GPU%s runs at most %d ranks)", cfg->devices[i], count, count == 1 ? "" : "s",
+                                  count);
     for (int i = 0; i < n; i++) {
         int d = cfg->devices ? cfg->devices[i] : i;
         if (d < 0 || d >= count)
             return polar_fail(err, POLAR_ERR_ARG, "tensor parallel: device %d does not exist (%d GPU%s here)", d, count,
                               count == 1 ? "" : "s");
-        for (int j = 0; j < i; j++)
-            if ((cfg->devices ? cfg->devices[j] : j) == d)
-                return polar_fail(err, POLAR_ERR_ARG,
-                                  "tensor parallel: device %d given twice (NCCL runs one rank per GPU: a machine with "
-                                  "%d GPU%s runs at most %d ranks)", d, count, count == 1 ? "" : "s", count);
     }
     tp_group *g = calloc(1, sizeof *g);
     if (!g) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");

@@ -5,8 +5,9 @@
  * o_proj and down_proj, its experts; norms, the router and the embedding
  * are whole on every rank. The uploads are kept per (device, rank, world):
  * a one-GPU batch and a tensor-parallel group of one share theirs. A GGUF's
- * blocks stay blocks on the device (the block kernels of quant.cu read
- * them), except the routed experts, which the MoE kernels read as bf16.
+ * blocks go up as bf16, or with POLAR_CUDA_BLOCKS=1 stay blocks on the
+ * device (the block kernels of quant.cu read them; correct but slower, see
+ * backend.h), except the routed experts, which the MoE kernels read as bf16.
  * Built with POLAR_CUDA. */
 #include "backend.h"
 
@@ -64,8 +65,8 @@ static int upload(cuda_weights *w, const bf16 **dst, const bf16 *src, size_t n) 
  * model on the device, *dt (when given) its storage there: a GGUF's blocks
  * stay blocks, as the file lays them out (the CPU's interleaved layouts
  * read back), where the columns cut at whole blocks and POLAR_CUDA_BLOCKS
- * is not 0; otherwise bf16: rows as they are when whole, else each row
- * read (blocks dequantized) and cut. */
+ * is 1 (cuda_keeps_blocks); otherwise bf16: rows as they are when whole,
+ * else each row read (blocks dequantized) and cut. */
 static int upload_part(cuda_weights *w, const bf16 **dst, cpu_wtype *dt, const bf16 *src, cpu_wtype t, size_t cols,
                        size_t r0, size_t nr, size_t c0, size_t nc) {
     if (dt) *dt = CPU_W_BF16;

@@ -118,8 +118,8 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         free(layer);
         return 0;
     }
-    /* What the device reads: the blocks as they are (on CUDA unless
-     * POLAR_CUDA_BLOCKS=0 uploaded bf16), routed experts on CUDA bf16. */
+    /* What the device reads: the blocks as they are (on CUDA only with
+     * POLAR_CUDA_BLOCKS=1: bf16 by default), routed experts on CUDA bf16. */
     int cpu = device != POLAR_DEVICE_CUDA, blocks = cpu || cuda_keeps_blocks();
     for (int i = 0; i < n; i++)
         if (refs[i].layer >= 0)

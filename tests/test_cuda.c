@@ -22,9 +22,9 @@
 
 /* Whole models: a CUDA session against two CPU sessions on the same weights
  * and program. The tight reference rounds where the GPU rounds
- * (round_like_cuda: bf16 K/V, bf16 GEMM inputs in chunks of more than 8
- * tokens). Prompts of up to 8 tokens run the GEMV path, which rounds only the
- * K/V it stores: logits within TOL_ROUNDED. Longer prompts round every GEMM
+ * (round_like_cuda: bf16 K/V, bf16 GEMM inputs in passes of more than
+ * CUDA_GEMV_TOKENS, 2). Prompts of up to 2 tokens run the GEMV path, which
+ * rounds only the K/V it stores: logits within TOL_ROUNDED. Longer prompts round every GEMM
  * input to bf16 after an f32 sum that cuBLASLt orders differently from the
  * CPU. Two orders of a sum of K random-sign products differ by ~1e-4
  * relative at K in the thousands, so a few percent of the values land one
@@ -108,8 +108,8 @@ static void compare_model(const polar_model *m, const char *program, int n_promp
     compare_models(m, m, program, n_prompt, steps, strict);
 }
 
-/* Every golden architecture and program, with a 7-token prompt (decode
- * GEMVs and split-K attention) and a 40-token one (cuBLASLt, the tiled
+/* Every golden architecture and program, with a 7-token prompt (cuBLASLt
+ * and split-K attention; its decode steps the GEMVs) and a 40-token one (cuBLASLt, the tiled
  * prefill attention, the expert GEMM, the head in slices of 32 and 8);
  * the scaled RoPE fixtures (YaRN's cos and sin scaled) with the base
  * program. */
@@ -149,7 +149,7 @@ static void model_preset(void) {
 
 /* Qwen2-MoE (6 layers: shared expert, dense layers between MoE ones): two
  * identical GPU runs give bitwise identical logits, for a 7-token prompt
- * (expert GEMVs) and a 40-token one (expert GEMM, cuBLASLt shared expert). */
+ * (expert GEMMs; its decode steps the expert GEMVs) and a 40-token one. */
 static void model_moe_deterministic(void) {
     polar_error err;
     polar_model *m = NULL;
@@ -323,17 +323,18 @@ static void overlap_off(void) {
 }
 
 /* POLAR_CUDA_GEMV_TOKENS=N sends passes of more than N tokens through
- * cuBLASLt (to measure where it overtakes the GEMVs). On a dense and an MoE
- * model, a 7-token prompt and 8 greedy steps: N 7 gives the default's bits
- * (7 tokens stay on the GEMV); N 6 takes the prompt through cuBLASLt and N 0
- * the single-token decode steps too (inside the captured graph, launches
- * still overlapped on the emulated H100): the same greedy tokens, logits
- * within the bounds of the f32 route (only the rounding of GEMM inputs to
- * bf16 changes; under the emulation 6.2e-3 and 1.0e-2 relative L2) and not
+ * cuBLASLt (the default, CUDA_GEMV_TOKENS, is 2). On a dense and an MoE
+ * model, a 7-token prompt and 8 greedy steps: N 2 gives the default's bits;
+ * N 8 keeps the prompt on the GEMVs (f32 activations); N 0 takes the
+ * single-token decode steps through cuBLASLt too (inside the captured
+ * graph, launches still overlapped on the emulated H100), the prompt's bits
+ * those of the default (7 tokens go through cuBLASLt either way): the same
+ * greedy tokens, and where the route differs logits within the bounds of
+ * the f32 route (only the rounding of GEMM inputs to bf16 changes) and not
  * the same bits. A value out of 0..8 fails the session whatever the device,
  * with the variable named. */
 static void gemv_tokens_env(void) {
-    static const char *archs[] = {"llama", "qwen2_moe"}, *values[] = {NULL, "7", "6", "0"};
+    static const char *archs[] = {"llama", "qwen2_moe"}, *values[] = {NULL, "2", "8", "0"};
     static const char *bad[] = {"9", "-1", "2x", ""};
     const char *saved = getenv("POLAR_CUDA_GEMV_TOKENS");
     char *restore = saved ? strdup(saved) : NULL;
@@ -369,26 +370,29 @@ static void gemv_tokens_env(void) {
             CHECK(ran[v], "%s, POLAR_CUDA_GEMV_TOKENS=%s: %s", archs[i], values[v] ? values[v] : "unset", err.msg);
             polar_session_free(s);
         }
-        /* compared: the prompt's logits of N 7, 6 and 0 against the default's,
-         * the last step's of N 0 against N 6 (the same prompt path) */
-        static const int pairs[4][2] = {{0, 1}, {0, 2}, {0, 3}, {2, 3}};
+        /* against the default: N 2 the same bits (prompt and last step), N 8
+         * the prompt on the GEMVs, N 0 the prompt's bits but the last decode
+         * step through cuBLASLt */
+        static const struct {
+            int b, last, same_bits;
+        } pairs[4] = {{1, 0, 1}, {2, 0, 0}, {3, 0, 1}, {3, 1, 0}};
         for (int c = 0; c < 4 && ran[0] && ran[1] && ran[2] && ran[3]; c++) {
-            int a = pairs[c][0], b = pairs[c][1], same_bits = b == 1;
-            const float *la = c == 3 ? last[a] : pre[a], *lb = c == 3 ? last[b] : pre[b];
-            size_t n = c == 3 ? (size_t)V : (size_t)7 * V;
+            int b = pairs[c].b;
+            const float *la = pairs[c].last ? last[0] : pre[0], *lb = pairs[c].last ? last[b] : pre[b];
+            size_t n = pairs[c].last ? (size_t)V : (size_t)7 * V;
             double cosine, rel;
             float d = max_abs_diff(lb, la, n, &cosine, &rel);
-            const char *what = c == 3 ? "the last decode step (N 0 against N 6: decode through cuBLASLt)" : "the prompt";
-            if (same_bits)
-                CHECK(!memcmp(la, lb, n * 4) && !memcmp(last[a], last[b], (size_t)V * 4),
-                      "%s, N 7: not the default's bits", archs[i]);
+            const char *what = pairs[c].last ? "the last decode step" : "the prompt";
+            if (pairs[c].same_bits)
+                CHECK(!memcmp(la, lb, n * 4) && (b != 1 || !memcmp(last[0], last[b], (size_t)V * 4)),
+                      "%s, N %s, %s: not the default's bits", archs[i], values[b], what);
             else
                 CHECK(rel > 0 && rel <= TOL_REL_GEMM && d <= TOL_F32_GEMM_MAX,
                       "%s, N %s, %s: relative L2 %g (bound %g, and not 0), max %g (bound %g)", archs[i], values[b],
                       what, rel, TOL_REL_GEMM, d, TOL_F32_GEMM_MAX);
-            CHECK(!memcmp(tok[a], tok[b], sizeof tok[a]), "%s, N %s: greedy tokens differ", archs[i], values[b]);
-            printf("  %-9s N %s against %s, %s: max %.2e rel %.1e\n", archs[i], values[b],
-                   values[a] ? values[a] : "the default", c == 3 ? "last step" : "prompt", d, rel);
+            CHECK(!memcmp(tok[0], tok[b], sizeof tok[0]), "%s, N %s: greedy tokens differ", archs[i], values[b]);
+            printf("  %-9s N %s against the default, %s: max %.2e rel %.1e\n", archs[i], values[b],
+                   pairs[c].last ? "last step" : "prompt", d, rel);
         }
         for (int v = 0; v < 4; v++) free(pre[v]), free(last[v]);
         for (int b = 0; b < 4 && i == 0; b++) {
@@ -423,15 +427,15 @@ static void greedy_stop(void) {
     polar_session_opts o[2] = {{.max_ctx = 32, .device = POLAR_DEVICE_CPU, .round_like_cuda = 1},
                                {.max_ctx = 32, .device = POLAR_DEVICE_CUDA}};
     for (int i = 0; i < 2; i++) CHECK_OK(polar_session_create(m, &p, &o[i], &s[i], &err));
-    int prompt[5] = {9, 41, 7, 200, 13}, free_run[12], out[2][12];
+    int prompt[2] = {9, 41}, free_run[12], out[2][12]; /* 2 tokens: the GEMVs, on f32 (TOL_ROUNDED) */
     polar_gen_opts go = {.max_new = 12, .ignore_eos = 1};
-    if (s[0] && s[1]) CHECK_OK(polar_generate(s[0], prompt, 5, &go, free_run, NULL, NULL, NULL, &err));
+    if (s[0] && s[1]) CHECK_OK(polar_generate(s[0], prompt, 2, &go, free_run, NULL, NULL, NULL, &err));
     for (int stop_at = 0; s[0] && s[1] && stop_at < 12; stop_at += 5) {
         int stop = free_run[stop_at], first = 0;
         while (free_run[first] != stop) first++; /* the id may come earlier too */
         polar_gen_opts so = {.max_new = 12, .stop = &stop, .n_stop = 1};
         polar_gen_stats st[2];
-        for (int i = 0; i < 2; i++) CHECK_OK(polar_generate(s[i], prompt, 5, &so, out[i], &st[i], NULL, NULL, &err));
+        for (int i = 0; i < 2; i++) CHECK_OK(polar_generate(s[i], prompt, 2, &so, out[i], &st[i], NULL, NULL, &err));
         CHECK(st[0].n_generated == first + 1 && st[1].n_generated == first + 1 && st[1].stopped_at_eos,
               "stop at %d: generated %d (cpu) and %d (gpu)", first, st[0].n_generated, st[1].n_generated);
         CHECK(!memcmp(out[0], out[1], (size_t)st[0].n_generated * sizeof(int)), "stop at %d: tokens differ", first);
@@ -749,16 +753,17 @@ static void gpu_cache_consistency(void) {
     CHECK_OK(polar_session_create(m, &p, &o, &b, &err));
     int seq[32] = {5, 17, 99, 3, 250};
     int n = 5;
-    /* The recompute goes in pieces of at most 8 tokens, so both sides run
-     * the decode kernels on f32 activations (only the summation order of
-     * the attention splits differs): 1e-4. */
+    /* Prompt and recompute go in pieces of at most GEMV_PROMPT_TOKENS, so
+     * both sides run the GEMVs on f32 activations (only the summation order
+     * of the attention splits differs): 1e-4. */
     float worst = 0;
-    if (a && b) CHECK_OK(polar_prefill(a, seq, n, NULL, &err));
+    const int piece = GEMV_PROMPT_TOKENS;
+    for (int i = 0; a && b && i < n; i += piece) CHECK_OK(polar_prefill(a, seq + i, n - i < piece ? n - i : piece, NULL, &err));
     for (int step = 0; a && b && step < 10; step++) {
         seq[n] = polar_argmax(polar_logits(a), 256);
         CHECK_OK(polar_decode_step(a, seq[n++], &err));
         polar_session_reset(b);
-        for (int i = 0; i < n; i += 8) CHECK_OK(polar_prefill(b, seq + i, n - i < 8 ? n - i : 8, NULL, &err));
+        for (int i = 0; i < n; i += piece) CHECK_OK(polar_prefill(b, seq + i, n - i < piece ? n - i : piece, NULL, &err));
         for (int i = 0; i < 256; i++) worst = fmaxf(worst, fabsf(polar_logits(a)[i] - polar_logits(b)[i]));
     }
     CHECK(worst < 1e-4f, "GPU cached vs recomputed: %g", worst);
@@ -847,9 +852,10 @@ static void q8_exact_model(polar_model *m) {
 
 /* GGUF blocks on the GPU: a random Llama and Qwen2-MoE written as Q8_0,
  * as llama.cpp's Q4_K_M mix and as IQ4_XS (projections, embedding, expert
- * stacks, shared expert), loaded kept in their blocks. The upload keeps
- * them as blocks (the routed experts aside, which the MoE kernels read as
- * bf16), and the GPU agrees with the CPU on the same blocks
+ * stacks, shared expert), loaded kept in their blocks. With
+ * POLAR_CUDA_BLOCKS=1 the upload keeps them as blocks (the routed experts
+ * aside, which the MoE kernels read as bf16), and the GPU agrees with the
+ * CPU on the same blocks
  * (gpu_vs_cpu_on_blocks). The Q8_0 files hold q8_exact weights, so the
  * GPU on their blocks and the CPU on their bf16 load run the same weights:
  * the golden models' bounds and greedy tokens (compare_models) hold there,
@@ -863,6 +869,7 @@ static void model_gguf_blocks(void) {
         gguf_fault file;
         const char *name;
     } files[] = {{GGUF_Q8_0_FILE, "q8_0"}, {GGUF_K_FILE, "q4_k_m"}, {GGUF_IQ4_FILE, "iq4_xs"}};
+    setenv("POLAR_CUDA_BLOCKS", "1", 1); /* blocks on the GPU only when asked, until they are fast */
     for (int i = 0; i < 2; i++)
         for (int f = 0; f < (quick ? 2 : 3); f++) {
             polar_error err;
@@ -895,7 +902,7 @@ static void model_gguf_blocks(void) {
                     double cpu = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CPU, 1);
                     setenv("POLAR_CUDA_BLOCKS", "0", 1);
                     double as_bf16 = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CUDA, 1);
-                    unsetenv("POLAR_CUDA_BLOCKS");
+                    setenv("POLAR_CUDA_BLOCKS", "1", 1);
                     CHECK(gpu == cpu && as_bf16 > 1.5 * gpu, "%s: decode bytes GPU %.0f, CPU %.0f, bf16 upload %.0f",
                           name, gpu, cpu, as_bf16);
                     polar_program_free(&bp);
@@ -914,7 +921,7 @@ static void model_gguf_blocks(void) {
                 CHECK_OK(polar_program_base(a.n_layers, &p, &err));
                 CHECK_OK(polar_session_create(q2, &p, &o, &s[0], &err));
                 CHECK_OK(polar_session_create(b, &p, &o, &s[1], &err));
-                unsetenv("POLAR_CUDA_BLOCKS");
+                setenv("POLAR_CUDA_BLOCKS", "1", 1);
                 int toks[5] = {3, 1, 4, 1, 5};
                 for (int j = 0; j < 2; j++)
                     if (s[j]) CHECK_OK(polar_prefill(s[j], toks, 5, NULL, &err));
@@ -930,6 +937,7 @@ static void model_gguf_blocks(void) {
             polar_model_free(q);
             polar_model_free(b);
         }
+    unsetenv("POLAR_CUDA_BLOCKS");
 }
 
 int main(int argc, char **argv) {

@@ -99,11 +99,11 @@ static void golden_qwen3_yarn(void) { check_arch(archs[6]); }
 static void golden_qwen2_yarn(void) { check_arch(archs[7]); }
 
 /* round_like_cuda (the CPU reference for a GPU session): rounding the KV
- * cache and, in chunks of more than 8 tokens, the GEMM inputs to bf16 moves
+ * cache and, in passes of more than 2 tokens (CUDA_GEMV_TOKENS), the GEMM inputs to bf16 moves
  * the logits (these tiny random models amplify it: ~2e-2, and 0.2 where an
  * expert choice flips) but is no no-op; a 40-token prefill rounds the GEMM
- * inputs, the same tokens fed 8 at a time do not (as on the GPU, whose
- * chunks of at most 8 run the f32 GEMVs). */
+ * inputs, the same tokens fed 2 at a time do not (as on the GPU, whose
+ * passes of at most 2 run the f32 GEMVs). */
 static void round_like_cuda(void) {
     static const char *which[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
@@ -116,12 +116,12 @@ static void round_like_cuda(void) {
         int prompt[40], V = info.arch.vocab;
         for (int i = 0; i < 40; i++) prompt[i] = (i * 31 + 7) % V;
         float *l[3];
-        for (int r = 0; r < 3; r++) { /* f32; rounded, one prefill; rounded, 8 at a time */
+        for (int r = 0; r < 3; r++) { /* f32; rounded, one prefill; rounded, 2 at a time */
             polar_session *s = NULL;
             polar_session_opts so = {.max_ctx = 48, .n_threads = 2, .round_like_cuda = r > 0};
             l[r] = calloc((size_t)V, sizeof(float));
             CHECK_OK(polar_session_create(m, &prog, &so, &s, &err));
-            for (int i = 0; s && i < 40; i += r == 2 ? 8 : 40) CHECK_OK(polar_prefill(s, prompt + i, r == 2 ? 8 : 40, NULL, &err));
+            for (int i = 0; s && i < 40; i += r == 2 ? 2 : 40) CHECK_OK(polar_prefill(s, prompt + i, r == 2 ? 2 : 40, NULL, &err));
             if (s) memcpy(l[r], polar_logits(s), (size_t)V * sizeof(float));
             polar_session_free(s);
         }
@@ -130,7 +130,7 @@ static void round_like_cuda(void) {
         CHECK(d[0] > 1e-5f && d[0] < 0.5f && d[1] > 1e-5f && d[1] < 0.5f, "%s: rounded vs f32 %g, %g", which[a], d[0],
               d[1]);
         CHECK(memcmp(l[1], l[2], (size_t)V * sizeof(float)), "%s: GEMM inputs were not rounded", which[a]);
-        printf("  %-9s rounded like CUDA vs f32: %.2e (one prefill), %.2e (8 tokens at a time)\n", which[a], d[0], d[1]);
+        printf("  %-9s rounded like CUDA vs f32: %.2e (one prefill), %.2e (2 tokens at a time)\n", which[a], d[0], d[1]);
         for (int r = 0; r < 3; r++) free(l[r]);
         polar_program_free(&prog);
         polar_model_free(m);
@@ -139,7 +139,7 @@ static void round_like_cuda(void) {
 
 /* kv_bf16: a session keeping its K/V rows in bf16 gives at every step the
  * bits of round_like_cuda's f32 rows rounded to bf16, where those round
- * nothing else (the prompt fed 8 tokens at a time), and the same bits
+ * nothing else (the prompt fed 2 tokens at a time, the GPU's GEMV passes), and the same bits
  * again with the prompt in one prefill (the tiled path); the distance to
  * transformers' f32 logits is printed, a measured figure. */
 static void kv_bf16(void) {
@@ -161,21 +161,21 @@ static void kv_bf16(void) {
             const st_tensor *prog_t = need(&exp, name);
             if (!prog_t) continue;
             polar_program prog = {(int)prog_t->shape[0], (int *)prog_t->data};
-            /* rounded f32 rows, 8 at a time; bf16 rows, 8 at a time; bf16 rows, one prefill */
+            /* rounded f32 rows, 2 at a time; bf16 rows, 2 at a time; bf16 rows, one prefill */
             polar_session_opts so[3] = {{.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .round_like_cuda = 1},
                                         {.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .kv_bf16 = 1},
                                         {.max_ctx = N_PROMPT + STEPS, .n_threads = 2, .kv_bf16 = 1}};
             polar_session *s[3] = {NULL, NULL, NULL};
             for (int r = 0; r < 3; r++) {
                 CHECK_OK(polar_session_create(m, &prog, &so[r], &s[r], &err));
-                int chunk = r == 2 ? N_PROMPT : 8;
+                int chunk = r == 2 ? N_PROMPT : 2;
                 for (int i = 0; s[r] && i < N_PROMPT; i += chunk) CHECK_OK(polar_prefill(s[r], prompt + i, chunk, NULL, &err));
             }
             for (int step = 0; s[0] && s[1] && s[2] && step <= STEPS; step++) {
                 for (int r = 1; r < 3; r++)
                     CHECK(!memcmp(polar_logits(s[0]), polar_logits(s[r]), (size_t)V * sizeof(float)),
                           "%s %s step %d: bf16 rows (%s) are not the rounded f32 rows' bits", archs[a], progs[p], step,
-                          r == 1 ? "8 at a time" : "one prefill");
+                          r == 1 ? "2 at a time" : "one prefill");
                 int next = polar_argmax(polar_logits(s[0]), V);
                 for (int r = 0; r < 3 && step < STEPS; r++) CHECK_OK(polar_decode_step(s[r], next, &err));
             }
