@@ -23,6 +23,7 @@ typedef struct {
     long shortest_sum, segments, single, skips, repeats, keeps;
     long edits, single_edits;        /* skip and repeat segments, and those of one layer (the paper's ratio) */
     int skip_only, repeat_only, both_kinds, no_edit; /* valid programs by the edits they make */
+    long evaluated;                  /* programs the searches evaluated ("programs_evaluated" of each line) */
     int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
     int actions;          /* POLAR_ACTIONS_* of the lines, -1 before the first, -2 when they differ */
     int without_actions;  /* lines with no "actions" (read as both) */
@@ -83,6 +84,8 @@ static polar_status add_line(const pred_label_line *line, void *ctx, polar_error
     else if (act->type != JSON_STRING || (actions = polar_search_actions_parse(act->str)) < 0)
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: actions is not \"both\", \"skip\" or \"loop\"", line->where);
     s->actions = s->actions == -1 || s->actions == actions ? actions : -2;
+    const json_value *ev = json_get(line->root, "programs_evaluated");
+    if (ev && ev->type == JSON_NUMBER && ev->number > 0) s->evaluated += (long)ev->number;
     if (!*c->n_layers) *c->n_layers = base_depth(line->root);
     int D = *c->n_layers, shortest = 0, layers[MAX_LEN];
     s->questions++;
@@ -134,13 +137,13 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
                       "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"edits\":%ld,\"single_layer_edits\":%.6f,"
                       "\"valid_skip_only\":%d,\"valid_repeat_only\":%d,\"valid_skip_and_repeat\":%d,"
-                      "\"valid_no_edit\":%d,\"actions\":\"%s\",\"lines_without_actions\":%d}",
+                      "\"valid_no_edit\":%d,\"programs_evaluated\":%ld,\"actions\":\"%s\",\"lines_without_actions\":%d}",
                       s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
                       share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0, s->n_valid_programs,
                       s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
                       share(s->repeats, s->segments), share(s->keeps, s->segments), s->edits,
                       share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit,
-                      actions ? actions : "", s->without_actions);
+                      s->evaluated, actions ? actions : "", s->without_actions);
     if (st == POLAR_OK && table && ok)
         ok = sbuf_add(&t,
                       "%d questions, D = %d, actions %s%s\n"
@@ -148,13 +151,14 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "base program correct:            %5.1f%%\n"
                       "base-wrong questions fixed:      %5.1f%% (%d of %d)\n"
                       "shortest valid program:          %.2f layers on average (%.1f%% of D)\n"
+                      "programs evaluated:              %ld\n"
                       "valid programs:                  %d (%d not expressible as segments)\n"
                       "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n"
                       "their edits (skip and repeat segments): %ld, single-layer %.1f%% (the paper's ratio)\n"
                       "valid programs by edit: skip only %d, repeat only %d, both %d, none (the base) %d\n",
                       s->questions, D, actions ? actions : "", note, 100 * share(s->with_valid, s->questions),
                       100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
-                      base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->n_valid_programs, s->codec_rejected,
+                      base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->evaluated, s->n_valid_programs, s->codec_rejected,
                       s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),
                       100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments), s->edits,
                       100 * share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit);

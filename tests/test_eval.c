@@ -155,7 +155,7 @@ static void labels_summary(void) {
     CHECK(strstr(json, "\"valid_programs\":3,\"codec_rejected\":0"), "%s", json);
     /* the paper's single-layer ratio over the edits: a one-layer skip and a one-layer repeat */
     CHECK(strstr(json, "\"edits\":2,\"single_layer_edits\":1.000000,\"valid_skip_only\":1,\"valid_repeat_only\":1,"
-                       "\"valid_skip_and_repeat\":0,\"valid_no_edit\":1"),
+                       "\"valid_skip_and_repeat\":0,\"valid_no_edit\":1,\"programs_evaluated\":0"),
           "%s", json);
     CHECK(strstr(table, "base-wrong questions fixed:       50.0% (1 of 2)"), "%s", table);
     /* written before --actions: no "actions" in the lines, every search both */
