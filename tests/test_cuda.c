@@ -209,8 +209,15 @@ static void graph_recapture(void) {
         if (round == N_PROGS) cudaMemGetInfo(&free_before, &total);
     }
     cudaMemGetInfo(&free_after, &total);
-    CHECK(free_after + (1 << 20) >= free_before, "device memory fell by %zu bytes over %d evicting re-captures",
-          free_before - free_after, ROUNDS - N_PROGS - 1);
+    /* under compute-sanitizer (it injects itself through CUDA_INJECTION64_PATH)
+     * the tool's own allocations move the free memory: on an H200 30 MB over
+     * the re-captures, with none of polar's (no_alloc_per_step counts those) */
+    if (getenv("CUDA_INJECTION64_PATH"))
+        printf("  under a sanitizer: free device memory not compared (%zd bytes moved)\n",
+               (ptrdiff_t)(free_before - free_after));
+    else
+        CHECK(free_after + (1 << 20) >= free_before, "device memory fell by %zu bytes over %d evicting re-captures",
+              free_before - free_after, ROUNDS - N_PROGS - 1);
     polar_session_free(g);
     polar_session_free(c);
     for (int i = 0; i < N_PROGS; i++) polar_program_free(&progs[i]);
