@@ -205,6 +205,38 @@ static __device__ __forceinline__ void row_dots(float acc[MAX_TOKENS_PER_PASS], 
     rows_dots<1, 4, false>((float (*)[MAX_TOKENS_PER_PASS])acc, NULL, &wr, NULL, xs, n, cols, lane);
 }
 
+// A GEMV warp's pass over tokens t0..t0+n-1 (n returned; 1 when ONE): each
+// token's input row xs[t] (slots past n point at the first row, never
+// read), sums acc and ss zeroed.
+template <bool ONE>
+static __device__ __forceinline__ int pass_inputs(const float *xs[MAX_TOKENS_PER_PASS], float *acc, float *ss,
+                                                  const float *x, int t0, int T, int cols) {
+    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
+        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = ss[t] = 0.0f;
+    return n;
+}
+
+// The warp's row r for its n tokens: each lane's share acc[t] summed (with
+// NORM times 1/rms of ss[t]), plus b, written by lane 0 into y (rows ld
+// apart), or added to it with accumulate.
+template <bool NORM>
+static __device__ __forceinline__ void store_row(float *y, int ld, int r, int t0, int n, const float *acc,
+                                                 const float *ss, float b, int cols, float eps, int accumulate,
+                                                 int lane) {
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        float v = warp_sum(acc[t]);
+        if (NORM) v *= rms_scale(ss[t], cols, eps);
+        if (lane == 0) {
+            float *dst = &y[(size_t)(t0 + t) * ld + r];
+            *dst = accumulate ? *dst + (v + b) : v + b;
+        }
+    }
+}
+
 // Passes of up to MAX_TOKENS_PER_PASS tokens over T (a GEMV launch's grid.y).
 static inline unsigned passes(int T) { return (unsigned)((T + MAX_TOKENS_PER_PASS - 1) / MAX_TOKENS_PER_PASS); }
 

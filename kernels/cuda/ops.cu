@@ -75,25 +75,13 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
     if (prefetch && r < part.rows && blockIdx.y == 0) prefetch_l2(part.w + (size_t)r * cols, (size_t)cols * 2, lane);
     await_previous_kernel();
     if (r >= part.rows) return;
-    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
-#pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = ss[t] = 0.0f;
+    int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
     const uint16_t *wr = part.w + (size_t)r * cols;
     rows_dots<1, ONE ? 8 : NORM ? 2 : 4, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &wr, norm, xs, n, cols, lane);
-    float b = part.bias ? bf(part.bias[r]) : 0.0f;
-#pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-        if (t >= n) break;
-        float v = warp_sum(acc[t]);
-        if (NORM) v *= rms_scale(ss[t], cols, eps);
-        if (lane == 0) {
-            float *dst = &part.y[(size_t)(t0 + t) * part.rows + r];
-            *dst = accumulate ? *dst + (v + b) : v + b;
-        }
-    }
+    store_row<NORM>(part.y, part.rows, r, t0, n, acc, ss, part.bias ? bf(part.bias[r]) : 0.0f, cols, eps, accumulate,
+                    lane);
 }
 
 static void gemv(gemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
@@ -134,12 +122,11 @@ __global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const floa
     }
     await_previous_kernel();
     if (r >= F) return;
-    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+    int n = pass_inputs<ONE>(xs, gu[0], ss, x, t0, T, cols);
 #pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = ss[t] = 0.0f;
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) gu[1][t] = 0.0f;
     const uint16_t *rows[2] = {w_gate + (size_t)r * cols, w_up + (size_t)r * cols};
     rows_dots<2, ONE ? 4 : 2, NORM>(gu, ss, rows, norm, xs, n, cols, lane);
 #pragma unroll

@@ -73,25 +73,13 @@ __global__ void __launch_bounds__(256) qgemv_kernel(qgemv_parts parts, const flo
     qgemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
     if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
-    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
-#pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, acc[t] = ss[t] = 0.0f;
+    int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
     const uint8_t *row = (const uint8_t *)part.w.p + (size_t)r * part.w.row_bytes;
     units_dots<1, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &part.w, &row, norm, xs, n, cols, lane);
-    float b = part.bias ? bf(part.bias[r]) : 0.0f;
-#pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
-        if (t >= n) break;
-        float v = warp_sum(acc[t]);
-        if (NORM) v *= rms_scale(ss[t], cols, eps);
-        if (lane == 0) {
-            float *dst = &part.y[(size_t)(t0 + t) * part.ld + r];
-            *dst = accumulate ? *dst + (v + b) : v + b;
-        }
-    }
+    store_row<NORM>(part.y, part.ld, r, t0, n, acc, ss, part.bias ? bf(part.bias[r]) : 0.0f, cols, eps, accumulate,
+                    lane);
 }
 
 static void qgemv(qgemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
@@ -128,12 +116,11 @@ __global__ void __launch_bounds__(256) qgemv_swiglu_kernel(float *act, const flo
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
     if (r >= F) return;
-    int n = ONE ? 1 : T - t0 < MAX_TOKENS_PER_PASS ? T - t0 : MAX_TOKENS_PER_PASS;
     const float *xs[MAX_TOKENS_PER_PASS];
     float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+    int n = pass_inputs<ONE>(xs, gu[0], ss, x, t0, T, cols);
 #pragma unroll
-    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++)
-        xs[t] = x + (size_t)(t0 + (t < n ? t : 0)) * cols, gu[0][t] = gu[1][t] = ss[t] = 0.0f;
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) gu[1][t] = 0.0f;
     cuda_wmat w[2] = {gate, up};
     const uint8_t *rows[2] = {(const uint8_t *)gate.p + (size_t)r * gate.row_bytes,
                               (const uint8_t *)up.p + (size_t)r * up.row_bytes};
