@@ -160,7 +160,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if (ok && fused && !strcmp(fused, "1"))
         ok = (c->att_tickets = cuda_dev_alloc(c, C * (size_t)sh->n_kv * sizeof(int))) &&
              cudaMemset(c->att_tickets, 0, C * (size_t)sh->n_kv * sizeof(int)) == cudaSuccess;
-    if (ok && m->quantized) { /* prefill GEMMs over blocks: a chunk of rows as bf16, up to 32 MB */
+    if (ok && c->w->has_blocks) { /* prefill GEMMs over blocks: a chunk of rows as bf16, up to 32 MB */
         size_t rows = (size_t)sh->vocab > widest_in ? (size_t)sh->vocab : widest_in;
         c->wb_elems = rows * widest_in < ((size_t)16 << 20) ? rows * widest_in : (size_t)16 << 20;
         ok = (c->wb = cuda_dev_alloc(c, c->wb_elems * sizeof(bf16))) != NULL;

@@ -45,6 +45,7 @@ typedef struct cuda_weights {
     const bf16 *embed, *final_norm;
     const bf16 *lm_head;         /* the rank's vocabulary rows */
     cpu_wtype t_embed, t_lm_head;
+    int has_blocks;              /* some matrix went up as GGUF blocks (POLAR_CUDA_BLOCKS=1) */
     float *inv_freq;             /* [head_dim/2] */
     dev_allocs allocs;
     struct cuda_weights *next;

@@ -85,7 +85,7 @@ static int upload_part(cuda_weights *w, const bf16 **dst, cpu_wtype *dt, const b
         ok = ok && upload_bytes(w, (const void **)dst, buf, nr * part);
         free(buf);
         free(row);
-        if (ok) *dt = rt;
+        if (ok) *dt = rt, w->has_blocks = 1;
         return ok;
     }
     bf16 *buf = malloc(nr * nc * sizeof *buf);
