@@ -182,6 +182,38 @@ INLINE __m256i lane_byte(const __m256i *w, int b) {
     return _mm256_and_si256(_mm256_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm256_set1_epi32(0xFF));
 }
 
+/* Q4_K / Q5_K units: 32-block j's 6-bit scale and min (cpu_k4_scale_min)
+ * of rows 8h..8h+7, a lane (row) at a time, from the rows' 12 scale bytes
+ * (lane r of the three vectors at 2112). */
+INLINE void k4_scale_min(const uint8_t *b, int j, int h, __m256i *sc, __m256i *mn) {
+    __m256i s[3], six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(0xF);
+    for (int i = 0; i < 3; i++) s[i] = _mm256_loadu_si256((const __m256i *)(b + 2112 + 64 * i + 32 * h));
+    if (j < 4) {
+        *sc = _mm256_and_si256(lane_byte(s, j), six);
+        *mn = _mm256_and_si256(lane_byte(s, j + 4), six);
+    } else {
+        *sc = _mm256_or_si256(_mm256_and_si256(lane_byte(s, j + 4), four),
+                              _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j - 4), 6), 4));
+        *mn = _mm256_or_si256(_mm256_srli_epi32(lane_byte(s, j + 4), 4),
+                              _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j), 6), 4));
+    }
+}
+
+/* -dmin of rows 8h..8h+7 of a Q4_K / Q5_K unit. */
+INLINE __m256 k4_neg_dmin(const uint8_t *b, int h) {
+    return _mm256_xor_ps(load_f16x8(b + 2080 + 16 * h), _mm256_set1_ps(-0.0f));
+}
+
+/* Q6_K units: d times the int8 scale of half e (weights 16e..16e+15) of
+ * 32-block j, rows 8h..8h+7 (lane r of the four vectors at 3072 holds row
+ * r's 16 scales). */
+INLINE __m256 q6k_scale(const uint8_t *b, int j, int e, int h) {
+    int byte = 2 * j + e; /* moved to the top of the lane, then shifted back down with its sign */
+    __m256i s = _mm256_loadu_si256((const __m256i *)(b + 3072 + 64 * (byte / 4) + 32 * h));
+    __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(s, 24 - 8 * (byte % 4)), 24);
+    return _mm256_mul_ps(load_f16x8(b + 3328 + 16 * h), _mm256_cvtepi32_ps(sc));
+}
+
 /* Rows 8h..8h+7 of 32-block j (0 but for the 256-block units) of the unit
  * at b. The tile calls it with j and h constants (unrolled loops), so the
  * offsets and shifts below fold into the instructions. */
@@ -254,21 +286,10 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
             __m256i qh = _mm256_srl_epi16(V(2304 + 64 * v), _mm_cvtsi32_si128(j));
             o->u[v] = _mm256_or_si256(o->u[v], _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
         }
-        __m256i s[3];
-        for (int i = 0; i < 3; i++) s[i] = V(2112 + 64 * i);
-        __m256i sc, mn, six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(0xF);
-        if (j < 4) { /* cpu_k4_scale_min, a lane at a time */
-            sc = _mm256_and_si256(lane_byte(s, j), six);
-            mn = _mm256_and_si256(lane_byte(s, j + 4), six);
-        } else {
-            sc = _mm256_or_si256(_mm256_and_si256(lane_byte(s, j + 4), four),
-                                 _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j - 4), 6), 4));
-            mn = _mm256_or_si256(_mm256_srli_epi32(lane_byte(s, j + 4), 4),
-                                 _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j), 6), 4));
-        }
+        __m256i sc, mn;
+        k4_scale_min(b, j, h, &sc, &mn);
         o->a[0] = o->a[1] = _mm256_mul_ps(load_f16x8(b + 2048 + 16 * h), _mm256_cvtepi32_ps(sc));
-        __m256 neg_dmin = _mm256_xor_ps(load_f16x8(b + 2080 + 16 * h), _mm256_set1_ps(-0.0f));
-        o->m = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(mn));
+        o->m = _mm256_mul_ps(k4_neg_dmin(b, h), _mm256_cvtepi32_ps(mn));
         return;
     }
     default: { /* Q6_K */
@@ -281,14 +302,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
             o->u[q] = _mm256_or_si256(_mm256_and_si256(p, low4), hi0);
             o->u[q + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), hi1);
         }
-        __m256i s[4];
-        for (int i = 0; i < 4; i++) s[i] = V(3072 + 64 * i);
-        __m256 d = load_f16x8(b + 3328 + 16 * h);
-        for (int e = 0; e < 2; e++) { /* int8 scales 2j and 2j + 1, sign-extended */
-            int byte = 2 * j + e; /* moved to the top of the lane, then shifted back down with its sign */
-            __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(s[byte / 4], 24 - 8 * (byte % 4)), 24);
-            o->a[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        }
+        for (int e = 0; e < 2; e++) o->a[e] = q6k_scale(b, j, e, h);
         o->z = 32;
         return;
     }
@@ -299,13 +313,30 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
 /* How many maddubs results of one half block an int16 lane can add
  * before the madd to int32: each is two products u x, |x| <= 127, so at
  * most 2 * 127 * max u (Q8_0 |q| 128: 32512; IQ4 |level| 127: 32258; Q6_K
- * 63: 16002; Q5_K, Q5_0 and Q5_1 31: 7874; Q4 types 15: 3810), and the sum
- * must stay within 32767. With vpdpbusd, one: it adds into int32 directly. */
+ * 63: 16002; Q5_K, Q5_0 and Q5_1 31: 7874; Q4 types 15: 3810, eight of
+ * them 30480), and the sum must stay within 32767. With vpdpbusd, one: it adds into int32 directly. */
 INLINE int x16_int16_terms(cpu_wtype t) {
 #ifdef QUANT_AVX_VNNI
     return 1;
 #else
-    return x16_signed(t) ? 1 : t == CPU_W_Q6_K_X16 ? 2 : 4;
+    if (x16_signed(t)) return 1;
+    if (t == CPU_W_Q6_K_X16) return 2;
+    return t == CPU_W_Q4_0_X16 || t == CPU_W_Q4_1_X16 || t == CPU_W_Q4_K_X16 ? 8 : 4;
+#endif
+}
+
+/* Term v (0..7: weights 4v..4v+3 of each row) of a block's integer sum,
+ * u x: maddubs results collected in s16 in groups of x16_int16_terms, each
+ * group added into s32 by madd (with vpdpbusd, every term into s32). */
+INLINE void sum_term(cpu_wtype t, int v, __m256i *s32, __m256i *s16, __m256i u, __m256i x) {
+#ifdef QUANT_AVX_VNNI
+    (void)v, (void)s16;
+    *s32 = _mm256_dpbusd_avx_epi32(*s32, u, x);
+#else
+    const int g = x16_int16_terms(t);
+    __m256i p = _mm256_maddubs_epi16(u, x);
+    *s16 = v % g ? _mm256_add_epi16(*s16, p) : p;
+    if (v % g == g - 1) *s32 = _mm256_add_epi32(*s32, _mm256_madd_epi16(*s16, _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -330,24 +361,14 @@ INLINE void x16_prefetch_part(cpu_wtype t, const uint8_t *b, int jb) {
  * their blocks of it, xs apart): added into acc[h][c] (x16_tile). */
 INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int nh, const cpu_q8_block *x, size_t xs,
                       __m256 acc[2][4]) {
-    const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 2
     for (int hi = 0; hi < nh; hi++) {
         x16_half w;
         x16_load(t, b, jb, h0 + hi, &w);
         for (int c = 0; c < C; c++) {
             const cpu_q8_block *xb = &x[(size_t)c * xs];
-            __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])};
-            for (int j = 0; j < 8; j += x16_int16_terms(t)) {
-                if (x16_int16_terms(t) == 1) {
-                    a[j / 4] = dot4_add(a[j / 4], w.u[j], x16_x_bytes(t, &w, xb, j));
-                    continue;
-                }
-                __m256i sum16 = _mm256_maddubs_epi16(w.u[j], x16_x_bytes(t, &w, xb, j));
-                for (int i = j + 1; i < j + x16_int16_terms(t); i++)
-                    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w.u[i], x16_x_bytes(t, &w, xb, i)));
-                a[j / 4] = _mm256_add_epi32(a[j / 4], _mm256_madd_epi16(sum16, ones));
-            }
+            __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])}, s16;
+            for (int j = 0; j < 8; j++) sum_term(t, j, &a[j / 4], &s16, w.u[j], x16_x_bytes(t, &w, xb, j));
             __m256 xd = _mm256_set1_ps(xb->d), *fc = &acc[hi][c];
             if (t == CPU_W_Q6_K_X16) {
                 *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w.a[0], xd), *fc);
@@ -358,6 +379,96 @@ INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int 
             if (x16_has_offset(t)) *fc = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), *fc);
         }
     }
+}
+
+/* One token against the k-quant units: x16_block's integer sums and float
+ * operations per (row, 32-block) in the same order, so the same bits as the
+ * tiles of several tokens, but streamed rather than unpacked a block at a
+ * time into an x16_half (its 16 vectors did not fit the 16 registers and
+ * went through the stack): each 32-byte piece of weights is loaded once and
+ * multiplied at once, a Q4_K/Q5_K vector's two nibbles against the two
+ * blocks they hold, and both halves of a group share the activations'
+ * broadcasts. f[h][0] lane r: the dot of row 8h + r with the token, halves
+ * 0..nh-1. */
+INLINE void x16_k4_decode(cpu_wtype t, int nh, const uint8_t *g, int nb, const cpu_q8_block *x, __m256 f[2][4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int unit = 0; unit < nb / 8; unit++) {
+        const uint8_t *b = g + (size_t)unit * x16_unit_bytes(t);
+        const cpu_q8_block *xu = x + (size_t)unit * 8;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) { /* 32-blocks 2p (low nibbles) and 2p + 1 (high) */
+            x16_prefetch_part(t, b, 2 * p);
+            x16_prefetch_part(t, b, 2 * p + 1);
+            __m256i s32[2][2], s16[2][2]; /* [half][block 2p + e] */
+            for (int h = 0; h < 2; h++) s32[h][0] = s32[h][1] = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++) {
+                __m256i xe = _mm256_set1_epi32(x_word(&xu[2 * p], v)), xo = _mm256_set1_epi32(x_word(&xu[2 * p + 1], v));
+                for (int h = 0; h < nh; h++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(b + 512 * p + 64 * v + 32 * h));
+                    __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if (t == CPU_W_Q5_K_X16) { /* bit j of each qh byte: block j's fifth bits */
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 2304 + 64 * v + 32 * h));
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+                    }
+                    sum_term(t, v, &s32[h][0], &s16[h][0], lo, xe);
+                    sum_term(t, v, &s32[h][1], &s16[h][1], hi, xo);
+                }
+            }
+            for (int h = 0; h < nh; h++)
+                for (int e = 0; e < 2; e++) {
+                    const cpu_q8_block *xb = &xu[2 * p + e];
+                    __m256i sc, mn;
+                    k4_scale_min(b, 2 * p + e, h, &sc, &mn);
+                    __m256 a = _mm256_mul_ps(load_f16x8(b + 2048 + 16 * h), _mm256_cvtepi32_ps(sc));
+                    __m256 m = _mm256_mul_ps(k4_neg_dmin(b, h), _mm256_cvtepi32_ps(mn));
+                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[h][e]), _mm256_mul_ps(a, _mm256_set1_ps(xb->d)), acc[h]);
+                    acc[h] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[h]);
+                }
+        }
+    }
+    for (int h = 0; h < nh; h++) f[h][0] = acc[h];
+}
+
+/* x16_k4_decode for Q6_K: a 32-block's eight 4-weight pieces are its
+ * nibbles with two high bits each from the vectors at 256 and 320, its two
+ * halves (weights 0..15, 16..31) summed apart for their own scales. */
+INLINE void x16_q6k_decode(int nh, const uint8_t *g, int nb, const cpu_q8_block *x, __m256 f[2][4]) {
+    const cpu_wtype t = CPU_W_Q6_K_X16;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int unit = 0; unit < nb / 8; unit++) {
+        const uint8_t *b = g + (size_t)unit * x16_unit_bytes(t);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const cpu_q8_block *xb = x + (size_t)unit * 8 + j;
+            const uint8_t *n = b + 384 * j;
+            x16_prefetch_part(t, b, j);
+            __m256i s32[2][2], s16[2][2]; /* [half][weights 16e..16e+15]; zero point 32 */
+            for (int h = 0; h < 2; h++)
+                for (int e = 0; e < 2; e++) s32[h][e] = _mm256_set1_epi32(-32 * xb->half_sum[e]);
+            for (int q = 0; q < 4; q++) {
+                __m256i xl = _mm256_set1_epi32(x_word(xb, q)), xh = _mm256_set1_epi32(x_word(xb, q + 4));
+                for (int h = 0; h < nh; h++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(n + 64 * q + 32 * h));
+                    __m256i h0 = _mm256_loadu_si256((const __m256i *)(n + 256 + 32 * h));
+                    __m256i h1 = _mm256_loadu_si256((const __m256i *)(n + 320 + 32 * h));
+                    __m256i lo = _mm256_or_si256(_mm256_and_si256(p, low4),
+                                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2 * q), three), 4));
+                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4),
+                                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2 * q), three), 4));
+                    sum_term(t, q, &s32[h][0], &s16[h][0], lo, xl);
+                    sum_term(t, q + 4, &s32[h][1], &s16[h][1], hi, xh);
+                }
+            }
+            for (int h = 0; h < nh; h++)
+                for (int e = 0; e < 2; e++)
+                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[h][e]),
+                                             _mm256_mul_ps(q6k_scale(b, j, e, h), _mm256_set1_ps(xb->d)), acc[h]);
+        }
+    }
+    for (int h = 0; h < nh; h++) f[h][0] = acc[h];
 }
 
 /* C tokens against halves h0..h0+nh-1 of one group (its units from g):
@@ -414,7 +525,9 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
             case 2: for (int h = 0; h < halves; h++) x16_tile(t, 2, g, h, 1, nb, xc, nb, f); break;
             default: /* one token: both halves a pass for the 32-block types (measured 12-15% faster), a half a pass
                         for the 256-block ones (both at once spilled registers: 5-15% slower) */
-                if (x16_is_k(t)) for (int h = 0; h < halves; h++) x16_tile(t, 1, g, h, 1, nb, xc, nb, f);
+                if (t == CPU_W_Q4_K_X16 || t == CPU_W_Q5_K_X16) x16_k4_decode(t, halves, g, nb, xc, f);
+                else if (t == CPU_W_Q6_K_X16) x16_q6k_decode(halves, g, nb, xc, f);
+                else if (x16_is_k(t)) for (int h = 0; h < halves; h++) x16_tile(t, 1, g, h, 1, nb, xc, nb, f);
                 else x16_tile(t, 1, g, 0, 2, nb, xc, nb, f);
                 break;
             }
