@@ -4,7 +4,8 @@
 // - m[i / 16], the same f32 products), so the block GEMVs need no copy of
 // the weights in another type. Rows are the file's row-major blocks
 // (cuda_wmat, ops.h); block scales are little-endian f16 at any byte
-// offset, so everything is read a byte at a time.
+// offset, so they are read a byte at a time, as are the quants of the
+// types whose blocks are not 16-byte multiples (Q4_K and Q5_K's are).
 #ifndef POLAR_CUDA_BLOCKS_CUH
 #define POLAR_CUDA_BLOCKS_CUH
 
@@ -22,6 +23,12 @@ static __device__ __forceinline__ float f16_at(const uint8_t *p) {
               : e == 31 ? __uint_as_float(0x7f800000u | m << 13)
                         : __uint_as_float((e + 112u) << 23 | m << 13);
     return h & 0x8000u ? -v : v;
+}
+
+// Byte i (0..15, a constant once unrolled) of a 16-byte vector.
+static __device__ __forceinline__ unsigned byte_of(uint4 v, int i) {
+    unsigned word = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
+    return (word >> (8 * (i % 4))) & 0xFFu;
 }
 
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes s.
@@ -77,11 +84,15 @@ static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, i
         int sc, mn;
         k4_scale_min(b + 4, j, &sc, &mn);
         float a = f16_at(b) * (float)sc, m = f16_at(b + 2) * (float)mn;
-        const uint8_t *qh = b + 16, *qs = b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2);
+        // the 32 bytes of nibbles (and Q5_K's 32 of fifth bits) in 16-byte loads, not 32 byte loads: blocks of
+        // 144 or 176 bytes in rows of whole blocks from a cudaMalloc'd base stay 16-byte aligned
+        const uint4 *qs = (const uint4 *)(b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2)), *qh = (const uint4 *)(b + 16);
+        uint4 q[2] = {qs[0], qs[1]}, h[2] = {};
+        if (t == CPU_W_Q5_K) h[0] = qh[0], h[1] = qh[1];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            int v = j % 2 ? qs[i] >> 4 : qs[i] & 0xF;
-            if (t == CPU_W_Q5_K) v |= ((qh[i] >> j) & 1) << 4;
+            int v = (byte_of(q[i / 16], i % 16) >> (4 * (j % 2))) & 0xF;
+            if (t == CPU_W_Q5_K) v |= ((byte_of(h[i / 16], i % 16) >> j) & 1) << 4;
             w[i] = a * (float)v - m;
         }
         return;
