@@ -25,7 +25,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 CU_SRC    := kernels/cuda/ops.cu kernels/cuda/quant.cu kernels/cuda/attention.cu kernels/cuda/moe.cu kernels/cuda/predictor.cu
 CU_HDR    := kernels/cuda/ops.h kernels/cuda/predictor_cuda.h kernels/cuda/common.cuh kernels/cuda/blocks.cuh \
-             kernels/cpu/quant.h
+             kernels/cuda/q8.cuh kernels/cpu/quant.h
 EMU_DIR   := tests/cuda_emu
 EMU_SRC   := $(EMU_DIR)/runtime.cpp $(EMU_DIR)/scheduler.cpp $(EMU_DIR)/cublaslt.cpp $(EMU_DIR)/nccl.cpp
 EMU_HDR   := $(wildcard $(EMU_DIR)/include/*.h) $(EMU_DIR)/emu_internal.h $(EMU_DIR)/race.h
@@ -154,7 +154,8 @@ $(BUILD)/gen/%.cpp: %.cu $(EMU_DIR)/rewrite.awk
 $(BUILD)/gen/%.cuh: %.cuh $(EMU_DIR)/rewrite.awk
 	@mkdir -p $(dir $@)
 	awk -v src=$< -f $(EMU_DIR)/rewrite.awk $< > $@.tmp && mv $@.tmp $@
-$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(BUILD)/gen/kernels/cuda/blocks.cuh $(CU_HDR) $(EMU_HDR)
+$(BUILD)/obj/%.o: $(BUILD)/gen/%.cpp $(BUILD)/gen/kernels/cuda/common.cuh $(BUILD)/gen/kernels/cuda/blocks.cuh \
+                  $(BUILD)/gen/kernels/cuda/q8.cuh $(CU_HDR) $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_KERNEL_FLAGS) -Ikernels/cuda -c $< -o $@
 $(BUILD)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp $(EMU_HDR)

@@ -70,34 +70,24 @@ step test_cuda_batch 100 ./build-cuda/tests/test_cuda_batch
 echo "tests: $(cat "$R"/test_cuda*.log | grep -c '^PASS') passed, $(cat "$R"/test_cuda*.log | grep -c '^FAIL') failed"
 grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 
-# Issue 43: a GGUF's blocks kept on the GPU (2026-11-27, never run on a GPU
-# before) against the same file uploaded as bf16 (POLAR_CUDA_BLOCKS=0, the
-# path measured on 2026-11-26), alternated: an 8-layer Llama-3.2-1B-shaped
-# Q4_K_M (tied Q6_K head), decode at ctx 128 and a 512-token prefill.
-step blocks 120 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
+# Issue 43: a GGUF's blocks kept on the GPU against the same file uploaded
+# as bf16 (POLAR_CUDA_BLOCKS=0), alternated: an 8-layer Llama-3.2-1B-shaped
+# Q4_K_M (tied Q6_K head), decode at ctx 128 and a 512-token prefill. Blocks
+# twice: Q4_K/Q5_K/Q6_K by dp4a on quantized inputs (q8=1, the default since
+# 2026-11-27, after the H200 run) and unpacked to f32 as on 2026-11-27
+# (POLAR_CUDA_BLOCKS_Q8=0, there 2.9x slower than bf16). The prefetch and
+# fused-merge switches were measured then (slower: docs/cuda.md).
+step blocks 150 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
     ./build-cuda/tests/mkgguf llama-3.2-1b /tmp/polar-q4km.gguf q4_k_m 1 8 || exit 1
-    for rep in 1 2; do for b in 1 0; do for len in "128 --gen 32" "512 --gen 1"; do
-        POLAR_CUDA_BLOCKS=$b ./build-cuda/polar bench --device cuda --json --model /tmp/polar-q4km.gguf \
-            --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"result\":/; s/\$/}/" /tmp/polar-blocks.json >>"$OUTFILE"
-    done; done; done'
-
-# Issue 42, items 1 and 3: the bf16 GEMVs' weight rows prefetched into L2
-# before the grid-dependency wait (POLAR_CUDA_PREFETCH=1) and split-K
-# attention merged by its last block (POLAR_CUDA_FUSED_MERGE=1, one launch
-# a layer fewer), each alone and both, against neither, alternated: the 1B
-# preset's decode at ctx 128 and 2048 (a cut at the cap keeps the rows so far).
-step switches 90 env COMMIT="$COMMIT" OUTFILE="$R/switches.jsonl" sh -c '
-    for rep in 1 2; do for cfg in none prefetch merge both; do for ctx in 128 2048; do
-        p=0 f=0
-        case $cfg in prefetch) p=1 ;; merge) f=1 ;; both) p=1 f=1 ;; esac
-        POLAR_CUDA_PREFETCH=$p POLAR_CUDA_FUSED_MERGE=$f ./build-cuda/polar bench --device cuda --json \
-            --preset llama-3.2-1b --prompt-len $ctx --gen 32 --reps 2 >/tmp/polar-switch.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"switches\":\"$cfg\",\"result\":/; s/\$/}/" /tmp/polar-switch.json \
+    for rep in 1 2; do for cfg in "1 1" "1 0" "0 1"; do for len in "128 --gen 32" "512 --gen 1"; do
+        set -- $cfg
+        POLAR_CUDA_BLOCKS=$1 POLAR_CUDA_BLOCKS_Q8=$2 ./build-cuda/polar bench --device cuda --json \
+            --model /tmp/polar-q4km.gguf --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$1,\"q8\":$2,\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
             >>"$OUTFILE"
     done; done; done'
 
-# Sanitizer on the new kernels (blocks, fused merge), then the A/B against
+# Sanitizer on the new kernels (blocks), then the A/B against
 # the last GPU-measured base, before the longer benchmarks.
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
 wait # the base build
@@ -111,16 +101,6 @@ fi
 # slower a step than batch 32 on 2026-11-26), then issue 10's: one preset each, two reps.
 step batch 150 env PRESETS= MOE= PREDICTOR=0 PDL_AB=0 COMPARE=0 TEST=0 GEN=32 REPS=2 BATCH_SIZES=1,2,4,8,16,32 \
     sh bench/gpu_evidence.sh "$R/batch" "$COMMIT"
-# Where cuBLASLt overtakes the multi-token GEMV: batches of 2-8 with passes
-# of more than 1, 2, 4 or 8 (the default) tokens through cuBLASLt
-# (POLAR_CUDA_GEMV_TOKENS), all in this step. Two JSON lines per batch size
-# and limit (one program, mixed programs).
-step gemv_sweep 120 env COMMIT="$COMMIT" OUTFILE="$R/gemv_tokens.jsonl" sh -c '
-    for g in 1 2 4 8; do
-        POLAR_CUDA_GEMV_TOKENS=$g ./build-cuda/polar bench --device cuda --json --preset llama-3.2-1b \
-            --batch 2,4,8 --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-gemv.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"gemv_tokens\":$g,\"result\":/; s/\$/}/" /tmp/polar-gemv.json >>"$OUTFILE"
-    done'
 step evidence 210 env PRESETS=llama-3.2-3b CTXS=128 PREFILLS="128 512" BATCH= COMPARE=0 TEST=0 GEN=32 REPS=2 \
     sh bench/gpu_evidence.sh "$R/evidence" "$COMMIT"
 # Does initcheck see what cuBLASLt writes? kernel_prefill_ops has the bias
@@ -131,13 +111,12 @@ step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./b
     kernel_prefill_ops
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
-    kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe
+    kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe \
+    kernel_blocks_matmul kernel_blocks_fused
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
-grep -o '"blocks":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
-    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - | sed 's/^/  blocks: /'
-grep -o '"switches":"[a-z]*"\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"fraction_of_read":[0-9.]*' \
-    "$R/switches.jsonl" 2>/dev/null | paste -d' ' - - - - | sed 's/^/  switches: /'
+grep -o '"blocks":[0-9]\|"q8":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - | sed 's/^/  blocks: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

@@ -43,7 +43,8 @@ void cuda_weights_free(void *weights);
  * POLAR_CUDA_BLOCKS=1, until the block kernels are fast. On an H200
  * (2026-11-27) an 8-layer 1B-shaped Q4_K_M decoded in 1.83 ms a token from
  * its blocks and 0.63 ms from the bf16 upload, prefill 512 in 9.6 ms
- * against 3.0 (the block GEMVs read a byte at a time). */
+ * against 3.0 (the block GEMVs then unpacked every weight to f32; since,
+ * Q4_K, Q5_K and Q6_K go by dp4a, not yet timed on a GPU). */
 static inline int cuda_keeps_blocks(void) {
     const char *v = getenv("POLAR_CUDA_BLOCKS");
     return v && v[0] == '1' && !v[1];

@@ -109,6 +109,12 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         }
         c->gemv_tokens = (int)n;
     }
+    const char *q8 = getenv("POLAR_CUDA_BLOCKS_Q8");
+    if (q8 && strcmp(q8, "0") && strcmp(q8, "1")) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_Q8=%s: 0 or 1", q8);
+    }
+    c->blocks_f32_gemv = q8 && !strcmp(q8, "0");
     if (!(c->w = cuda_model_weights(m, &c->shard))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");

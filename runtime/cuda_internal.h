@@ -103,6 +103,7 @@ struct cuda_state {
     cuda_gemm *gemm;             /* cuBLASLt, for passes of more than gemv_tokens tokens */
     int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (CUDA_GEMV_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
+    int blocks_f32_gemv;         /* POLAR_CUDA_BLOCKS_Q8=0: every block GEMV unpacks to f32 (cuda_wmat) */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
                                   * (qkv_bias models only; other GEMMs write their output, residual included) */

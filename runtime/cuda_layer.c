@@ -11,8 +11,8 @@
 #include "cuda_internal.h"
 
 /* A matrix of the model on the device as the block kernels take it. */
-static cuda_wmat wmat(const bf16 *w, cpu_wtype t, int cols) {
-    return (cuda_wmat){w, (int)t, cpu_wtype_row_bytes(t, (size_t)cols)};
+static cuda_wmat wmat(const cuda_state *c, const bf16 *w, cpu_wtype t, int cols) {
+    return (cuda_wmat){w, (int)t, cpu_wtype_row_bytes(t, (size_t)cols), c->blocks_f32_gemv};
 }
 
 /* y (=|+=) x . W^T (+ bias) for W of GGUF blocks on tensor cores: chunks of
@@ -47,7 +47,7 @@ static int blocks_gemm(cuda_state *c, float *y, const float *x, cuda_wmat w, con
 static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias,
                             int T, int rows, int cols, int accumulate) {
     if (t != CPU_W_BF16) {
-        cuda_wmat m = wmat(w, t, cols);
+        cuda_wmat m = wmat(c, w, t, cols);
         if (T <= c->gemv_tokens || !blocks_gemm(c, y, x, m, bias, T, rows, cols, accumulate))
             cuda_matmul_blocks(y, rows, x, m, bias, T, rows, cols, accumulate, &c->queue);
         return;
@@ -79,7 +79,7 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
         if (t_gate == CPU_W_BF16 && t_up == CPU_W_BF16)
             cuda_matmul_swiglu(act, x, norm, eps, w_gate, w_up, T, F, cols, &c->queue);
         else
-            cuda_matmul_swiglu_blocks(act, x, norm, eps, wmat(w_gate, t_gate, cols), wmat(w_up, t_up, cols), T, F,
+            cuda_matmul_swiglu_blocks(act, x, norm, eps, wmat(c, w_gate, t_gate, cols), wmat(c, w_up, t_up, cols), T, F,
                                       cols, &c->queue);
         return;
     }
@@ -164,8 +164,8 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
         cuda_matmul_qkv(c->q, c->k, c->v, x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd,
                         kvd, H, s);
     } else if (T <= c->gemv_tokens) {
-        cuda_matmul_qkv_blocks(c->q, c->k, c->v, x, wmat(w->wq, w->t_wq, H), wmat(w->wk, w->t_wk, H),
-                               wmat(w->wv, w->t_wv, H), w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd, kvd, H, s);
+        cuda_matmul_qkv_blocks(c->q, c->k, c->v, x, wmat(c, w->wq, w->t_wq, H), wmat(c, w->wk, w->t_wk, H),
+                               wmat(c, w->wv, w->t_wv, H), w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd, kvd, H, s);
     } else {
         cuda_rmsnorm(c->xn, x, w->attn_norm, T, H, eps, s);
         cuda_mm(c, c->q, c->xn, w->wq, w->t_wq, w->bq, T, qd, H, 0);

@@ -150,7 +150,7 @@ void step_issue(cuda_batch *d, int r, int half, const step_op *o) {
         if (c->t_embed == CPU_W_BF16)
             cuda_embed(k->x, c->embed, t, k->half[!half].ids, o->b ? t + n : NULL, n, H, q);
         else
-            cuda_embed_blocks(k->x, (cuda_wmat){c->embed, (int)c->t_embed, cpu_wtype_row_bytes(c->t_embed, Hs)}, t,
+            cuda_embed_blocks(k->x, (cuda_wmat){c->embed, (int)c->t_embed, cpu_wtype_row_bytes(c->t_embed, Hs), 0}, t,
                               k->half[!half].ids, o->b ? t + n : NULL, n, H, q);
         break;
     }

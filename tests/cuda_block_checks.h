@@ -21,6 +21,27 @@ static const cpu_wtype kept_types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU
  * |w x| over the row (f32 sums of products exact in f32, in another order). */
 #define TOL_BLOCKS 2e-6
 
+/* Whether the GEMVs multiply t by dp4a on quantized inputs (kernels/cuda/q8.cuh). */
+static int gemv_q8(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
+
+/* What such a GEMV multiplies: each row of x (times the norm weights nw
+ * when given) quantized as cpu_quantize_q8 quantizes it and read back (times
+ * 1/rms of the row when normed), T rows of cols. */
+static float *q8_inputs(const float *x, const bf16 *nw, float eps, int T, int cols) {
+    float *out = malloc((size_t)T * cols * sizeof *out), *row = malloc((size_t)cols * sizeof *row);
+    cpu_q8_block *q = malloc((size_t)(cols / 32) * sizeof *q);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * cols;
+        double ss = 0.0;
+        for (int j = 0; j < cols; j++) row[j] = nw ? xt[j] * bf16_to_f32(nw[j]) : xt[j], ss += (double)xt[j] * xt[j];
+        cpu_quantize_q8(q, row, cols);
+        float inv = nw ? (float)(1.0 / sqrt(ss / cols + eps)) : 1.0f;
+        for (int j = 0; j < cols; j++) out[(size_t)t * cols + j] = q[j / 32].d * (float)q[j / 32].q[j % 32] * inv;
+    }
+    free(row), free(q);
+    return out;
+}
+
 static uint32_t block_rng = 0x9E3779B9u;
 static uint32_t block_next(void) {
     block_rng ^= block_rng << 13;
@@ -51,7 +72,7 @@ static host_blocks make_blocks(cpu_wtype t, int rows, int cols) {
 static void free_blocks(host_blocks *h) { free(h->b), free(h->f); }
 
 static cuda_wmat dev_blocks(const host_blocks *h) {
-    return (cuda_wmat){to_dev(h->b, (size_t)h->rows * h->row_bytes), (int)h->t, h->row_bytes};
+    return (cuda_wmat){to_dev(h->b, (size_t)h->rows * h->row_bytes), (int)h->t, h->row_bytes, 0};
 }
 
 /* want[t, r] = f_r . x_t (+ bias), and scale[t, r] = sum |f_r x_t|, in double. */
@@ -85,7 +106,9 @@ static double blocks_error(const float *got, int ld, const double *want, const d
 static double blocks_matmul_error(const host_blocks *h, const cuda_wmat *w, const float *x, const bf16 *bias, int T) {
     int rows = h->rows, cols = h->cols, ld = rows + 3;
     double *want = malloc((size_t)T * rows * sizeof *want), *scale = malloc((size_t)T * rows * sizeof *scale);
-    blocks_reference(h, x, bias, T, want, scale);
+    float *xq = gemv_q8(h->t) && !w->f32_gemv ? q8_inputs(x, NULL, 0.0f, T, cols) : NULL;
+    blocks_reference(h, xq ? xq : x, bias, T, want, scale);
+    free(xq);
     float *y0 = malloc((size_t)T * ld * 4);
     for (size_t i = 0; i < (size_t)T * ld; i++) y0[i] = -7.0f;
     float *dy = to_dev(y0, (size_t)T * ld * 4), *dx = to_dev(x, (size_t)T * cols * 4);
@@ -119,14 +142,16 @@ static void kernel_blocks_matmul(void) {
             cuda_wmat w = dev_blocks(&h);
             bf16 *bias = malloc((size_t)rows * 2);
             for (int r = 0; r < rows; r++) bias[r] = f32_to_bf16(frand());
-            for (int k = 0; k < (quick ? 2 : 7); k++) {
-                int T = tokens[quick ? 5 * k : k];
-                float *x = rand_floats((size_t)T * cols, 2.0f);
-                double e = blocks_matmul_error(&h, &w, x, k % 2 ? bias : NULL, T);
-                CHECK(e < TOL_BLOCKS, "%s %dx%d T=%d: error %g of sum |w x| (bound %g)", cpu_wtype_name(t), rows, cols,
-                      T, e, TOL_BLOCKS);
-                free(x);
-            }
+            for (int k = 0; k < (quick ? 2 : 7); k++)
+                for (int f32 = 0; f32 <= gemv_q8(t); f32++) { /* the dp4a types also unpacked to f32 (f32_gemv) */
+                    int T = tokens[quick ? 5 * k : k];
+                    float *x = rand_floats((size_t)T * cols, 2.0f);
+                    w.f32_gemv = f32;
+                    double e = blocks_matmul_error(&h, &w, x, k % 2 ? bias : NULL, T);
+                    CHECK(e < TOL_BLOCKS, "%s%s %dx%d T=%d: error %g of sum |w x| (bound %g)", cpu_wtype_name(t),
+                          f32 ? " (f32_gemv)" : "", rows, cols, T, e, TOL_BLOCKS);
+                    free(x);
+                }
             free(bias), cudaFree((void *)w.p), free_blocks(&h);
         }
     }
@@ -162,7 +187,9 @@ static void kernel_blocks_planted(void) {
 }
 
 /* q/k/v of three types (with biases, the norm on the fly or not) and
- * gate/up of two more with SwiGLU, against the reference of the normed x. */
+ * gate/up with SwiGLU (Q5_K with IQ4_XS, then Q4_K with Q5_K: the dp4a
+ * path), against the reference of the normed x (quantized for the dp4a
+ * types: q8_inputs). */
 static void kernel_blocks_fused(void) {
     const float eps = 1e-5f;
     const int cols = 512, qr = 70, kr = 21, F = 45;
@@ -191,7 +218,9 @@ static void kernel_blocks_fused(void) {
                                    normed ? dnw : NULL, eps, T, qr, kr, cols, NULL);
             for (int i = 0; i < 3; i++) {
                 double *want = malloc((size_t)T * w[i].rows * 8), *scale = malloc((size_t)T * w[i].rows * 8);
-                blocks_reference(&w[i], xn, b[i], T, want, scale);
+                float *xq = gemv_q8(w[i].t) ? q8_inputs(x, normed ? nw : NULL, eps, T, cols) : NULL;
+                blocks_reference(&w[i], xq ? xq : xn, b[i], T, want, scale);
+                free(xq);
                 float *got = from_dev(dy[i], (size_t)T * w[i].rows);
                 /* the norm in another order: 1e-5 of the row's scale */
                 double e = blocks_error(got, w[i].rows, want, scale, T, w[i].rows);
@@ -199,22 +228,33 @@ static void kernel_blocks_fused(void) {
                       cpu_wtype_name(w[i].t), T, normed, e);
                 free(want), free(scale), free(got), cudaFree(dy[i]);
             }
-            double *g = malloc((size_t)T * F * 8), *u = malloc((size_t)T * F * 8), *sg = malloc((size_t)T * F * 8),
-                   *su = malloc((size_t)T * F * 8);
-            blocks_reference(&gate, xn, NULL, T, g, sg);
-            blocks_reference(&up, xn, NULL, T, u, su);
-            float *dact = dev_floats((size_t)T * F);
-            cuda_matmul_swiglu_blocks(dact, dx, normed ? dnw : NULL, eps, dg, du, T, F, cols, NULL);
-            float *got = from_dev(dact, (size_t)T * F);
-            double worst = 0.0;
-            for (int i = 0; i < T * F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
-                double s = g[i] / (1.0 + exp(-g[i])), want = s * u[i];
-                double bound = 1e-5 * (fabs(s) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
-                double e = fabs(got[i] - want) / bound;
-                if (!(e <= worst)) worst = e;
+            for (int pair = 0; pair < 2; pair++) { /* q5_k with iq4_xs: f32 inputs; q4_k with q5_k: dp4a (gemv_q8) */
+                const host_blocks *hg = pair ? &w[0] : &gate, *hu = pair ? &gate : &up;
+                if (pair && hg->rows < F) break;
+                double *g = malloc((size_t)T * F * 8), *u = malloc((size_t)T * F * 8),
+                       *sg = malloc((size_t)T * F * 8), *su = malloc((size_t)T * F * 8);
+                float *xq = pair ? q8_inputs(x, normed ? nw : NULL, eps, T, cols) : NULL;
+                host_blocks hg_f = *hg, hu_f = *hu; /* their first F rows */
+                hg_f.rows = hu_f.rows = F;
+                blocks_reference(&hg_f, xq ? xq : xn, NULL, T, g, sg);
+                blocks_reference(&hu_f, xq ? xq : xn, NULL, T, u, su);
+                free(xq);
+                float *dact = dev_floats((size_t)T * F);
+                cuda_matmul_swiglu_blocks(dact, dx, normed ? dnw : NULL, eps, pair ? dw[0] : dg, pair ? dg : du, T, F,
+                                          cols, NULL);
+                float *got = from_dev(dact, (size_t)T * F);
+                double worst = 0.0;
+                for (int i = 0; i < T * F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
+                    double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
+                    double bound = 1e-5 * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
+                    double e = fabs(got[i] - want) / bound;
+                    if (!(e <= worst)) worst = e;
+                }
+                CHECK(worst <= 1.0, "gate/up (%s, %s) swiglu T=%d normed %d: %g of the bound", cpu_wtype_name(hg->t),
+                      cpu_wtype_name(hu->t), T, normed, worst);
+                free(g), free(u), free(sg), free(su), free(got), cudaFree(dact);
             }
-            CHECK(worst <= 1.0, "gate/up (q5_k, iq4_xs) swiglu T=%d normed %d: %g of the bound", T, normed, worst);
-            free(g), free(u), free(sg), free(su), free(got), free(x), free(xn), cudaFree(dact), cudaFree(dx);
+            free(x), free(xn), cudaFree(dx);
         }
     }
     for (int i = 0; i < 3; i++) free(b[i]), cudaFree(db[i]), cudaFree((void *)dw[i].p), free_blocks(&w[i]);

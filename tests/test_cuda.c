@@ -900,6 +900,7 @@ static void model_gguf_blocks(void) {
                           w->t_embed != CPU_W_BF16,
                       "%s: the GPU holds the blocks (wq %s, embedding %s)", name,
                       w ? cpu_wtype_name(w->layers[0].t_wq) : "-", w ? cpu_wtype_name(w->t_embed) : "-");
+                gpu_vs_cpu_on_blocks(q, name, GEMV_PROMPT_TOKENS, 8); /* the prompt through the GEMVs too */
                 gpu_vs_cpu_on_blocks(q, name, 7, 8);
                 if (!quick) gpu_vs_cpu_on_blocks(q, name, 40, 8);
                 if (!a.n_experts) { /* polar bench's bytes a step reads: the blocks, as on the CPU */

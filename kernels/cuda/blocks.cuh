@@ -16,14 +16,17 @@
 static __device__ const int8_t iq4_levels_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                      1,    13,   25,  38,  53,  69,  89,  113};
 
-// An IEEE half at p (little-endian, any alignment) as f32, exactly.
-static __device__ __forceinline__ float f16_at(const uint8_t *p) {
-    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, e = (h >> 10) & 31u, m = h & 1023u;
+// An IEEE half's 16 bits as f32, exactly.
+static __device__ __forceinline__ float f16_bits(unsigned h) {
+    unsigned e = (h >> 10) & 31u, m = h & 1023u;
     float v = e == 0 ? (float)m * 5.9604644775390625e-8f // subnormal: m * 2^-24
               : e == 31 ? __uint_as_float(0x7f800000u | m << 13)
                         : __uint_as_float((e + 112u) << 23 | m << 13);
     return h & 0x8000u ? -v : v;
 }
+
+// An IEEE half at p (little-endian, any alignment) as f32, exactly.
+static __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits((unsigned)p[0] | (unsigned)p[1] << 8); }
 
 // Byte i (0..15, a constant once unrolled) of a 16-byte vector.
 static __device__ __forceinline__ unsigned byte_of(uint4 v, int i) {
@@ -31,14 +34,25 @@ static __device__ __forceinline__ unsigned byte_of(uint4 v, int i) {
     return (word >> (8 * (i % 4))) & 0xFFu;
 }
 
-// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes s.
-static __device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from a block's first 16
+// bytes (d, dmin, then the 12 packed scale bytes).
+static __device__ __forceinline__ void k4_scale_min(uint4 head, int j, int *sc, int *mn) {
+#define S(i) (int)byte_of(head, 4 + (i))
     if (j < 4) {
-        *sc = s[j] & 63, *mn = s[j + 4] & 63;
+        *sc = S(j) & 63, *mn = S(j + 4) & 63;
     } else {
-        *sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        *sc = (S(j + 4) & 0xF) | (S(j - 4) >> 6) << 4;
+        *mn = (S(j + 4) >> 4) | (S(j) >> 6) << 4;
     }
+#undef S
+}
+
+// A Q4_K / Q5_K block's first 16 bytes: d, dmin and the scales in one
+// load (blocks of 144 or 176 bytes in rows of whole blocks from a
+// cudaMalloc'd base stay 16-byte aligned).
+static __device__ __forceinline__ bool is_k4(int t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K; }
+static __device__ __forceinline__ const uint8_t *k4_block(int t, const uint8_t *row, int i) {
+    return row + (size_t)(t == CPU_W_Q4_K ? 144 : 176) * i;
 }
 
 // w[0..31] = weights 32k..32k+31 of a row of type t (CPU_W_BF16 or a
@@ -79,13 +93,13 @@ static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, i
         return;
     }
     int j = k % 8; // the 256-block, then its sub-block j
-    if (t == CPU_W_Q4_K || t == CPU_W_Q5_K) {
-        const uint8_t *b = row + (size_t)(t == CPU_W_Q4_K ? 144 : 176) * (k / 8);
+    if (is_k4(t)) {
+        const uint8_t *b = k4_block(t, row, k / 8);
+        uint4 head = *(const uint4 *)b;
         int sc, mn;
-        k4_scale_min(b + 4, j, &sc, &mn);
-        float a = f16_at(b) * (float)sc, m = f16_at(b + 2) * (float)mn;
-        // the 32 bytes of nibbles (and Q5_K's 32 of fifth bits) in 16-byte loads, not 32 byte loads: blocks of
-        // 144 or 176 bytes in rows of whole blocks from a cudaMalloc'd base stay 16-byte aligned
+        k4_scale_min(head, j, &sc, &mn);
+        float a = f16_bits(head.x & 0xffffu) * (float)sc, m = f16_bits(head.x >> 16) * (float)mn;
+        // the 32 bytes of nibbles (and Q5_K's 32 of fifth bits) in 16-byte loads, not 32 byte loads
         const uint4 *qs = (const uint4 *)(b + (t == CPU_W_Q4_K ? 16 : 48) + 32 * (j / 2)), *qh = (const uint4 *)(b + 16);
         uint4 q[2] = {qs[0], qs[1]}, h[2] = {};
         if (t == CPU_W_Q5_K) h[0] = qh[0], h[1] = qh[1];

@@ -195,15 +195,18 @@ void cuda_moe_combine(float *x, const float *y, const float *weight, const int *
 /* A weight matrix for the block kernels (quant.cu): rows of bf16 (type
  * CPU_W_BF16) or of a GGUF block type kept quantized (type: a row-major
  * kept cpu_wtype of kernels/cpu/quant.h, not an x16 layout), each row
- * the file's blocks, row_bytes apart. */
+ * the file's blocks, row_bytes apart. f32_gemv: the GEMVs unpack even
+ * Q4_K, Q5_K and Q6_K to f32 instead of multiplying them by dp4a on
+ * quantized inputs (kernels/cuda/q8.cuh; POLAR_CUDA_BLOCKS_Q8=0). */
 typedef struct {
     const void *p;
     int type;
     size_t row_bytes;
+    int f32_gemv;
 } cuda_wmat;
 
 /* cuda_matmul over any cuda_wmat (cols a multiple of 32): y rows ldy
- * floats apart, a warp per row unpacking 32 weights at a time. */
+ * floats apart, a warp per row. */
 void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T, int rows,
                         int cols, int accumulate, const cuda_queue *queue);
 /* cuda_matmul_qkv and cuda_matmul_swiglu over cuda_wmats, each its own type. */

@@ -12,6 +12,7 @@
 #include "blocks.cuh"
 #include "common.cuh"
 #include "ops.h"
+#include "q8.cuh"
 
 // Up to three matrices sharing one input (q, k and v), as gemv_parts in
 // ops.cu, each of its own type; y rows ld floats apart.
@@ -61,34 +62,83 @@ static __device__ __forceinline__ void units_dots(float (*acc)[MAX_TOKENS_PER_PA
     }
 }
 
+// R rows' dots for the warp: by dp4a on the pass's quantized inputs x
+// when Q8 (the launch quantized them) and every row is of a q8_gemv_type (ss
+// then the block's sums, taken once in lane 0 for store_row's warp_sum),
+// else from the f32 inputs (units_dots).
+template <int R, bool NORM, bool Q8>
+static __device__ __forceinline__ void block_rows_dots(float (*acc)[MAX_TOKENS_PER_PASS], float *ss,
+                                                       const cuda_wmat *w, const uint8_t *const *rows,
+                                                       const uint16_t *norm, const float *const xs[MAX_TOKENS_PER_PASS],
+                                                       q8_rows xq, const float *block_ss, int n, int cols, int lane) {
+    bool q8 = Q8;
+#pragma unroll
+    for (int r = 0; r < R; r++) q8 = q8 && q8_gemv_type(w[r].type) && !w[r].f32_gemv;
+    if (!q8) {
+        units_dots<R, NORM>(acc, ss, w, rows, norm, xs, n, cols, lane);
+        return;
+    }
+    q8_dots<R>(acc, w, rows, xq, n, cols, lane);
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) ss[t] = NORM && lane == 0 && t < n ? block_ss[t] : 0.0f;
+}
+
+// The pass's inputs quantized into the launch's shared memory (Q8), by
+// every thread of the block before any returns.
+template <bool NORM, bool Q8>
+static __device__ __forceinline__ q8_rows pass_q8(const float *const xs[MAX_TOKENS_PER_PASS], const uint16_t *norm,
+                                                  int n, int cols, float *block_ss) {
+    extern __shared__ __align__(16) unsigned char q8_smem[];
+    q8_rows none = {NULL, NULL, NULL};
+    return Q8 ? quantize_q8_rows<NORM>(q8_smem, xs, norm, n, cols, block_ss) : none;
+}
+
 // One warp per output row, as gemv_kernel (ops.cu): blockIdx.y the pass of
-// 8 tokens; ONE compiled apart for a decode step's single token.
-template <bool ONE, bool NORM>
+// 8 tokens; ONE compiled apart for a decode step's single token; Q8 when
+// some part is of a q8_gemv_type (block_rows_dots).
+template <bool ONE, bool NORM, bool Q8>
 __global__ void __launch_bounds__(256) qgemv_kernel(qgemv_parts parts, const float *x, const bf16_bits *norm,
                                                     float eps, int T, int cols, int accumulate) {
     await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    const float *xs[MAX_TOKENS_PER_PASS];
+    float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS], block_ss[MAX_TOKENS_PER_PASS];
+    int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
+    q8_rows xq = pass_q8<NORM, Q8>(xs, norm, n, cols, block_ss);
     if (r >= parts.rows) return;
     qgemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
     if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
     if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
-    const float *xs[MAX_TOKENS_PER_PASS];
-    float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
-    int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
     const uint8_t *row = (const uint8_t *)part.w.p + (size_t)r * part.w.row_bytes;
-    units_dots<1, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &part.w, &row, norm, xs, n, cols, lane);
+    block_rows_dots<1, NORM, Q8>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &part.w, &row, norm, xs, xq, block_ss, n,
+                                 cols, lane);
     store_row<NORM>(part.y, part.ld, r, t0, n, acc, ss, part.bias ? bf(part.bias[r]) : 0.0f, cols, eps, accumulate,
                     lane);
+}
+
+// Shared memory for a launch's quantized inputs when one of its matrices
+// is of a q8_gemv_type and a pass's rows fit the 48 KB every GPU gives a
+// block (cols up to 39k for one token, 4.9k for 8), else 0: the f32 path.
+static size_t q8_smem_for(const cuda_wmat *w, int nw, int T, int cols) {
+    int any = 0;
+    for (int i = 0; i < nw; i++) any |= q8_gemv_type(w[i].type) && !w[i].f32_gemv;
+    size_t bytes = q8_rows_bytes(T < MAX_TOKENS_PER_PASS ? T : MAX_TOKENS_PER_PASS, cols);
+    return any && cols % 256 == 0 && bytes <= 48 * 1024 ? bytes : 0;
 }
 
 static void qgemv(qgemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
                   const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((parts.rows + warps - 1) / warps, passes(T));
-    auto kernel = norm ? (T == 1 ? qgemv_kernel<true, true> : qgemv_kernel<false, true>)
-                       : (T == 1 ? qgemv_kernel<true, false> : qgemv_kernel<false, false>);
-    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate);
+    cuda_wmat w[3] = {parts.p[0].w, parts.p[1].w, parts.p[2].w};
+    size_t smem = q8_smem_for(w, parts.n, T, cols);
+#define PICK(Q8)                                                                                                     \
+    (norm ? (T == 1 ? qgemv_kernel<true, true, Q8> : qgemv_kernel<false, true, Q8>)                                   \
+          : (T == 1 ? qgemv_kernel<true, false, Q8> : qgemv_kernel<false, false, Q8>))
+    auto kernel = smem ? PICK(true) : PICK(false);
+#undef PICK
+    launch(queue, grid, threads, smem, kernel, parts, x, norm, eps, T, cols, accumulate);
 }
 
 extern "C" void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T,
@@ -108,23 +158,24 @@ extern "C" void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float
 
 // act[t, r] = silu(x_t . gate_r) * (x_t . up_r), a warp per r, as
 // gemv_swiglu_kernel (ops.cu).
-template <bool ONE, bool NORM>
+template <bool ONE, bool NORM, bool Q8>
 __global__ void __launch_bounds__(256) qgemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm,
                                                            float eps, cuda_wmat gate, cuda_wmat up, int T, int F,
                                                            int cols) {
     await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
-    if (r >= F) return;
     const float *xs[MAX_TOKENS_PER_PASS];
-    float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+    float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS], block_ss[MAX_TOKENS_PER_PASS];
     int n = pass_inputs<ONE>(xs, gu[0], ss, x, t0, T, cols);
+    q8_rows xq = pass_q8<NORM, Q8>(xs, norm, n, cols, block_ss);
+    if (r >= F) return;
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) gu[1][t] = 0.0f;
     cuda_wmat w[2] = {gate, up};
     const uint8_t *rows[2] = {(const uint8_t *)gate.p + (size_t)r * gate.row_bytes,
                               (const uint8_t *)up.p + (size_t)r * up.row_bytes};
-    units_dots<2, NORM>(gu, ss, w, rows, norm, xs, n, cols, lane);
+    block_rows_dots<2, NORM, Q8>(gu, ss, w, rows, norm, xs, xq, block_ss, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
@@ -142,9 +193,14 @@ extern "C" void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16
                                           const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((F + warps - 1) / warps, passes(T));
-    auto kernel = norm ? (T == 1 ? qgemv_swiglu_kernel<true, true> : qgemv_swiglu_kernel<false, true>)
-                       : (T == 1 ? qgemv_swiglu_kernel<true, false> : qgemv_swiglu_kernel<false, false>);
-    launch(queue, grid, threads, 0, kernel, act, x, norm, eps, gate, up, T, F, cols);
+    cuda_wmat w[2] = {gate, up};
+    size_t smem = q8_smem_for(w, 2, T, cols);
+#define PICK(Q8)                                                                                                     \
+    (norm ? (T == 1 ? qgemv_swiglu_kernel<true, true, Q8> : qgemv_swiglu_kernel<false, true, Q8>)                     \
+          : (T == 1 ? qgemv_swiglu_kernel<true, false, Q8> : qgemv_swiglu_kernel<false, false, Q8>))
+    auto kernel = smem ? PICK(true) : PICK(false);
+#undef PICK
+    launch(queue, grid, threads, smem, kernel, act, x, norm, eps, gate, up, T, F, cols);
 }
 
 // A block per row: row r0 + blockIdx.x of w, its units over the threads.

@@ -291,6 +291,12 @@ static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x
 static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+// c + the four products of a's and b's signed bytes, in int32 as the hardware adds them (wrapping)
+static inline int __dp4a(int a, int b, int c) {
+    uint32_t s = (uint32_t)c;
+    for (int i = 0; i < 4; i++) s += (uint32_t)((int)(int8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i));
+    return (int)s;
+}
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 template <typename T>
 static inline T __ldg(const T *p) { return *p; }
