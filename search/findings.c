@@ -1,6 +1,8 @@
 /* The findings of a polar search run, from its labels file alone: how many
  * questions have a valid program, how many base-wrong questions a program
- * fixes, how short the shortest valid programs are against D, and what
+ * fixes, how short the shortest valid programs are against D (and the
+ * paper's Finding 2: of the base-correct and of the fixed questions, those
+ * with a valid program shorter than D), and what
  * valid programs are made of in PoLar's segment form (single-layer
  * segments, skips, repeats; the paper's single-layer ratio: of the skip and
  * repeat segments, those of one layer; programs by the edits they make),
@@ -20,6 +22,7 @@ enum { MAX_LEN = 1024 };
 
 typedef struct {
     int questions, with_valid, base_correct, fixed, n_valid_programs, codec_rejected;
+    int shorter_correct, shorter_fixed; /* base-correct / fixed questions with a valid program under D layers */
     long shortest_sum, segments, single, skips, repeats, keeps;
     long edits, single_edits;        /* skip and repeat segments, and those of one layer (the paper's ratio) */
     int skip_only, repeat_only, both_kinds, no_edit; /* valid programs by the edits they make */
@@ -99,6 +102,7 @@ static polar_status add_line(const pred_label_line *line, void *ctx, polar_error
     if (shortest) {
         s->with_valid++, s->fixed += init->number != 1.0;
         s->shortest_sum += shortest, s->shortest_count[shortest]++;
+        if (shortest < D) s->shorter_correct += init->number == 1.0, s->shorter_fixed += init->number != 1.0;
     }
     return POLAR_OK;
 }
@@ -133,13 +137,15 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
         ok = sbuf_add(&j,
                       "{\"questions\":%d,\"n_layers\":%d,\"with_valid_program\":%.6f,\"base_correct\":%.6f,"
                       "\"base_wrong_fixed\":%.6f,\"mean_shortest_valid_length\":%.3f,"
-                      "\"mean_shortest_valid_length_over_D\":%.6f,\"valid_programs\":%d,\"codec_rejected\":%d,"
+                      "\"mean_shortest_valid_length_over_D\":%.6f,\"shorter_base_correct\":%.6f,"
+                      "\"shorter_fixed\":%.6f,\"valid_programs\":%d,\"codec_rejected\":%d,"
                       "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
                       "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"edits\":%ld,\"single_layer_edits\":%.6f,"
                       "\"valid_skip_only\":%d,\"valid_repeat_only\":%d,\"valid_skip_and_repeat\":%d,"
                       "\"valid_no_edit\":%d,\"programs_evaluated\":%ld,\"actions\":\"%s\",\"lines_without_actions\":%d}",
                       s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
-                      share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0, s->n_valid_programs,
+                      share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0,
+                      share(s->shorter_correct, s->base_correct), share(s->shorter_fixed, s->fixed), s->n_valid_programs,
                       s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
                       share(s->repeats, s->segments), share(s->keeps, s->segments), s->edits,
                       share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit,
@@ -151,6 +157,7 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "base program correct:            %5.1f%%\n"
                       "base-wrong questions fixed:      %5.1f%% (%d of %d)\n"
                       "shortest valid program:          %.2f layers on average (%.1f%% of D)\n"
+                      "a valid program shorter than D:  %.1f%% of base-correct (%d of %d), %.1f%% of fixed (%d of %d)\n"
                       "programs evaluated:              %ld\n"
                       "valid programs:                  %d (%d not expressible as segments)\n"
                       "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n"
@@ -158,7 +165,9 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "valid programs by edit: skip only %d, repeat only %d, both %d, none (the base) %d\n",
                       s->questions, D, actions ? actions : "", note, 100 * share(s->with_valid, s->questions),
                       100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
-                      base_wrong, mean_short, D ? 100 * mean_short / D : 0, s->evaluated, s->n_valid_programs, s->codec_rejected,
+                      base_wrong, mean_short, D ? 100 * mean_short / D : 0, 100 * share(s->shorter_correct, s->base_correct),
+                      s->shorter_correct, s->base_correct, 100 * share(s->shorter_fixed, s->fixed), s->shorter_fixed,
+                      s->fixed, s->evaluated, s->n_valid_programs, s->codec_rejected,
                       s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),
                       100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments), s->edits,
                       100 * share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit);

@@ -153,6 +153,10 @@ static void labels_summary(void) {
                        "\"base_wrong_fixed\":0.500000,\"mean_shortest_valid_length\":6.000"),
           "%s", json);
     CHECK(strstr(json, "\"valid_programs\":3,\"codec_rejected\":0"), "%s", json);
+    /* Finding 2: q0's shortest valid program has 5 layers (under D), q1's fix 7 */
+    CHECK(strstr(json, "\"shorter_base_correct\":1.000000,\"shorter_fixed\":0.000000,"), "%s", json);
+    CHECK(strstr(table, "a valid program shorter than D:  100.0% of base-correct (1 of 1), 0.0% of fixed (0 of 1)"), "%s",
+          table);
     /* the paper's single-layer ratio over the edits: a one-layer skip and a one-layer repeat */
     CHECK(strstr(json, "\"edits\":2,\"single_layer_edits\":1.000000,\"valid_skip_only\":1,\"valid_repeat_only\":1,"
                        "\"valid_skip_and_repeat\":0,\"valid_no_edit\":1,\"programs_evaluated\":0"),
