@@ -21,8 +21,8 @@ static const cpu_wtype kept_types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU
  * |w x| over the row (f32 sums of products exact in f32, in another order). */
 #define TOL_BLOCKS 2e-6
 
-/* Whether the GEMVs multiply t by dp4a on quantized inputs (kernels/cuda/q8.cuh). */
-static int gemv_q8(cpu_wtype t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K; }
+/* Whether the GEMVs multiply t by dp4a on quantized inputs, at cols a row (kernels/cuda/q8.cuh). */
+static int gemv_q8(cpu_wtype t, int cols) { return t != CPU_W_IQ4_NL && t != CPU_W_IQ4_XS && cols % 64 == 0; }
 
 /* What such a GEMV multiplies: each row of x (times the norm weights nw
  * when given) quantized as cpu_quantize_q8 quantizes it and read back (times
@@ -106,7 +106,7 @@ static double blocks_error(const float *got, int ld, const double *want, const d
 static double blocks_matmul_error(const host_blocks *h, const cuda_wmat *w, const float *x, const bf16 *bias, int T) {
     int rows = h->rows, cols = h->cols, ld = rows + 3;
     double *want = malloc((size_t)T * rows * sizeof *want), *scale = malloc((size_t)T * rows * sizeof *scale);
-    float *xq = gemv_q8(h->t) && !w->f32_gemv ? q8_inputs(x, NULL, 0.0f, T, cols) : NULL;
+    float *xq = gemv_q8(h->t, cols) && !w->f32_gemv ? q8_inputs(x, NULL, 0.0f, T, cols) : NULL;
     blocks_reference(h, xq ? xq : x, bias, T, want, scale);
     free(xq);
     float *y0 = malloc((size_t)T * ld * 4);
@@ -143,7 +143,7 @@ static void kernel_blocks_matmul(void) {
             bf16 *bias = malloc((size_t)rows * 2);
             for (int r = 0; r < rows; r++) bias[r] = f32_to_bf16(frand());
             for (int k = 0; k < (quick ? 2 : 7); k++)
-                for (int f32 = 0; f32 <= gemv_q8(t); f32++) { /* the dp4a types also unpacked to f32 (f32_gemv) */
+                for (int f32 = 0; f32 <= gemv_q8(t, cols); f32++) { /* the dp4a types also unpacked to f32 (f32_gemv) */
                     int T = tokens[quick ? 5 * k : k];
                     float *x = rand_floats((size_t)T * cols, 2.0f);
                     w.f32_gemv = f32;
@@ -218,7 +218,7 @@ static void kernel_blocks_fused(void) {
                                    normed ? dnw : NULL, eps, T, qr, kr, cols, NULL);
             for (int i = 0; i < 3; i++) {
                 double *want = malloc((size_t)T * w[i].rows * 8), *scale = malloc((size_t)T * w[i].rows * 8);
-                float *xq = gemv_q8(w[i].t) ? q8_inputs(x, normed ? nw : NULL, eps, T, cols) : NULL;
+                float *xq = gemv_q8(w[i].t, cols) ? q8_inputs(x, normed ? nw : NULL, eps, T, cols) : NULL;
                 blocks_reference(&w[i], xq ? xq : xn, b[i], T, want, scale);
                 free(xq);
                 float *got = from_dev(dy[i], (size_t)T * w[i].rows);

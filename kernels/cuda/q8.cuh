@@ -65,9 +65,11 @@ static __device__ q8_rows quantize_q8_rows(unsigned char *smem, const float *con
 // Word i (0..3, a constant once unrolled) of a 16-byte vector.
 static __device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// Whether the GEMVs multiply type t by dp4a on quantized inputs.
+// Whether the GEMVs multiply type t by dp4a on quantized inputs (rows of
+// a multiple of 64 weights: the k-quants' always are).
 static __host__ __device__ __forceinline__ bool q8_gemv_type(int t) {
-    return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K;
+    return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K || t == CPU_W_Q8_0 || t == CPU_W_Q4_0 ||
+           t == CPU_W_Q4_1 || t == CPU_W_Q5_0 || t == CPU_W_Q5_1;
 }
 
 // 16 bytes at a 2-byte aligned p (Q6_K's 210-byte blocks allow no more).
@@ -75,6 +77,55 @@ static __device__ __forceinline__ uint4 load16_at2(const uint8_t *p) {
     const uint16_t *h = (const uint16_t *)p;
     return make_uint4((unsigned)h[0] | (unsigned)h[1] << 16, (unsigned)h[2] | (unsigned)h[3] << 16,
                       (unsigned)h[4] | (unsigned)h[5] << 16, (unsigned)h[6] | (unsigned)h[7] << 16);
+}
+
+// Four bits as four bytes, bit i in bit 0 of byte i: the shifted copies
+// x, x << 7, x << 14, x << 21 of a 4-bit x do not overlap.
+static __device__ __forceinline__ unsigned bits_to_bytes(unsigned four) { return (four * 0x00204081u) & 0x01010101u; }
+
+// acc[t] += 32-block k of a row of a 32-weight type (Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1) . token t: the block's products less its zero point times
+// sum x (8 for Q4_0, 16 for Q5_0, the sums by dp4a), times d d_x, plus the
+// offset m times s for Q4_1 and Q5_1, as the CPU's kernels take them.
+static __device__ __forceinline__ void q32_q8_block(float *acc, int type, const uint8_t *row, int k, q8_rows x, int n,
+                                                    int cols) {
+    const int bytes = type == CPU_W_Q8_0 ? 34 : type == CPU_W_Q4_0 ? 18 : type == CPU_W_Q4_1 ? 20 : type == CPU_W_Q5_0 ? 22 : 24;
+    const bool offset = type == CPU_W_Q4_1 || type == CPU_W_Q5_1, five = type == CPU_W_Q5_0 || type == CPU_W_Q5_1;
+    const uint8_t *b = row + (size_t)bytes * k;
+    const uint16_t *h = (const uint16_t *)b; // every field 2-byte aligned
+    float d = f16_bits(h[0]), m = offset ? f16_bits(h[1]) : 0.0f;
+    int z = type == CPU_W_Q4_0 ? 8 : type == CPU_W_Q5_0 ? 16 : 0, wq[8]; // weights 4i..4i+3, unsigned but Q8_0's
+    if (type == CPU_W_Q8_0) {
+        uint4 q0 = load16_at2(b + 2), q1 = load16_at2(b + 18);
+#pragma unroll
+        for (int i = 0; i < 4; i++) wq[i] = (int)word_of(q0, i), wq[i + 4] = (int)word_of(q1, i);
+    } else {
+        const int qs = type == CPU_W_Q4_0 ? 2 : type == CPU_W_Q4_1 ? 4 : type == CPU_W_Q5_0 ? 6 : 8;
+        uint4 q = load16_at2(b + qs); // low nibbles weights 0..15, high 16..31
+        unsigned qh = five ? (unsigned)h[qs / 2 - 2] | (unsigned)h[qs / 2 - 1] << 16 : 0; // bit i: weight i's fifth
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            unsigned w = word_of(q, i);
+            wq[i] = (int)((w & 0x0F0F0F0Fu) | bits_to_bytes((qh >> (4 * i)) & 0xF) << 4);
+            wq[i + 4] = (int)(((w >> 4) & 0x0F0F0F0Fu) | bits_to_bytes((qh >> (16 + 4 * i)) & 0xF) << 4);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        const uint8_t *xq = (const uint8_t *)x.q + (size_t)t * cols + 32 * (size_t)k;
+        uint4 x0 = *(const uint4 *)xq, x1 = *(const uint4 *)(xq + 16);
+        int sq = 0, sx = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int xw = (int)word_of(i < 4 ? x0 : x1, i % 4);
+            sq = __dp4a(wq[i], xw, sq);
+            if (z) sx = __dp4a(0x01010101, xw, sx);
+        }
+        size_t j = (size_t)t * (cols / 32) + k;
+        float v = fmaf((float)(sq - z * sx), d * x.d[j], acc[t]);
+        acc[t] = offset ? fmaf(m, x.s[j], v) : v;
+    }
 }
 
 // acc[t] += unit P of a Q6_K row . token t: unit P is half g = P % 2 (16
@@ -121,9 +172,10 @@ static __device__ __forceinline__ void q6k_q8_unit(float *acc, const uint8_t *ro
 
 // acc[r][t] += this lane's share of row r . token t for R rows of
 // q8_gemv_type types (in w) and n quantized tokens, the lane taking units
-// lane, lane + 32, ... of 64 weights (cols a multiple of 256): for Q4_K /
+// lane, lane + 32, ... of 64 weights (cols a multiple of 64): for Q4_K /
 // Q5_K a pair of 32-blocks (32 bytes of nibbles, low the even block's
-// weights, high the odd one's), for Q6_K q6k_q8_unit's.
+// weights, high the odd one's), for Q6_K q6k_q8_unit's, for the 32-weight
+// types two blocks.
 template <int R>
 static __device__ __forceinline__ void q8_dots(float (*acc)[MAX_TOKENS_PER_PASS], const cuda_wmat *w,
                                                const uint8_t *const *rows, q8_rows x, int n, int cols, int lane) {
@@ -134,6 +186,11 @@ static __device__ __forceinline__ void q8_dots(float (*acc)[MAX_TOKENS_PER_PASS]
         for (int r = 0; r < R; r++) {
             if (w[r].type == CPU_W_Q6_K) {
                 q6k_q8_unit(acc[r], rows[r], P, x, n, cols);
+                continue;
+            }
+            if (!is_k4(w[r].type)) { // two 32-blocks
+                q32_q8_block(acc[r], w[r].type, rows[r], 2 * P, x, n, cols);
+                q32_q8_block(acc[r], w[r].type, rows[r], 2 * P + 1, x, n, cols);
                 continue;
             }
             const bool five = w[r].type == CPU_W_Q5_K;

@@ -124,7 +124,7 @@ static size_t q8_smem_for(const cuda_wmat *w, int nw, int T, int cols) {
     int any = 0;
     for (int i = 0; i < nw; i++) any |= q8_gemv_type(w[i].type) && !w[i].f32_gemv;
     size_t bytes = q8_rows_bytes(T < MAX_TOKENS_PER_PASS ? T : MAX_TOKENS_PER_PASS, cols);
-    return any && cols % 256 == 0 && bytes <= 48 * 1024 ? bytes : 0;
+    return any && cols % 64 == 0 && bytes <= 48 * 1024 ? bytes : 0;
 }
 
 static void qgemv(qgemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
