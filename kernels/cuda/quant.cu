@@ -203,16 +203,23 @@ extern "C" void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16
     launch(queue, grid, threads, smem, kernel, act, x, norm, eps, gate, up, T, F, cols);
 }
 
-// A block per row: row r0 + blockIdx.x of w, its units over the threads.
+// A block per row: row r0 + blockIdx.x of w, its units over the threads,
+// each unit's 64 bytes of bf16 stored as four 16-byte vectors (a unit starts
+// 64 bytes into the 16-byte aligned workspace's rows of cols, a multiple
+// of 32), not 32 two-byte stores 64 bytes apart across the warp.
 __global__ void dequantize_rows_kernel(bf16_bits *out, cuda_wmat w, int r0, int cols) {
     await_previous_kernel();
     const uint8_t *row = (const uint8_t *)w.p + (size_t)(r0 + blockIdx.x) * w.row_bytes;
-    bf16_bits *o = out + (size_t)blockIdx.x * cols;
+    uint4 *o = (uint4 *)(out + (size_t)blockIdx.x * cols);
     for (int k = threadIdx.x; k < cols / 32; k += blockDim.x) {
         float v[32];
         unit_weights(w.type, row, k, v);
+        unsigned pair[16];
 #pragma unroll
-        for (int i = 0; i < 32; i++) o[32 * k + i] = to_bf(v[i]);
+        for (int i = 0; i < 16; i++) pair[i] = (unsigned)to_bf(v[2 * i]) | (unsigned)to_bf(v[2 * i + 1]) << 16;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            o[4 * k + q] = make_uint4(pair[4 * q], pair[4 * q + 1], pair[4 * q + 2], pair[4 * q + 3]);
     }
 }
 
