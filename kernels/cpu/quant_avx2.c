@@ -357,6 +357,24 @@ INLINE void x16_prefetch_part(cpu_wtype t, const uint8_t *b, int jb) {
         _mm_prefetch(ahead + line, _MM_HINT_T0);
 }
 
+/* C tokens (x: their blocks, xs apart) against a half-block unpacked in
+ * w: added into acc[c]. */
+INLINE void x16_half_tokens(cpu_wtype t, int C, const x16_half *w, const cpu_q8_block *x, size_t xs, __m256 *acc) {
+    for (int c = 0; c < C; c++) {
+        const cpu_q8_block *xb = &x[(size_t)c * xs];
+        __m256i a[2] = {_mm256_set1_epi32(-w->z * xb->half_sum[0]), _mm256_set1_epi32(-w->z * xb->half_sum[1])}, s16;
+        for (int j = 0; j < 8; j++) sum_term(t, j, &a[j / 4], &s16, w->u[j], x16_x_bytes(t, w, xb, j));
+        __m256 xd = _mm256_set1_ps(xb->d), *fc = &acc[c];
+        if (t == CPU_W_Q6_K_X16) {
+            *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w->a[0], xd), *fc);
+            *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(w->a[1], xd), *fc);
+        } else {
+            *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w->a[0], xd), *fc);
+        }
+        if (x16_has_offset(t)) *fc = _mm256_fmadd_ps(w->m, _mm256_set1_ps(xb->s), *fc);
+    }
+}
+
 /* 32-block jb of the unit at b, halves h0..h0+nh-1, for C tokens (x:
  * their blocks of it, xs apart): added into acc[h][c] (x16_tile). */
 INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int nh, const cpu_q8_block *x, size_t xs,
@@ -365,19 +383,7 @@ INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int 
     for (int hi = 0; hi < nh; hi++) {
         x16_half w;
         x16_load(t, b, jb, h0 + hi, &w);
-        for (int c = 0; c < C; c++) {
-            const cpu_q8_block *xb = &x[(size_t)c * xs];
-            __m256i a[2] = {_mm256_set1_epi32(-w.z * xb->half_sum[0]), _mm256_set1_epi32(-w.z * xb->half_sum[1])}, s16;
-            for (int j = 0; j < 8; j++) sum_term(t, j, &a[j / 4], &s16, w.u[j], x16_x_bytes(t, &w, xb, j));
-            __m256 xd = _mm256_set1_ps(xb->d), *fc = &acc[hi][c];
-            if (t == CPU_W_Q6_K_X16) {
-                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(w.a[0], xd), *fc);
-                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(w.a[1], xd), *fc);
-            } else {
-                *fc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[0], a[1])), _mm256_mul_ps(w.a[0], xd), *fc);
-            }
-            if (x16_has_offset(t)) *fc = _mm256_fmadd_ps(w.m, _mm256_set1_ps(xb->s), *fc);
-        }
+        x16_half_tokens(t, C, &w, x, xs, acc[hi]);
     }
 }
 
@@ -507,6 +513,65 @@ INLINE void x16_tile(cpu_wtype t, int C, const uint8_t *g, int h0, int nh, int n
         for (int c = 0; c < C; c++) f[h0 + h][c] = acc[h][c];
 }
 
+enum { X16_PREP_TOKENS = 64 };
+
+/* C tokens of a prepared unit (x16_prefill_k): its eight half-blocks h
+ * against the tokens' blocks xc (xs apart), added into fc[0..C). */
+INLINE void x16_prepared_tile(cpu_wtype t, int C, const x16_half w[8][2], int h, const cpu_q8_block *xc, size_t xs,
+                              __m256 *fc) {
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = fc[c];
+    for (int jb = 0; jb < 8; jb++) x16_half_tokens(t, C, &w[jb][h], xc + jb, xs, acc);
+    for (int c = 0; c < C; c++) fc[c] = acc[c];
+}
+
+/* n (up to X16_PREP_TOKENS) tokens against halves 0..halves-1 of a group
+ * of 256-block units: each unit unpacked once (x16_load of its eight
+ * 32-blocks) for all n tokens, where the 4-token tiles unpacked it once
+ * per tile; tiles of 4, 2 and 1 tokens over it, each token's sums kept in f
+ * between units. Per token the operations of x16_tile in its order, so
+ * the same bits. f[h][c]: token c's rows 8h.. */
+INLINE void x16_prefill_k(cpu_wtype t, int halves, const uint8_t *g, int nb, const cpu_q8_block *x, int n,
+                          __m256 f[2][X16_PREP_TOKENS]) {
+    x16_half w[8][2];
+    for (int h = 0; h < halves; h++)
+        for (int c = 0; c < n; c++) f[h][c] = _mm256_setzero_ps();
+    for (int unit = 0; unit < nb / 8; unit++) {
+        const uint8_t *b = g + (size_t)unit * x16_unit_bytes(t);
+#pragma GCC unroll 8
+        for (int jb = 0; jb < 8; jb++) {
+            x16_prefetch_part(t, b, jb);
+            for (int h = 0; h < halves; h++) x16_load(t, b, jb, h, &w[jb][h]);
+        }
+        for (int c = 0; c < n;) {
+            int C = n - c >= 4 ? 4 : n - c >= 2 ? 2 : 1;
+            const cpu_q8_block *xc = x + (size_t)c * nb + (size_t)unit * 8;
+            for (int h = 0; h < halves; h++) switch (C) { /* constant tile widths, unrolled */
+                case 4: x16_prepared_tile(t, 4, w, h, xc, nb, &f[h][c]); break;
+                case 2: x16_prepared_tile(t, 2, w, h, xc, nb, &f[h][c]); break;
+                default: x16_prepared_tile(t, 1, w, h, xc, nb, &f[h][c]); break;
+                }
+            c += C;
+        }
+    }
+}
+
+/* Tokens c..c+n-1's rows rb..rb+n_valid-1 (f[j]: token c + j) into y, as
+ * row_group stores: accumulate ? dst + (out + b) : out + b. */
+INLINE void x16_store(float *y, const __m256 *f, int c, int n, int rows, int rb, int n_valid, const bf16 *bias,
+                      int accumulate) {
+    __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    float bv[8] = {0};
+    for (int i = 0; i < n_valid && bias; i++) bv[i] = bf16_to_f32(bias[rb + i]);
+    __m256 bvec = _mm256_loadu_ps(bv);
+    for (int j = 0; j < n; j++) {
+        float *dst = y + (size_t)(c + j) * rows + rb;
+        __m256 v = _mm256_add_ps(f[j], bvec);
+        if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(dst, valid), v);
+        _mm256_maskstore_ps(dst, valid, v);
+    }
+}
+
 /* Rows r0..r1-1 (r0 a multiple of 16) of an x16 matrix for every token:
  * one token both halves of a group at once, more 4 or 2 tokens a tile per
  * half. Groups are padded to 16 rows, so a half past r1 reads zero blocks
@@ -516,6 +581,16 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
     for (int r = r0; r < r1; r += 16) {
         const uint8_t *g = (const uint8_t *)w + (size_t)r * row_bytes;
         int halves = r1 - r > 8 ? 2 : 1;
+        if (T > 4 && x16_is_k(t)) { /* a prefill: each unit unpacked once for up to X16_PREP_TOKENS tokens */
+            for (int c = 0; c < T; c += X16_PREP_TOKENS) {
+                __m256 f[2][X16_PREP_TOKENS];
+                int n = T - c < X16_PREP_TOKENS ? T - c : X16_PREP_TOKENS;
+                x16_prefill_k(t, halves, g, nb, xq + (size_t)c * nb, n, f);
+                for (int h = 0; h < halves; h++)
+                    x16_store(y, f[h], c, n, rows, r + 8 * h, r1 - r - 8 * h < 8 ? r1 - r - 8 * h : 8, bias, accumulate);
+            }
+            continue;
+        }
         for (int c = 0; c < T;) {
             __m256 f[2][4];
             int n = T - c >= 4 ? 4 : T - c >= 2 ? 2 : 1;
@@ -531,19 +606,8 @@ INLINE void rows_x16(cpu_wtype t, float *y, const cpu_q8_block *xq, const void *
                 else x16_tile(t, 1, g, 0, 2, nb, xc, nb, f);
                 break;
             }
-            for (int h = 0; h < halves; h++) {
-                int rb = r + 8 * h, n_valid = r1 - rb < 8 ? r1 - rb : 8;
-                __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                float bv[8] = {0};
-                for (int i = 0; i < n_valid && bias; i++) bv[i] = bf16_to_f32(bias[rb + i]);
-                __m256 bvec = _mm256_loadu_ps(bv);
-                for (int j = 0; j < n; j++) { /* as row_group stores: acc ? dst + (out + b) : out + b */
-                    float *dst = y + (size_t)(c + j) * rows + rb;
-                    __m256 v = _mm256_add_ps(f[h][j], bvec);
-                    if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(dst, valid), v);
-                    _mm256_maskstore_ps(dst, valid, v);
-                }
-            }
+            for (int h = 0; h < halves; h++)
+                x16_store(y, f[h], c, n, rows, r + 8 * h, r1 - r - 8 * h < 8 ? r1 - r - 8 * h : 8, bias, accumulate);
             c += n;
         }
     }
