@@ -272,18 +272,19 @@ static void quantize_on_level(const cpu_kernels *k, const char *name) {
 /* The interleaved layouts (quant.h), on a level that multiplies them:
  * repacked rows dequantize to the row-major rows' values bit for bit;
  * the matmul (rows not a multiple of 16, two k-quant 256-blocks or an odd
- * number of 32-blocks a row, T up to 17, 1 and 3 threads, bias or
+ * number of 32-blocks a row, T up to 17 and 70 (past a prefill's 64-token chunk), 1 and 3 threads, bias or
  * accumulate, two outputs from one input) is within 1e-5 of the plain C dot
  * of each original row,
  * and every token's outputs are those of the token alone (T = 1) bit for
  * bit: decode and batches agree. */
 static void x16_on_level(const cpu_kernels *k, const char *name) {
-    enum { MAXCOLS = 512, MAXT = 17, ROWS0 = 37, ROWS1 = 21, NTYPES = 10 };
+    enum { MAXCOLS = 512, MAXT = 70, ROWS0 = 37, ROWS1 = 21, NTYPES = 10 };
     /* each type with the next: IQ4_NL after IQ4_XS, then 32-block types, so that every 32-block type meets a
      * 32-block partner and runs at 96 columns too */
     static const cpu_wtype types[NTYPES] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1, CPU_W_Q4_K,   CPU_W_Q5_K,
                                             CPU_W_Q6_K, CPU_W_IQ4_XS, CPU_W_IQ4_NL, CPU_W_Q5_0, CPU_W_Q5_1};
-    static const int Ts[] = {1, 2, 3, 5, 8, 9, 17}, colss[2] = {512, 96}, out_rows[2] = {ROWS0, ROWS1};
+    /* 70: past the 64 tokens a prefill unpacks a 256-block unit for (x16_prefill_k) */
+    static const int Ts[] = {1, 2, 3, 5, 8, 9, 17, 70}, colss[2] = {512, 96}, out_rows[2] = {ROWS0, ROWS1};
     static float x[MAXT * MAXCOLS], wf[MAXCOLS], row_f[MAXCOLS], y[2][MAXT * ROWS0], y0[2][MAXT * ROWS0],
         one[2][ROWS0];
     static cpu_q8_block xq[MAXT * MAXCOLS / 32], xq1[MAXCOLS / 32];
@@ -321,7 +322,7 @@ static void x16_on_level(const cpu_kernels *k, const char *name) {
             ran = 1;
             bf16 bias[ROWS0];
             for (int r = 0; r < ROWS0; r++) bias[r] = f32_to_bf16(frand());
-            for (int tj = 0; tj < 7; tj++)
+            for (int tj = 0; tj < (int)(sizeof Ts / sizeof *Ts); tj++)
                 for (int acc = 0; acc < 2; acc++)
                     for (int threads = 1; threads <= 3; threads += 2) {
                         int T = Ts[tj], far = 0, split = 0;
