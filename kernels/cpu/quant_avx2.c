@@ -214,6 +214,17 @@ INLINE __m256 q6k_scale(const uint8_t *b, int j, int e, int h) {
     return _mm256_mul_ps(load_f16x8(b + 3328 + 16 * h), _mm256_cvtepi32_ps(sc));
 }
 
+/* Q6_K: bits 2q, 2q + 1 of each byte of h as bits 4, 5 (a weight's top
+ * two bits above its nibble). */
+INLINE __m256i q6k_high(__m256i h, int q) {
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * q), _mm256_set1_epi8(3)), 4);
+}
+
+/* Q5_K: bit j of each byte of qh (32-block j's fifth bits) as bit 4. */
+INLINE __m256i k5_fifth(__m256i qh, int j) {
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1)), 4);
+}
+
 /* Rows 8h..8h+7 of 32-block j (0 but for the 256-block units) of the unit
  * at b. The tile calls it with j and h constants (unrolled loops), so the
  * offsets and shifts below fold into the instructions. */
@@ -282,10 +293,7 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
         int shift = 4 * (j % 2);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm256_and_si256(_mm256_srli_epi16(V(512 * (j / 2) + 64 * v), shift), low4);
-        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
-            __m256i qh = _mm256_srl_epi16(V(2304 + 64 * v), _mm_cvtsi32_si128(j));
-            o->u[v] = _mm256_or_si256(o->u[v], _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
-        }
+        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) o->u[v] = _mm256_or_si256(o->u[v], k5_fifth(V(2304 + 64 * v), j));
         __m256i sc, mn;
         k4_scale_min(b, j, h, &sc, &mn);
         o->a[0] = o->a[1] = _mm256_mul_ps(load_f16x8(b + 2048 + 16 * h), _mm256_cvtepi32_ps(sc));
@@ -294,13 +302,11 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *b, int j, int h, x16_half *o) {
     }
     default: { /* Q6_K */
         const size_t n = 384 * (size_t)j;
-        __m256i h0 = V(n + 256), h1 = V(n + 320), three = _mm256_set1_epi8(3);
+        __m256i h0 = V(n + 256), h1 = V(n + 320);
         for (int q = 0; q < 4; q++) {
             __m256i p = V(n + 64 * q);
-            __m256i hi0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2 * q), three), 4);
-            __m256i hi1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2 * q), three), 4);
-            o->u[q] = _mm256_or_si256(_mm256_and_si256(p, low4), hi0);
-            o->u[q + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), hi1);
+            o->u[q] = _mm256_or_si256(_mm256_and_si256(p, low4), q6k_high(h0, q));
+            o->u[q + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), q6k_high(h1, q));
         }
         for (int e = 0; e < 2; e++) o->a[e] = q6k_scale(b, j, e, h);
         o->z = 32;
@@ -397,7 +403,7 @@ INLINE void x16_block(cpu_wtype t, int C, const uint8_t *b, int jb, int h0, int 
  * broadcasts. f[h][0] lane r: the dot of row 8h + r with the token, halves
  * 0..nh-1. */
 INLINE void x16_k4_decode(cpu_wtype t, int nh, const uint8_t *g, int nb, const cpu_q8_block *x, __m256 f[2][4]) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int unit = 0; unit < nb / 8; unit++) {
         const uint8_t *b = g + (size_t)unit * x16_unit_bytes(t);
@@ -413,10 +419,9 @@ INLINE void x16_k4_decode(cpu_wtype t, int nh, const uint8_t *g, int nb, const c
                 for (int h = 0; h < nh; h++) {
                     __m256i q = _mm256_loadu_si256((const __m256i *)(b + 512 * p + 64 * v + 32 * h));
                     __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                    if (t == CPU_W_Q5_K_X16) { /* bit j of each qh byte: block j's fifth bits */
+                    if (t == CPU_W_Q5_K_X16) {
                         __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 2304 + 64 * v + 32 * h));
-                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+                        lo = _mm256_or_si256(lo, k5_fifth(qh, 2 * p)), hi = _mm256_or_si256(hi, k5_fifth(qh, 2 * p + 1));
                     }
                     sum_term(t, v, &s32[h][0], &s16[h][0], lo, xe);
                     sum_term(t, v, &s32[h][1], &s16[h][1], hi, xo);
@@ -442,7 +447,7 @@ INLINE void x16_k4_decode(cpu_wtype t, int nh, const uint8_t *g, int nb, const c
  * halves (weights 0..15, 16..31) summed apart for their own scales. */
 INLINE void x16_q6k_decode(int nh, const uint8_t *g, int nb, const cpu_q8_block *x, __m256 f[2][4]) {
     const cpu_wtype t = CPU_W_Q6_K_X16;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int unit = 0; unit < nb / 8; unit++) {
         const uint8_t *b = g + (size_t)unit * x16_unit_bytes(t);
@@ -460,10 +465,8 @@ INLINE void x16_q6k_decode(int nh, const uint8_t *g, int nb, const cpu_q8_block 
                     __m256i p = _mm256_loadu_si256((const __m256i *)(n + 64 * q + 32 * h));
                     __m256i h0 = _mm256_loadu_si256((const __m256i *)(n + 256 + 32 * h));
                     __m256i h1 = _mm256_loadu_si256((const __m256i *)(n + 320 + 32 * h));
-                    __m256i lo = _mm256_or_si256(_mm256_and_si256(p, low4),
-                                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2 * q), three), 4));
-                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4),
-                                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2 * q), three), 4));
+                    __m256i lo = _mm256_or_si256(_mm256_and_si256(p, low4), q6k_high(h0, q));
+                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), q6k_high(h1, q));
                     sum_term(t, q, &s32[h][0], &s16[h][0], lo, xl);
                     sum_term(t, q + 4, &s32[h][1], &s16[h][1], hi, xh);
                 }
