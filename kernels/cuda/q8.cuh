@@ -89,9 +89,8 @@ static __device__ __forceinline__ unsigned bits_to_bytes(unsigned four) { return
 // offset m times s for Q4_1 and Q5_1, as the CPU's kernels take them.
 static __device__ __forceinline__ void q32_q8_block(float *acc, int type, const uint8_t *row, int k, q8_rows x, int n,
                                                     int cols) {
-    const int bytes = type == CPU_W_Q8_0 ? 34 : type == CPU_W_Q4_0 ? 18 : type == CPU_W_Q4_1 ? 20 : type == CPU_W_Q5_0 ? 22 : 24;
     const bool offset = type == CPU_W_Q4_1 || type == CPU_W_Q5_1, five = type == CPU_W_Q5_0 || type == CPU_W_Q5_1;
-    const uint8_t *b = row + (size_t)bytes * k;
+    const uint8_t *b = row + (size_t)kept_block_bytes(type) * k;
     const uint16_t *h = (const uint16_t *)b; // every field 2-byte aligned
     float d = f16_bits(h[0]), m = offset ? f16_bits(h[1]) : 0.0f;
     int z = type == CPU_W_Q4_0 ? 8 : type == CPU_W_Q5_0 ? 16 : 0, wq[8]; // weights 4i..4i+3, unsigned but Q8_0's
@@ -135,7 +134,7 @@ static __device__ __forceinline__ void q32_q8_block(float *acc, int type, const 
 static __device__ __forceinline__ void q6k_q8_unit(float *acc, const uint8_t *row, int P, q8_rows x, int n,
                                                    int cols) {
     const int nb = cols / 32, h = P / 2 % 2, g = P % 2;
-    const uint8_t *b = row + (size_t)210 * (P / 4);
+    const uint8_t *b = row + (size_t)kept_block_bytes(CPU_W_Q6_K) * (P / 4);
     uint4 ql0 = load16_at2(b + 64 * h + 16 * g), ql1 = load16_at2(b + 64 * h + 32 + 16 * g);
     uint4 qh = load16_at2(b + 128 + 32 * h + 16 * g);
     float d = f16_bits(*(const uint16_t *)(b + 208)), a[4];
