@@ -99,18 +99,46 @@ static polar_status measure_bandwidth(polar_device device, int threads, bandwidt
     return POLAR_OK;
 }
 
-/* launches: polar_session_cuda_launches (NULL on the CPU); tp: GPUs in
- * all under tensor parallel (0: none). */
-static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int gen, int threads, bandwidth bw,
-                   const char *name, const char *device, int tp, const char *kv, const char *launches,
-                   const launch_count *lc, int json) {
+/* What a run was of, beside its timings. */
+typedef struct {
+    const char *name, *device, *kv;
+    const char *launches;   /* polar_session_cuda_launches (NULL on the CPU) */
+    int tp;                 /* GPUs in all under tensor parallel (0: none) */
+    int threads, D, n_prompt, gen;
+    size_t stored_bytes;    /* the model's weights as it holds them (polar_model_info) */
+    int has_memory;         /* on a GPU: */
+    polar_device_memory memory;
+} bench_setup;
+
+/* The device memory the session holds, in GB, and its weights against the
+ * model's own: near 1 when a GGUF's blocks stay blocks. */
+static void report_memory(const bench_setup *u, int json) {
+    const polar_device_memory *m = &u->memory;
+    if (json && !u->has_memory) {
+        printf(",\"device_weight_bytes\":null,\"device_kv_bytes\":null,\"device_workspace_bytes\":null,"
+               "\"stored_weight_bytes\":%zu", u->stored_bytes);
+    } else if (json) {
+        printf(",\"device_weight_bytes\":%zu,\"device_kv_bytes\":%zu,\"device_workspace_bytes\":%zu,"
+               "\"stored_weight_bytes\":%zu,\"device_weights_vs_stored\":%.4f",
+               m->weights, m->kv, m->workspaces, u->stored_bytes, (double)m->weights / (double)u->stored_bytes);
+    } else if (u->has_memory) {
+        printf("held on the GPU%s: weights %.1f MB (%.3f x the model's %.1f MB), KV %.1f MB, workspaces %.1f MB\n",
+               u->tp ? " (the first's)" : "", m->weights * 1e-6, (double)m->weights / (double)u->stored_bytes,
+               u->stored_bytes * 1e-6, m->kv * 1e-6, m->workspaces * 1e-6);
+    }
+}
+
+static void report(const bench_run *runs, int n_runs, const bench_setup *u, bandwidth bw, const launch_count *lc,
+                   int json) {
     const bench_run *base = &runs[0];
+    int D = u->D, n_prompt = u->n_prompt;
     if (json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"tp\":%d,\"kv\":\"%s\",\"cpu_kernels\":\"%s\",\"threads\":%d,"
                "\"cuda_launches\":%s%s%s,\"prompt_len\":%d,\"gen\":%d,\"n_layers\":%d,\"read_gbps\":%.3f,"
                "\"copy_gbps\":%.3f",
-               name, device, tp, kv, polar_cpu_kernels(), threads, launches ? "\"" : "", launches ? launches : "null",
-               launches ? "\"" : "", n_prompt, gen, D, bw.read, bw.copy);
+               u->name, u->device, u->tp, u->kv, polar_cpu_kernels(), u->threads, u->launches ? "\"" : "",
+               u->launches ? u->launches : "null", u->launches ? "\"" : "", n_prompt, u->gen, D, bw.read, bw.copy);
+        report_memory(u, 1);
         json_count("launches_per_step", base->kernels);
         json_count("copies_per_step", base->copies);
         if (lc->ok)
@@ -136,14 +164,15 @@ static void report(const bench_run *runs, int n_runs, int D, int n_prompt, int g
         return;
     }
     printf("model %s, %d layers, %s (%d CPU threads, %s kernels), KV %s, prompt %d tokens, %d decode steps (best of "
-           "reps)\n", name, D, device, threads, polar_cpu_kernels(), kv, n_prompt, gen);
+           "reps)\n", u->name, D, u->device, u->threads, polar_cpu_kernels(), u->kv, n_prompt, u->gen);
     printf("%s: read %.2f GB/s, copy %.2f GB/s (bytes read + written)\n",
-           strcmp(device, "cuda") ? "memory" : "device memory", bw.read, bw.copy);
-    if (launches) printf("kernel launches: %s\n", launches);
+           strcmp(u->device, "cuda") ? "memory" : "device memory", bw.read, bw.copy);
+    report_memory(u, 0);
+    if (u->launches) printf("kernel launches: %s\n", u->launches);
     if (lc->ok)
         printf("kernels per decode step: %d = %d (embed, head) + %d layers x %.4g, %d memcpy/memset nodes\n",
                base->kernels, lc->fixed, D, lc->per_layer, base->copies);
-    if (tp) printf("tensor parallel: %d GPUs (bandwidth and bytes above are one GPU's)\n", tp);
+    if (u->tp) printf("tensor parallel: %d GPUs (bandwidth and bytes above are one GPU's)\n", u->tp);
     printf("\n");
     printf("%-28s %6s %11s %10s %11s %9s %8s %7s %8s\n", "program", "layers", "prefill ms", "prefill/s",
            "decode ms", "decode/s", "GB/s", "read%", "vs base");
@@ -377,9 +406,12 @@ int cmd_bench(int argc, char **argv) {
         rc = fail_status(cmd, &err);
         goto done;
     }
-    const char *name = model_dir ? model_dir : preset ? preset : arch;
-    report(runs, n_runs, D, n_prompt, gen, polar_session_threads(s), bw, name, polar_session_device(s),
-           par.world ? par.world : par.tp, polar_session_kv_type(s), polar_session_cuda_launches(s), &lc, json);
+    bench_setup u = {.name = model_dir ? model_dir : preset ? preset : arch, .device = polar_session_device(s),
+                     .kv = polar_session_kv_type(s), .launches = polar_session_cuda_launches(s),
+                     .tp = par.world ? par.world : par.tp, .threads = polar_session_threads(s), .D = D,
+                     .n_prompt = n_prompt, .gen = gen, .stored_bytes = info.stored_bytes};
+    u.has_memory = used == POLAR_DEVICE_CUDA && polar_session_device_memory(s, &u.memory, &err) == POLAR_OK;
+    report(runs, n_runs, &u, bw, &lc, json);
     if (question_len < 1 || question_len > 512) {
         rc = fail_usage(cmd, "--question-len must be 1 to 512");
         goto done;

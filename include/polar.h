@@ -95,7 +95,9 @@ typedef struct {
     size_t layer_bytes;     /* bytes of weights of one decoder layer (bf16), averaged over layers */
     size_t embed_bytes;     /* token embedding table */
     size_t head_bytes;      /* final norm + lm_head (0 extra when tied, beyond the norm) */
-    size_t weight_bytes;    /* all weights */
+    size_t weight_bytes;    /* all weights, in bf16 */
+    size_t stored_bytes;    /* all weights as the model holds them: a GGUF's kept blocks in their bytes, the
+                             * rest bf16 (weight_bytes for a Hugging Face checkpoint) */
 } polar_model_info;
 
 /* Load a Hugging Face checkpoint directory (config.json + model.safetensors
@@ -206,6 +208,16 @@ const char *polar_session_cuda_launches(const polar_session *s);
  * and memset nodes) of the session's last step when it ran as a CUDA graph:
  * a decode step's launches; -1 otherwise (polar_batch_graph_kernels). */
 int polar_session_graph_kernels(const polar_session *s, int *copies);
+/* Device memory a session (a batch) holds on a GPU (its first GPU under tensor
+ * parallel), in bytes asked of cudaMalloc: the model's weights as they went
+ * up (bf16, or a GGUF's blocks with POLAR_CUDA_BLOCKS=1; shared by every
+ * batch of the model on that GPU), the paged KV pool, and the rest
+ * (workspaces of a pass, the steps' state, cuBLASLt's workspace). */
+typedef struct {
+    size_t weights, kv, workspaces;
+} polar_device_memory;
+/* POLAR_ERR_UNSUPPORTED on the CPU. */
+polar_status polar_session_device_memory(const polar_session *s, polar_device_memory *out, polar_error *err);
 
 /* The CPU kernels this process runs: "generic" (plain C), "avx2", "avx512"
  * or "neon", the best the CPU supports unless the environment variable
@@ -580,6 +592,9 @@ const char *polar_batch_kv_type(const polar_batch *b);
  * batch finds a driver's refusal at its first graph capture); NULL on the
  * CPU. */
 const char *polar_batch_cuda_launches(const polar_batch *b);
+/* On a GPU, the device memory the batch holds (polar_device_memory);
+ * POLAR_ERR_UNSUPPORTED on the CPU. */
+polar_status polar_batch_device_memory(const polar_batch *b, polar_device_memory *out, polar_error *err);
 /* On a GPU, the kernel nodes of the CUDA graph the last step ran as
  * (polar_batch_stats.graph 1 or 2: a decode step repeating the calls of the
  * one before), counted when it was captured (cudaGraphGetNodes; under

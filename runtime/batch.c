@@ -433,6 +433,13 @@ const char *polar_batch_device(const polar_batch *b) { return b->on_gpu ? "cuda"
 
 const char *polar_batch_cuda_launches(const polar_batch *b) { return b->dev.ops->launches(b->dev.state); }
 
+polar_status polar_batch_device_memory(const polar_batch *b, polar_device_memory *out, polar_error *err) {
+    if (!b || !out) return polar_fail(err, POLAR_ERR_ARG, "device memory: no batch or output");
+    if (!b->dev.ops->memory(b->dev.state, out))
+        return polar_fail(err, POLAR_ERR_UNSUPPORTED, "device memory: the batch runs on the CPU");
+    return POLAR_OK;
+}
+
 int polar_batch_graph_kernels(const polar_batch *b, int *copies) {
     return b->dev.ops->graph_kernels(b->dev.state, copies);
 }

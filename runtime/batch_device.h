@@ -69,6 +69,9 @@ typedef struct {
     /* The GPU: how its kernels are launched (cuda_state_launches); the
      * CPU: NULL. */
     const char *(*launches)(const void *d);
+    /* The GPU: the device memory it holds (polar_device_memory), 1; the
+     * CPU: 0. */
+    int (*memory)(const void *d, polar_device_memory *out);
     void (*free)(void *d);
 } batch_device_ops;
 

@@ -180,6 +180,12 @@ static const char *cpu_batch_launches(const void *state) {
     return NULL;
 }
 
+static int cpu_batch_memory(const void *state, polar_device_memory *out) {
+    (void)state;
+    (void)out;
+    return 0;
+}
+
 static const batch_device_ops cpu_batch_ops = {
     .async = 0, .begin = cpu_batch_begin, .put_tables = cpu_batch_put_tables, .embed = cpu_batch_embed,
     .pass = cpu_batch_pass, .copy_rows = cpu_batch_copy_rows, .copy_kv = cpu_batch_copy_kv,
@@ -188,7 +194,7 @@ static const batch_device_ops cpu_batch_ops = {
     .launch = cpu_batch_launch, .wait = cpu_batch_wait, .host_logits = cpu_batch_host_logits,
     .copy_logits = cpu_batch_copy_logits, .step_graph = cpu_batch_graph,
     .graph_kernels = cpu_batch_graph_kernels, .launches = cpu_batch_launches,
-    .free = cpu_batch_free,
+    .memory = cpu_batch_memory,    .free = cpu_batch_free,
 };
 
 polar_status cpu_batch_device(const polar_model *m, const batch_device_shape *sh, kv_pool *pool, batch_device *out,

@@ -149,6 +149,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     size_t F = (size_t)sh->ffn;
     if ((size_t)sh->shared_ffn > F) F = (size_t)sh->shared_ffn; /* gate/up buffers serve the shared expert too */
     size_t C = (size_t)chunk, pool = (size_t)shape->n_blocks * CUDA_KV_BLOCK * kv, n_tables = (size_t)shape->n_tables;
+    c->kv_bytes = 2 * pool * sizeof(bf16);
     int ok = (c->k_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) && (c->v_pool = cuda_dev_alloc(c, pool * sizeof(bf16))) &&
          (c->tables = cuda_dev_alloc(c, n_tables * sizeof(int))) &&
          (c->x = cuda_dev_alloc(c, C * H * 4)) && (c->xn = cuda_dev_alloc(c, C * H * 4)) && (c->q = cuda_dev_alloc(c, C * q * 4)) &&

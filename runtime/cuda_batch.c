@@ -390,12 +390,20 @@ static int op_graph_kernels(const void *state, int *copies) {
 /* Rank 0's (every rank launches alike). */
 static const char *op_launches(const void *d) { return cuda_state_launches(((const cuda_batch *)d)->rank[0].c); }
 
+/* Rank 0's: the model's weights on its GPU, and what its state asked for. */
+static int op_memory(const void *state, polar_device_memory *out) {
+    const cuda_state *c = ((const cuda_batch *)state)->rank[0].c;
+    *out = (polar_device_memory){.weights = c->w->allocs.bytes, .kv = c->kv_bytes,
+                                 .workspaces = c->allocs.bytes - c->kv_bytes + CUDA_GEMM_WORKSPACE};
+    return 1;
+}
+
 static const batch_device_ops cuda_batch_ops = {
     .async = 1, .begin = op_begin, .put_tables = op_put_tables, .embed = op_embed, .pass = op_pass,
     .copy_rows = op_copy_rows, .copy_kv = op_copy_kv, .cache_keep = op_cache_keep, .cache_take = op_cache_take,
     .rows_from_start = op_rows_from_start, .outputs = op_outputs, .head = op_head, .launch = op_launch,
     .wait = op_wait, .host_logits = op_host_logits, .copy_logits = op_copy_logits, .step_graph = op_step_graph,
-    .graph_kernels = op_graph_kernels, .launches = op_launches, .free = cuda_batch_free,
+    .graph_kernels = op_graph_kernels, .launches = op_launches, .memory = op_memory, .free = cuda_batch_free,
 };
 
 polar_status cuda_batch_device(const polar_model *m, const batch_device_shape *shape, batch_device *out,

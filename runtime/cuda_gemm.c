@@ -16,7 +16,6 @@
 #include "../kernels/cuda/ops.h"
 
 #define GEMM_CACHE 64
-#define GEMM_WORKSPACE ((size_t)32 << 20)
 
 typedef struct {
     int rows, cols, T, ldy;
@@ -37,7 +36,7 @@ struct cuda_gemm {
 cuda_gemm *cuda_gemm_create(void) {
     cuda_gemm *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    if (cublasLtCreate(&g->handle) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&g->workspace, GEMM_WORKSPACE) != cudaSuccess) {
+    if (cublasLtCreate(&g->handle) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&g->workspace, CUDA_GEMM_WORKSPACE) != cudaSuccess) {
         cuda_gemm_free(g);
         return NULL;
     }
@@ -75,7 +74,7 @@ static gemm_plan *plan_for(cuda_gemm *g, int rows, int cols, int T, int ldy) {
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    size_t ws = GEMM_WORKSPACE;
+    size_t ws = CUDA_GEMM_WORKSPACE;
     int ok = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
@@ -116,7 +115,7 @@ int cuda_gemm_run(cuda_gemm *g, float *y, int ldy, const bf16_bits *xb, const bf
     if (p->failed) return g->warned ? 0 : declined(g, p);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f; /* D = C = y, in place */
     if (cublasLtMatmul(g->handle, p->desc, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, &p->algo,
-                       g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS) {
+                       g->workspace, CUDA_GEMM_WORKSPACE, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS) {
         /* inside a capture that already failed every call fails: not the shape's fault */
         enum cudaStreamCaptureStatus capture;
         if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) == cudaSuccess &&

@@ -6,6 +6,9 @@
 
 typedef struct cuda_gemm cuda_gemm;
 
+/* Device bytes of a cuda_gemm's cuBLASLt workspace. */
+#define CUDA_GEMM_WORKSPACE ((size_t)32 << 20)
+
 cuda_gemm *cuda_gemm_create(void);
 void cuda_gemm_free(cuda_gemm *g);
 

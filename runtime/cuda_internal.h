@@ -30,6 +30,7 @@
 typedef struct {
     void **p;
     int n, cap;
+    size_t bytes; /* asked for, all allocations together */
 } dev_allocs;
 
 void *dev_alloc_in(dev_allocs *l, size_t bytes); /* NULL when out of memory */
@@ -82,6 +83,7 @@ struct cuda_state {
     int chunk;                   /* tokens of one pass at most */
     int sms;                     /* the GPU's multiprocessors (sizes the attention split) */
     bf16 *k_pool, *v_pool;       /* [n_blocks * CUDA_KV_BLOCK, shard.n_kv*head_dim] */
+    size_t kv_bytes;             /* of k_pool and v_pool together */
     int *tables;                 /* [n_tables] the host's block tables, mirrored */
     float *x;                    /* [chunk, hidden] a pass's rows, gathered from the step's */
     float *xn, *q, *k, *v, *att; /* [chunk, *] as on the CPU */

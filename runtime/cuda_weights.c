@@ -35,6 +35,7 @@ void *dev_alloc_in(dev_allocs *l, size_t bytes) {
     }
     if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) return NULL;
     l->p[l->n++] = p;
+    l->bytes += bytes;
     return p;
 }
 

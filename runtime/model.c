@@ -236,6 +236,22 @@ polar_status polar_model_info_get(const polar_model *m, polar_model_info *out) {
     out->embed_bytes = embed * sizeof(bf16);
     out->head_bytes = (out->n_params - layers - embed) * sizeof(bf16);
     out->weight_bytes = out->n_params * sizeof(bf16);
+    /* the model's own storage types (a shape without weights: bf16): any
+     * layout's refs count the same elements, the GGUF one says the experts'
+     * types too */
+    out->stored_bytes = out->weight_bytes;
+    if (!m->layers) return POLAR_OK;
+    out->stored_bytes = 0;
+    n = model_tensor_refs((polar_model *)m, LAYOUT_GGUF, &refs);
+    if (n < 0) return POLAR_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        const tensor_ref *r = &refs[i];
+        cpu_wtype t = r->wtype ? cpu_row_type(*r->wtype) : CPU_W_BF16;
+        out->stored_bytes += t == CPU_W_BF16 || !r->cols ? ref_elems(r) * sizeof(bf16)
+                                                         : (size_t)(r->experts ? r->experts : 1) * (size_t)r->rows *
+                                                               cpu_wtype_row_bytes(t, (size_t)r->cols);
+    }
+    free(refs);
     return POLAR_OK;
 }
 

@@ -192,6 +192,11 @@ polar_status polar_decode_step(polar_session *s, int token, polar_error *err) {
     return polar_prefill(s, &token, 1, NULL, err);
 }
 
+polar_status polar_session_device_memory(const polar_session *s, polar_device_memory *out, polar_error *err) {
+    if (!s) return polar_fail(err, POLAR_ERR_ARG, "device memory: no session");
+    return polar_batch_device_memory(s->b, out, err);
+}
+
 polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hidden, polar_error *err) {
     if (!s || !hidden) return polar_fail(err, POLAR_ERR_ARG, "encode: no session or output");
     polar_session_reset(s);

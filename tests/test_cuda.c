@@ -870,6 +870,26 @@ static void q8_exact_model(polar_model *m) {
  * exactly in cuda_block_checks.h). POLAR_CUDA_BLOCKS=0 uploads bf16 instead, the
  * bf16 load's weights: the GPU then gives the bf16 load's logits bit for
  * bit. */
+/* A GPU session's device memory: the weights within `bound` x the bytes
+ * the model holds them in (its GGUF blocks), a KV pool and workspaces. */
+static void device_weights_near_stored(const polar_model *q, const polar_program *p, double bound, const char *name) {
+    polar_error err;
+    polar_session *s = NULL;
+    polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+    polar_device_memory dm;
+    polar_model_info info;
+    polar_model_info_get(q, &info);
+    CHECK_OK(polar_session_create((polar_model *)q, p, &o, &s, &err));
+    if (s && polar_session_device_memory(s, &dm, &err) == POLAR_OK)
+        CHECK(dm.weights >= info.stored_bytes && dm.weights <= bound * info.stored_bytes && dm.kv > 0 &&
+                  dm.workspaces > 0 && 10 * info.stored_bytes < 6 * info.weight_bytes,
+              "%s: device weights %zu bytes, the model's %zu (bf16 %zu), KV %zu, workspaces %zu", name, dm.weights,
+              info.stored_bytes, info.weight_bytes, dm.kv, dm.workspaces);
+    else
+        CHECK(0, "%s: no device memory figure: %s", name, err.msg);
+    polar_session_free(s);
+}
+
 static void model_gguf_blocks(void) {
     static const char *archs[] = {"llama", "qwen2_moe"};
     static const struct {
@@ -913,6 +933,7 @@ static void model_gguf_blocks(void) {
                     setenv("POLAR_CUDA_BLOCKS", "1", 1);
                     CHECK(gpu == cpu && as_bf16 > 1.5 * gpu, "%s: decode bytes GPU %.0f, CPU %.0f, bf16 upload %.0f",
                           name, gpu, cpu, as_bf16);
+                    device_weights_near_stored(q, &bp, 1.1, name);
                     polar_program_free(&bp);
                 }
                 /* Q8_0 of q8_exact weights: the bf16 load's weights exactly, so the golden models' bounds, the
@@ -939,6 +960,16 @@ static void model_gguf_blocks(void) {
                 if (s[0] && s[1])
                     CHECK(!memcmp(polar_logits(s[0]), polar_logits(s[1]), (size_t)a.vocab * sizeof(float)),
                           "%s: POLAR_CUDA_BLOCKS=0: GPU logits differ from those of the bf16 load", name);
+                polar_device_memory dm;
+                polar_model_info bi;
+                polar_model_info_get(b, &bi);
+                if (s[1] && polar_session_device_memory(s[1], &dm, &err) == POLAR_OK) /* the bf16 weights and inv_freq */
+                    CHECK(dm.weights == bi.stored_bytes + (size_t)a.head_dim / 2 * sizeof(float) &&
+                              bi.stored_bytes == bi.weight_bytes,
+                          "%s: bf16 load: %zu device weight bytes, %zu stored, %zu bf16", name, dm.weights,
+                          bi.stored_bytes, bi.weight_bytes);
+                else
+                    CHECK(0, "%s: no device memory figure: %s", name, err.msg);
                 for (int j = 0; j < 2; j++) polar_session_free(s[j]);
                 polar_program_free(&p);
                 polar_model_free(q2);

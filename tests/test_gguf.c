@@ -94,6 +94,35 @@ static void gguf_dequantize(void) {
     for (int i = 0; i < 32; i++) CHECK(out[i] == 0.5f * (i - 16), "q8_0[%d]", i);
 }
 
+/* polar_model_info's stored_bytes: a GGUF's Q8_0 blocks at 34 bytes per 32
+ * weights, its vectors (norms) at bf16's 2 bytes an element; the same file
+ * loaded as bf16 holds weight_bytes. */
+static void gguf_stored_bytes(void) {
+    polar_error err;
+    polar_arch a;
+    polar_model *m = NULL, *kept = NULL, *as_bf16 = NULL;
+    CHECK_OK(polar_arch_default("llama", &a, &err));
+    CHECK_OK(polar_model_random(&a, 5, &m, &err));
+    char path[128];
+    snprintf(path, sizeof path, "%s/stored.gguf", dir);
+    CHECK(m && gguf_write_model(m, path, GGUF_Q8_0_FILE), "write %s", path);
+    CHECK_OK(load_kept_and_bf16(path, &kept, &as_bf16, &err));
+    if (kept && as_bf16) {
+        polar_model_info k, b;
+        polar_model_info_get(kept, &k);
+        polar_model_info_get(as_bf16, &b);
+        size_t vec = (size_t)(2 * a.n_layers + 1) * a.hidden; /* two norms a layer and the final one */
+        size_t want = (k.n_params - vec) / 32 * 34 + vec * 2;
+        CHECK(k.stored_bytes == want && k.weight_bytes == k.n_params * 2, "Q8_0 kept: %zu stored bytes, want %zu",
+              k.stored_bytes, want);
+        CHECK(b.stored_bytes == b.weight_bytes, "loaded as bf16: %zu stored bytes, %zu bf16", b.stored_bytes,
+              b.weight_bytes);
+    }
+    polar_model_free(m);
+    polar_model_free(kept);
+    polar_model_free(as_bf16);
+}
+
 static void gguf_malformed(void) {
     static const struct {
         gguf_fault fault;
@@ -134,6 +163,7 @@ int main(void) {
     RUN(gguf_matches_safetensors);
     RUN(gguf_rope_scaling);
     RUN(gguf_dequantize);
+    RUN(gguf_stored_bytes);
     RUN(gguf_malformed);
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
