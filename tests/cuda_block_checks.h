@@ -22,7 +22,7 @@ static const cpu_wtype kept_types[] = {CPU_W_Q8_0, CPU_W_Q4_0, CPU_W_Q4_1,   CPU
 #define TOL_BLOCKS 2e-6
 
 /* Whether the GEMVs multiply t by dp4a on quantized inputs, at cols a row (kernels/cuda/q8.cuh). */
-static int gemv_q8(cpu_wtype t, int cols) { return t != CPU_W_IQ4_NL && t != CPU_W_IQ4_XS && cols % 64 == 0; }
+static int gemv_q8(cpu_wtype t, int cols) { return t != CPU_W_BF16 && cols % 64 == 0; }
 
 /* What such a GEMV multiplies: each row of x (times the norm weights nw
  * when given) quantized as cpu_quantize_q8 quantizes it and read back (times
@@ -183,13 +183,18 @@ static void kernel_blocks_planted(void) {
     planted(&q4k, "a wrong 6-bit scale", 4 + 1, next_scale);
     planted(&q6k, "a wrong int8 scale", 192 + 9, next_scale);
     planted(&q41, "a dropped offset (m's high byte)", 3, zero_byte);
-    free_blocks(&q4k), free_blocks(&q6k), free_blocks(&q41);
+    host_blocks xs = make_blocks(CPU_W_IQ4_XS, 5, 256), nl = make_blocks(CPU_W_IQ4_NL, 5, 64);
+    planted(&xs, "a wrong scale's high bits", 2, next_scale);
+    planted(&xs, "a wrong scale's low nibble", 4, next_scale);
+    planted(&xs, "a swapped code pair", 8 + 5, swap_nibbles);
+    planted(&nl, "a swapped code pair", 2 + 7, swap_nibbles);
+    free_blocks(&q4k), free_blocks(&q6k), free_blocks(&q41), free_blocks(&xs), free_blocks(&nl);
 }
 
 /* q/k/v of three types (with biases, the norm on the fly or not) and
- * gate/up with SwiGLU (Q5_K with IQ4_XS, then Q4_K with Q5_K: the dp4a
- * path), against the reference of the normed x (quantized for the dp4a
- * types: q8_inputs). */
+ * gate/up with SwiGLU (Q5_K with IQ4_XS, then Q4_K with Q5_K), against the
+ * reference of the normed x quantized as the dp4a GEMVs take it
+ * (q8_inputs). */
 static void kernel_blocks_fused(void) {
     const float eps = 1e-5f;
     const int cols = 512, qr = 70, kr = 21, F = 45;
@@ -228,12 +233,13 @@ static void kernel_blocks_fused(void) {
                       cpu_wtype_name(w[i].t), T, normed, e);
                 free(want), free(scale), free(got), cudaFree(dy[i]);
             }
-            for (int pair = 0; pair < 2; pair++) { /* q5_k with iq4_xs: f32 inputs; q4_k with q5_k: dp4a (gemv_q8) */
+            for (int pair = 0; pair < 2; pair++) { /* q5_k with iq4_xs, q4_k with q5_k */
                 const host_blocks *hg = pair ? &w[0] : &gate, *hu = pair ? &gate : &up;
                 if (pair && hg->rows < F) break;
                 double *g = malloc((size_t)T * F * 8), *u = malloc((size_t)T * F * 8),
                        *sg = malloc((size_t)T * F * 8), *su = malloc((size_t)T * F * 8);
-                float *xq = pair ? q8_inputs(x, normed ? nw : NULL, eps, T, cols) : NULL;
+                float *xq = gemv_q8(hg->t, cols) && gemv_q8(hu->t, cols) ? q8_inputs(x, normed ? nw : NULL, eps, T, cols)
+                                                                         : NULL;
                 host_blocks hg_f = *hg, hu_f = *hu; /* their first F rows */
                 hg_f.rows = hu_f.rows = F;
                 blocks_reference(&hg_f, xq ? xq : xn, NULL, T, g, sg);

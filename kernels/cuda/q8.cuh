@@ -1,10 +1,11 @@
 // The block GEMVs' integer path (quant.cu): a pass's inputs quantized once
 // per thread block into shared memory as int8 blocks of 32, as the CPU's
 // cpu_quantize_q8 quantizes them (d = max |x| / 127, q = x 127 / max
-// rounded to nearest even, s = d sum q), then Q4_K, Q5_K and Q6_K rows
+// rounded to nearest even, s = d sum q), then rows of every kept type
 // multiplied by dp4a: each 32-weight (Q6_K: 16-weight) block's sum of
 // products an exact int32, scaled by the block's scale and the input's d,
-// a min times s, in f32 — the
+// a min times s, in f32 (IQ4_NL's and IQ4_XS's codes turned into their
+// int8 levels four at a time by byte permutes of the level table) — the
 // operations of the CPU's quantized kernels, where unpacking every weight
 // to f32 (blocks.cuh) costs some four instructions a weight and left the
 // GEMV bound by arithmetic, not by memory.
@@ -69,7 +70,7 @@ static __device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i ==
 // a multiple of 64 weights: the k-quants' always are).
 static __host__ __device__ __forceinline__ bool q8_gemv_type(int t) {
     return t == CPU_W_Q4_K || t == CPU_W_Q5_K || t == CPU_W_Q6_K || t == CPU_W_Q8_0 || t == CPU_W_Q4_0 ||
-           t == CPU_W_Q4_1 || t == CPU_W_Q5_0 || t == CPU_W_Q5_1;
+           t == CPU_W_Q4_1 || t == CPU_W_Q5_0 || t == CPU_W_Q5_1 || t == CPU_W_IQ4_NL || t == CPU_W_IQ4_XS;
 }
 
 // 16 bytes at a 2-byte aligned p (Q6_K's 210-byte blocks allow no more).
@@ -124,6 +125,58 @@ static __device__ __forceinline__ void q32_q8_block(float *acc, int type, const 
         size_t j = (size_t)t * (cols / 32) + k;
         float v = fmaf((float)(sq - z * sx), d * x.d[j], acc[t]);
         acc[t] = offset ? fmaf(m, x.s[j], v) : v;
+    }
+}
+
+// The IQ4 levels of four codes, one in the low nibble of each byte of
+// codes (high nibbles 0), as four int8: levels 0..7 picked from the first
+// two words of the table (iq4_levels_dev's bytes, little-endian, held in
+// registers), 8..15 from the last two, each code's bit 3 choosing.
+static __device__ __forceinline__ int iq4_levels4(unsigned codes) {
+    unsigned t = codes | codes >> 4, sel = ((t & 0xFFu) | (t >> 8 & 0xFF00u)) & 0x7777u;
+    unsigned low = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel), high = __byte_perm(0x26190D01u, 0x71594535u, sel);
+    unsigned upper = (codes >> 3 & 0x01010101u) * 0xFFu; // 0xFF in the bytes whose code is 8..15
+    return (int)((low & ~upper) | (high & upper));
+}
+
+// The exact sum of a 32-block's IQ4 levels (16 bytes of codes: low nibbles
+// weights 0..15, high 16..31) times token t's 32 quantized inputs at xq.
+static __device__ __forceinline__ int iq4_block_dot(const unsigned code_words[4], const int8_t *xq) {
+    uint4 x0 = *(const uint4 *)xq, x1 = *(const uint4 *)(xq + 16);
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sum = __dp4a(iq4_levels4(code_words[i] & 0x0F0F0F0Fu), (int)word_of(x0, i), sum);
+        sum = __dp4a(iq4_levels4(code_words[i] >> 4 & 0x0F0F0F0Fu), (int)word_of(x1, i), sum);
+    }
+    return sum;
+}
+
+// acc[t] += 32-block k of an IQ4_NL row, or 32-block k % 8 of IQ4_XS
+// 256-block k / 8 (its 6-bit scale less 32 times d), . token t.
+static __device__ __forceinline__ void iq4_q8_block(float *acc, int type, const uint8_t *row, int k, q8_rows x, int n,
+                                                    int cols) {
+    unsigned words[4];
+    float a;
+    if (type == CPU_W_IQ4_NL) {
+        const uint8_t *b = row + (size_t)kept_block_bytes(type) * k;
+        uint4 q = load16_at2(b + 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) words[i] = word_of(q, i);
+        a = f16_bits(*(const uint16_t *)b);
+    } else { // d, the scales' high bits (2 bytes), their low nibbles (4), 8 x 16 bytes of codes: 8-byte aligned
+        const uint8_t *b = row + (size_t)kept_block_bytes(type) * (k / 8);
+        const int j = k % 8;
+        uint2 q0 = *(const uint2 *)(b + 8 + 16 * j), q1 = *(const uint2 *)(b + 16 + 16 * j);
+        words[0] = q0.x, words[1] = q0.y, words[2] = q1.x, words[3] = q1.y;
+        unsigned head = *(const unsigned *)b, low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, high = (head >> (16 + 2 * j)) & 3;
+        a = f16_bits(head & 0xffffu) * (float)((int)(low | high << 4) - 32);
+    }
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        int sq = iq4_block_dot(words, x.q + (size_t)t * cols + 32 * (size_t)k);
+        acc[t] = fmaf((float)sq, a * x.d[(size_t)t * (cols / 32) + k], acc[t]);
     }
 }
 
@@ -185,6 +238,11 @@ static __device__ __forceinline__ void q8_dots(float (*acc)[MAX_TOKENS_PER_PASS]
         for (int r = 0; r < R; r++) {
             if (w[r].type == CPU_W_Q6_K) {
                 q6k_q8_unit(acc[r], rows[r], P, x, n, cols);
+                continue;
+            }
+            if (w[r].type == CPU_W_IQ4_NL || w[r].type == CPU_W_IQ4_XS) {
+                iq4_q8_block(acc[r], w[r].type, rows[r], 2 * P, x, n, cols);
+                iq4_q8_block(acc[r], w[r].type, rows[r], 2 * P + 1, x, n, cols);
                 continue;
             }
             if (!is_k4(w[r].type)) { // two 32-blocks

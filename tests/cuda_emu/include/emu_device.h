@@ -297,6 +297,15 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) s += (uint32_t)((int)(int8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i));
     return (int)s;
 }
+// byte n of the result: byte (s >> 4n) & 7 of y:x (x bytes 0..3); the
+// selectors' high bits (prmt's sign-replicate mode) are refused, not emulated
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    if (s & 0x8888u) emu::fail("__byte_perm: selector 0x%x uses a high bit (sign replicate): not emulated", s);
+    uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) r |= (unsigned)(v >> 8 * ((s >> 4 * n) & 7) & 0xFF) << 8 * n;
+    return r;
+}
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 template <typename T>
 static inline T __ldg(const T *p) { return *p; }
