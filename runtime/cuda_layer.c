@@ -104,8 +104,14 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     const cuda_queue *s = &c->queue;
     cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
-    /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV */
-    if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
+    /* experts kept as blocks: the block GEMV at any T (no tensor-core path for them yet); else more than
+     * c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV */
+    if (!w->exp_gate_up) {
+        cuda_expert_matmul_blocks(c->expert_act, c->xn, wmat(c, w->exp_gate, w->t_exp_gate, H),
+                                  wmat(c, w->exp_up, w->t_exp_up, H), c->groups, T, k, E, F, H, 0, s);
+        cuda_expert_matmul_blocks(c->expert_out, c->expert_act, wmat(c, w->exp_down, w->t_exp_down, F),
+                                  (cuda_wmat){0}, c->groups, T, k, E, H, F, 1, s);
+    } else if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
         cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
         cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);

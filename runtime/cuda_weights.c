@@ -7,7 +7,8 @@
  * a one-GPU batch and a tensor-parallel group of one share theirs. A GGUF's
  * blocks go up as bf16, or with POLAR_CUDA_BLOCKS=1 stay blocks on the
  * device (the block kernels of quant.cu read them; correct but slower, see
- * backend.h), except the routed experts, which the MoE kernels read as bf16.
+ * backend.h), the routed experts as the GGUF's gate, up and down stacks
+ * (else as one [E, 2F, H] gate-then-up block and the down stack, bf16).
  * Built with POLAR_CUDA. */
 #include "backend.h"
 
@@ -154,8 +155,14 @@ static int upload_layer(cuda_weights *c, const polar_model *m, int l, const tp_s
     if (ok && w->router) {
         size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
         size_t e0 = (size_t)s->e0, ne = (size_t)s->n_experts, s0 = (size_t)s->s0, ns = (size_t)s->shared_ffn;
-        ok = upload(c, &d->router, w->router, E * H) && upload_gate_up(c, &d->exp_gate_up, w, e0, ne, MF, H) &&
-             upload_part(c, &d->exp_down, NULL, w->exp_down, w->t_exp_down, MF, e0 * H, ne * H, 0, MF) &&
+        /* a GGUF's expert stacks stay blocks (POLAR_CUDA_BLOCKS=1): the rank's experts' rows of each */
+        int keep = w->exp_gate && cuda_keeps_blocks();
+        ok = upload(c, &d->router, w->router, E * H) &&
+             (keep ? upload_part(c, &d->exp_gate, &d->t_exp_gate, w->exp_gate, w->t_exp_gate, H, e0 * MF, ne * MF, 0, H) &&
+                         upload_part(c, &d->exp_up, &d->t_exp_up, w->exp_up, w->t_exp_up, H, e0 * MF, ne * MF, 0, H)
+                   : upload_gate_up(c, &d->exp_gate_up, w, e0, ne, MF, H)) &&
+             upload_part(c, &d->exp_down, keep ? &d->t_exp_down : NULL, w->exp_down, w->t_exp_down, MF, e0 * H, ne * H,
+                         0, MF) &&
              upload_part(c, &d->sh_gate, &d->t_sh_gate, w->sh_gate, w->t_sh_gate, H, s0, ns, 0, H) &&
              upload_part(c, &d->sh_up, &d->t_sh_up, w->sh_up, w->t_sh_up, H, s0, ns, 0, H) &&
              upload_part(c, &d->sh_down, &d->t_sh_down, w->sh_down, w->t_sh_down, S, 0, H, s0, ns) &&

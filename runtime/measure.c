@@ -119,7 +119,7 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         return 0;
     }
     /* What the device reads: the blocks as they are (on CUDA only with
-     * POLAR_CUDA_BLOCKS=1: bf16 by default), routed experts on CUDA bf16. */
+     * POLAR_CUDA_BLOCKS=1: bf16 by default, routed experts included). */
     int cpu = device != POLAR_DEVICE_CUDA, blocks = cpu || cuda_keeps_blocks();
     for (int i = 0; i < n; i++)
         if (refs[i].layer >= 0)
@@ -128,13 +128,13 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
                                                           : (double)ref_elems(&refs[i]) * sizeof(bf16);
     free(refs);
     /* the refs count every expert in bf16: an MoE layer reads top_k of them,
-     * in the blocks a GGUF kept them in on the CPU */
+     * in the blocks a GGUF kept them in where the device keeps blocks */
     for (int l = 0; l < a->n_layers; l++) {
         const layer_weights *w = &m->layers[l];
         if (!polar_arch_layer_is_moe(a, l)) continue;
         size_t H = (size_t)a->hidden, F = (size_t)a->moe_ffn;
-        cpu_wtype tg = cpu ? w->t_exp_gate : CPU_W_BF16, tu = cpu ? w->t_exp_up : CPU_W_BF16,
-                  td = cpu ? w->t_exp_down : CPU_W_BF16;
+        cpu_wtype tg = blocks ? w->t_exp_gate : CPU_W_BF16, tu = blocks ? w->t_exp_up : CPU_W_BF16,
+                  td = blocks ? w->t_exp_down : CPU_W_BF16;
         double one = (double)F * (double)(cpu_wtype_row_bytes(tg, H) + cpu_wtype_row_bytes(tu, H)) +
                      (double)H * (double)cpu_wtype_row_bytes(td, F);
         layer[l] += a->top_k * one - a->n_experts * 3.0 * (double)F * (double)H * sizeof(bf16);

@@ -308,4 +308,77 @@ static void kernel_blocks_rows(void) {
     }
 }
 
+/* Expert e's rows of a stack of experts of `rows` rows each. */
+static host_blocks expert_rows(const host_blocks *h, int e, int rows) {
+    host_blocks v = *h;
+    v.rows = rows, v.b += (size_t)e * rows * h->row_bytes, v.f += (size_t)e * rows * h->cols;
+    return v;
+}
+
+/* Routed experts kept as blocks (cuda_expert_matmul_blocks): gate/up with
+ * SwiGLU, then down over each slot's activations, for T tokens routed to k
+ * of E experts each (cuda_moe_group's grouping, passes of up to 8 slots of
+ * an expert), against the reference on each slot's expert rows: dp4a
+ * types at columns of a multiple of 64 (Q4_K gate, IQ4_XS up, Q6_K down),
+ * the f32 unpacking at 96 and 160 (Q5_1, Q4_0, Q8_0). */
+static void kernel_blocks_experts(void) {
+    static const struct {
+        cpu_wtype g, u, d;
+        int H, F;
+    } cases[] = {{CPU_W_Q4_K, CPU_W_IQ4_XS, CPU_W_Q6_K, 256, 256}, {CPU_W_Q5_1, CPU_W_Q4_0, CPU_W_Q8_0, 96, 160}};
+    static const int tokens[] = {1, 5, 19};
+    const int E = 6, k = 2;
+    for (int c = 0; c < 2; c++) {
+        int H = cases[c].H, F = cases[c].F;
+        host_blocks gate = make_blocks(cases[c].g, E * F, H), up = make_blocks(cases[c].u, E * F, H),
+                    down = make_blocks(cases[c].d, E * H, F);
+        cuda_wmat dg = dev_blocks(&gate), du = dev_blocks(&up), dd = dev_blocks(&down), none = {0};
+        for (int ti = 0; ti < (quick ? 2 : 3); ti++) {
+            int T = tokens[ti], S = T * k;
+            int *idx = malloc((size_t)S * sizeof *idx), *didx = NULL, *dgroups = NULL;
+            for (int t = 0; t < T; t++) { /* k distinct experts, ascending */
+                int a = (int)(block_next() % E), b = (a + 1 + (int)(block_next() % (E - 1))) % E;
+                idx[t * k] = a < b ? a : b, idx[t * k + 1] = a < b ? b : a;
+            }
+            cudaMalloc((void **)&didx, (size_t)S * sizeof(int));
+            cudaMalloc((void **)&dgroups, cuda_moe_group_ints(T, k, E) * sizeof(int));
+            cudaMemcpy(didx, idx, (size_t)S * sizeof(int), cudaMemcpyHostToDevice);
+            float *x = rand_floats((size_t)T * H, 2.0f), *dx = to_dev(x, (size_t)T * H * 4);
+            float *dact = dev_floats((size_t)S * F), *dy = dev_floats((size_t)S * H);
+            cuda_moe_group(dgroups, didx, T, k, 0, E, NULL);
+            cuda_expert_matmul_blocks(dact, dx, dg, du, dgroups, T, k, E, F, H, 0, NULL);
+            cuda_expert_matmul_blocks(dy, dact, dd, none, dgroups, T, k, E, H, F, 1, NULL);
+            float *act = from_dev(dact, (size_t)S * F), *y = from_dev(dy, (size_t)S * H);
+            float *xq = gemv_q8(gate.t, H) && gemv_q8(up.t, H) ? q8_inputs(x, NULL, 0.0f, T, H) : NULL;
+            float *aq = gemv_q8(down.t, F) ? q8_inputs(act, NULL, 0.0f, S, F) : NULL;
+            double *g = malloc((size_t)F * 8), *u = malloc((size_t)F * 8), *sg = malloc((size_t)F * 8),
+                   *su = malloc((size_t)F * 8), *yw = malloc((size_t)H * 8), *ys = malloc((size_t)H * 8);
+            double worst = 0.0, worst_down = 0.0;
+            for (int s = 0; s < S; s++) {
+                int e = idx[s];
+                host_blocks ge = expert_rows(&gate, e, F), ue = expert_rows(&up, e, F), de = expert_rows(&down, e, H);
+                const float *xt = (xq ? xq : x) + (size_t)(s / k) * H;
+                blocks_reference(&ge, xt, NULL, 1, g, sg);
+                blocks_reference(&ue, xt, NULL, 1, u, su);
+                for (int i = 0; i < F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
+                    double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
+                    double bound = 1e-5 * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
+                    double err = fabs(act[(size_t)s * F + i] - want) / bound;
+                    if (!(err <= worst)) worst = err;
+                }
+                blocks_reference(&de, (aq ? aq : act) + (size_t)s * F, NULL, 1, yw, ys);
+                double ed = blocks_error(y + (size_t)s * H, H, yw, ys, 1, H);
+                if (!(ed <= worst_down)) worst_down = ed;
+            }
+            CHECK(worst <= 1.0 && worst_down < TOL_BLOCKS, "experts %s/%s/%s T=%d: gate/up %g of the bound, down %g",
+                  cpu_wtype_name(gate.t), cpu_wtype_name(up.t), cpu_wtype_name(down.t), T, worst, worst_down);
+            free(idx), free(x), free(act), free(y), free(xq), free(aq), free(g), free(u), free(sg), free(su), free(yw),
+                free(ys);
+            cudaFree(didx), cudaFree(dgroups), cudaFree(dx), cudaFree(dact), cudaFree(dy);
+        }
+        cudaFree((void *)dg.p), cudaFree((void *)du.p), cudaFree((void *)dd.p);
+        free_blocks(&gate), free_blocks(&up), free_blocks(&down);
+    }
+}
+
 #endif

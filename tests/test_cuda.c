@@ -920,10 +920,17 @@ static void model_gguf_blocks(void) {
                           w->t_embed != CPU_W_BF16,
                       "%s: the GPU holds the blocks (wq %s, embedding %s)", name,
                       w ? cpu_wtype_name(w->layers[0].t_wq) : "-", w ? cpu_wtype_name(w->t_embed) : "-");
+                for (int l = 0; w && l < a.n_layers; l++) /* the routed experts too, as the file's stacks */
+                    if (polar_arch_layer_is_moe(&a, l))
+                        CHECK(!w->layers[l].exp_gate_up && w->layers[l].t_exp_gate == cpu_row_type(q->layers[l].t_exp_gate) &&
+                                  w->layers[l].t_exp_down == cpu_row_type(q->layers[l].t_exp_down) &&
+                                  w->layers[l].t_exp_gate != CPU_W_BF16 && w->layers[l].t_exp_down != CPU_W_BF16,
+                              "%s layer %d: the GPU holds the experts' blocks (gate %s, down %s)", name, l,
+                              cpu_wtype_name(w->layers[l].t_exp_gate), cpu_wtype_name(w->layers[l].t_exp_down));
                 gpu_vs_cpu_on_blocks(q, name, GEMV_PROMPT_TOKENS, 8); /* the prompt through the GEMVs too */
                 gpu_vs_cpu_on_blocks(q, name, 7, 8);
                 if (!quick) gpu_vs_cpu_on_blocks(q, name, 40, 8);
-                if (!a.n_experts) { /* polar bench's bytes a step reads: the blocks, as on the CPU */
+                { /* polar bench's bytes a step reads: the blocks, as on the CPU */
                     polar_program bp;
                     CHECK_OK(polar_program_base(a.n_layers, &bp, &err));
                     double gpu = polar_decode_bytes(q, &bp, 64, POLAR_DEVICE_CUDA, 1);
@@ -1005,6 +1012,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_blocks_planted);
     RUN_IF(kernel_blocks_fused);
     RUN_IF(kernel_blocks_rows);
+    RUN_IF(kernel_blocks_experts);
     RUN_IF(model_golden);
     RUN_IF(model_long_prompt);
     RUN_IF(model_preset);

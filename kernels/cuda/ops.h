@@ -215,6 +215,12 @@ void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float *x, cuda_w
                             float eps, int T, int q_rows, int kv_rows, int cols, const cuda_queue *queue);
 void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16_bits *norm, float eps, cuda_wmat gate,
                                cuda_wmat up, int T, int F, int cols, const cuda_queue *queue);
+/* cuda_expert_matmul over routed experts kept as blocks, at any number of
+ * tokens: expert e's rows are rows e*rows.. of gate, W[e] above; with
+ * up.p not NULL (swiglu) of gate and of up, y[s, rows] = silu(gate) * up.
+ * cols a multiple of 32. */
+void cuda_expert_matmul_blocks(float *y, const float *x, cuda_wmat gate, cuda_wmat up, const int *groups, int T, int k,
+                               int E, int rows, int cols, int x_per_slot, const cuda_queue *queue);
 /* out[n, cols] = rows r0..r0+n-1 of w, dequantized and rounded to bf16 (a
  * prefill GEMM's weights, a chunk at a time). */
 void cuda_dequantize_rows(bf16_bits *out, cuda_wmat w, int r0, int n, int cols, const cuda_queue *queue);

@@ -203,6 +203,62 @@ extern "C" void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16
     launch(queue, grid, threads, smem, kernel, act, x, norm, eps, gate, up, T, F, cols);
 }
 
+// moe.cu's expert GEMV over routed experts kept as blocks: expert e's
+// rows are rows e * rows .. of w[0] (and, with SwiGLU, of w[1]: gate and
+// up, each of its own type), each pass of up to 8 of the expert's slots
+// quantized into shared memory as for the other block GEMVs (a slot's
+// dots depend on its own input only, so on no grouping). blockIdx.y is a
+// chosen expert, a warp an output row.
+template <bool SWIGLU, bool Q8>
+__global__ void __launch_bounds__(256) expert_qgemv_kernel(float *y, const float *x, cuda_wmat gate, cuda_wmat up,
+                                                           const int *groups, int E, int k, int rows, int cols,
+                                                           int x_per_slot) {
+    await_previous_kernel();
+    if ((int)blockIdx.y >= groups[0]) return; // the whole block: before any shared memory use
+    int warps = blockDim.x / WARP, lane = threadIdx.x % WARP, r = blockIdx.x * warps + threadIdx.x / WARP;
+    int e = groups[1 + blockIdx.y], begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
+    const int *slots = groups + 2 + 2 * E;
+    cuda_wmat w[2] = {gate, up};
+    size_t row = (size_t)e * rows + (r < rows ? r : 0);
+    const uint8_t *wrow[2] = {(const uint8_t *)gate.p + row * gate.row_bytes,
+                              SWIGLU ? (const uint8_t *)up.p + row * up.row_bytes : NULL};
+    for (int b = begin; b < end; b += MAX_TOKENS_PER_PASS) {
+        int n = end - b < MAX_TOKENS_PER_PASS ? end - b : MAX_TOKENS_PER_PASS;
+        const float *xs[MAX_TOKENS_PER_PASS];
+        float acc[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS], block_ss[MAX_TOKENS_PER_PASS];
+#pragma unroll
+        for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) {
+            int s = slots[b + (i < n ? i : 0)];
+            xs[i] = x + (size_t)(x_per_slot ? s : s / k) * cols;
+            acc[0][i] = acc[1][i] = ss[i] = 0.0f;
+        }
+        q8_rows xq = pass_q8<false, Q8>(xs, NULL, n, cols, block_ss);
+        if (r < rows) {
+            block_rows_dots<SWIGLU ? 2 : 1, false, Q8>(acc, ss, w, wrow, NULL, xs, xq, block_ss, n, cols, lane);
+#pragma unroll
+            for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) {
+                if (i >= n) break;
+                float g = warp_sum(acc[0][i]), u = SWIGLU ? warp_sum(acc[1][i]) : 0.0f;
+                if (lane == 0) y[(size_t)slots[b + i] * rows + r] = SWIGLU ? silu_mul(g, u) : g;
+            }
+        }
+        if (Q8) __syncthreads(); // every warp done with this pass's inputs before the next are quantized
+    }
+}
+
+extern "C" void cuda_expert_matmul_blocks(float *y, const float *x, cuda_wmat gate, cuda_wmat up, const int *groups,
+                                          int T, int k, int E, int rows, int cols, int x_per_slot,
+                                          const cuda_queue *queue) {
+    const int threads = 256, warps = threads / WARP;
+    int chosen = T * k < E ? T * k : E;
+    dim3 grid((rows + warps - 1) / warps, chosen);
+    cuda_wmat w[2] = {gate, up};
+    size_t smem = q8_smem_for(w, up.p ? 2 : 1, MAX_TOKENS_PER_PASS, cols);
+    auto kernel = up.p ? (smem ? expert_qgemv_kernel<true, true> : expert_qgemv_kernel<true, false>)
+                       : (smem ? expert_qgemv_kernel<false, true> : expert_qgemv_kernel<false, false>);
+    launch(queue, grid, threads, smem, kernel, y, x, gate, up, groups, E, k, rows, cols, x_per_slot);
+}
+
 // A block per row: row r0 + blockIdx.x of w, its units over the threads,
 // each unit's 64 bytes of bf16 stored as four 16-byte vectors (a unit starts
 // 64 bytes into the 16-byte aligned workspace's rows of cols, a multiple
