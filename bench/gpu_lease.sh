@@ -87,6 +87,17 @@ step blocks 150 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
             >>"$OUTFILE"
     done; done; done'
 
+# The routed experts kept as blocks (since 2026-11-27, emulation only): a
+# 2-layer Qwen1.5-MoE-shaped Q4_K_M, decode at ctx 128, blocks against bf16.
+step blocks_moe 90 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
+    ./build-cuda/tests/mkgguf qwen1.5-moe-a2.7b /tmp/polar-moe-q4km.gguf q4_k_m 1 2 || exit 1
+    for rep in 1 2; do for b in 1 0; do
+        POLAR_CUDA_BLOCKS=$b ./build-cuda/polar bench --device cuda --json --model /tmp/polar-moe-q4km.gguf \
+            --prompt-len 128 --gen 16 --reps 2 >/tmp/polar-blocks.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"q8\":1,\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
+            >>"$OUTFILE"
+    done; done'
+
 # Sanitizer on the new kernels (blocks), then the A/B against
 # the last GPU-measured base, before the longer benchmarks.
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
@@ -112,11 +123,11 @@ step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./b
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe \
-    kernel_blocks_matmul kernel_blocks_fused
+    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_experts
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
-grep -o '"blocks":[0-9]\|"q8":[0-9]\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
-    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - | sed 's/^/  blocks: /'
+grep -o '"blocks":[0-9]\|"q8":[0-9]\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - | sed 's/^/  blocks: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"
