@@ -115,6 +115,12 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_Q8=%s: 0 or 1", q8);
     }
     c->blocks_f32_gemv = q8 && !strcmp(q8, "0");
+    const char *gemm = getenv("POLAR_CUDA_BLOCKS_GEMM");
+    if (gemm && strcmp(gemm, "fused") && strcmp(gemm, "chunked")) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_GEMM=%s: fused or chunked", gemm);
+    }
+    c->blocks_chunked_gemm = gemm && !strcmp(gemm, "chunked");
     if (!(c->w = cuda_model_weights(m, &c->shard))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");
@@ -167,7 +173,8 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     if (ok && fused && !strcmp(fused, "1"))
         ok = (c->att_tickets = cuda_dev_alloc(c, C * (size_t)sh->n_kv * sizeof(int))) &&
              cudaMemset(c->att_tickets, 0, C * (size_t)sh->n_kv * sizeof(int)) == cudaSuccess;
-    if (ok && c->w->has_blocks) { /* prefill GEMMs over blocks: a chunk of rows as bf16, up to 32 MB */
+    if (ok && c->w->has_blocks && c->blocks_chunked_gemm) { /* prefill GEMMs over blocks: a chunk of rows as bf16,
+                                                             * up to 32 MB */
         size_t rows = (size_t)sh->vocab > widest_in ? (size_t)sh->vocab : widest_in;
         c->wb_elems = rows * widest_in < ((size_t)16 << 20) ? rows * widest_in : (size_t)16 << 20;
         ok = (c->wb = cuda_dev_alloc(c, c->wb_elems * sizeof(bf16))) != NULL;

@@ -106,11 +106,14 @@ struct cuda_state {
     int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (CUDA_GEMV_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
     int blocks_f32_gemv;         /* POLAR_CUDA_BLOCKS_Q8=0: every block GEMV unpacks to f32 (cuda_wmat) */
+    int blocks_chunked_gemm;     /* POLAR_CUDA_BLOCKS_GEMM=chunked: a prefill over blocks dequantizes chunks of rows
+                                  * into wb for cuBLASLt (the 2026-11-27 H200 run's path), not the fused
+                                  * unpacking into the tensor-core tiles (cuda_gemm_blocks) */
     bf16 *xb;                    /* [chunk, widest input] activations rounded to bf16 for the GEMM */
     float *acc;                  /* [chunk, q or kv width] a biased projection's GEMM result before its bias
                                   * (qkv_bias models only; other GEMMs write their output, residual included) */
     bf16 *wb;                    /* [wb_elems] rows of a matrix of blocks dequantized for a prefill GEMM
-                                  * (models with blocks on the device only, else NULL) */
+                                  * (blocks on the device and blocks_chunked_gemm only, else NULL) */
     size_t wb_elems;
 };
 

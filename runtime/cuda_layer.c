@@ -47,8 +47,10 @@ static int blocks_gemm(cuda_state *c, float *y, const float *x, cuda_wmat w, con
 static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias,
                             int T, int rows, int cols, int accumulate) {
     if (t != CPU_W_BF16) {
-        cuda_wmat m = wmat(c, w, t, cols);
-        if (T <= c->gemv_tokens || !blocks_gemm(c, y, x, m, bias, T, rows, cols, accumulate))
+        cuda_wmat m = wmat(c, w, t, cols), none = {0};
+        if (T > c->gemv_tokens && !c->blocks_chunked_gemm)
+            cuda_gemm_blocks(y, rows, c->xb, m, none, bias, T, rows, cols, accumulate, &c->queue);
+        else if (T <= c->gemv_tokens || !blocks_gemm(c, y, x, m, bias, T, rows, cols, accumulate))
             cuda_matmul_blocks(y, rows, x, m, bias, T, rows, cols, accumulate, &c->queue);
         return;
     }
@@ -87,6 +89,12 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
         cuda_rmsnorm(c->xn, x, norm, T, cols, eps, &c->queue);
         x = c->xn;
     }
+    if ((t_gate != CPU_W_BF16 || t_up != CPU_W_BF16) && !c->blocks_chunked_gemm) { /* SwiGLU in the GEMM's epilogue */
+        cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
+        cuda_gemm_blocks(act, F, c->xb, wmat(c, w_gate, t_gate, cols), wmat(c, w_up, t_up, cols), NULL, T, F, cols, 0,
+                         &c->queue);
+        return;
+    }
     cuda_mm(c, act, x, w_gate, t_gate, NULL, T, F, cols, 0);
     cuda_mm_rounded(c, up, x, w_up, t_up, NULL, T, F, cols, 0); /* the same x, already rounded */
     cuda_swiglu(act, up, T * F, &c->queue);
@@ -104,13 +112,21 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     const cuda_queue *s = &c->queue;
     cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk, s);
     cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
-    /* experts kept as blocks: the block GEMV at any T (no tensor-core path for them yet); else more than
-     * c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV */
-    if (!w->exp_gate_up) {
+    /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV; experts kept as blocks
+     * unpacked into the tensor cores' tiles */
+    cuda_wmat none = {0};
+    if (!w->exp_gate_up && T > c->gemv_tokens) {
+        cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
+        cuda_expert_gemm_blocks(c->expert_act, c->xb, wmat(c, w->exp_gate, w->t_exp_gate, H),
+                                wmat(c, w->exp_up, w->t_exp_up, H), c->groups, T, k, E, F, H, 0, s);
+        cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
+        cuda_expert_gemm_blocks(c->expert_out, c->xb, wmat(c, w->exp_down, w->t_exp_down, F), none, c->groups, T, k,
+                                E, H, F, 1, s);
+    } else if (!w->exp_gate_up) {
         cuda_expert_matmul_blocks(c->expert_act, c->xn, wmat(c, w->exp_gate, w->t_exp_gate, H),
                                   wmat(c, w->exp_up, w->t_exp_up, H), c->groups, T, k, E, F, H, 0, s);
-        cuda_expert_matmul_blocks(c->expert_out, c->expert_act, wmat(c, w->exp_down, w->t_exp_down, F),
-                                  (cuda_wmat){0}, c->groups, T, k, E, H, F, 1, s);
+        cuda_expert_matmul_blocks(c->expert_out, c->expert_act, wmat(c, w->exp_down, w->t_exp_down, F), none,
+                                  c->groups, T, k, E, H, F, 1, s);
     } else if (T > c->gemv_tokens && cuda_expert_gemm_fits(H, F)) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
         cuda_expert_gemm(c->expert_act, c->xb, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);

@@ -308,6 +308,23 @@ static void kernel_blocks_rows(void) {
     }
 }
 
+/* h's rows rounded to bf16, as the tensor-core GEMMs multiply them. */
+static host_blocks bf16_rounded(const host_blocks *h) {
+    host_blocks r = *h;
+    r.f = malloc((size_t)h->rows * h->cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)h->rows * h->cols; i++) r.f[i] = bf16_to_f32(f32_to_bf16(h->f[i]));
+    return r;
+}
+
+/* T rows of cols rounded to bf16: the values (xr) and their bits on the device. */
+static bf16 *bf16_inputs(const float *x, int T, int cols, float *xr) {
+    bf16 *b = malloc((size_t)T * cols * 2);
+    for (size_t i = 0; i < (size_t)T * cols; i++) b[i] = f32_to_bf16(x[i]), xr[i] = bf16_to_f32(b[i]);
+    bf16 *d = to_dev(b, (size_t)T * cols * 2);
+    free(b);
+    return d;
+}
+
 /* Expert e's rows of a stack of experts of `rows` rows each. */
 static host_blocks expert_rows(const host_blocks *h, int e, int rows) {
     host_blocks v = *h;
@@ -315,12 +332,54 @@ static host_blocks expert_rows(const host_blocks *h, int e, int rows) {
     return v;
 }
 
+/* The experts' tensor-core path (cuda_expert_gemm_blocks: a prefill's):
+ * gate/up with SwiGLU on x rounded to bf16, then down on the activations
+ * rounded to bf16, against the bf16-rounded weights, within 1e-5. */
+static void experts_gemm(const host_blocks *gate, const host_blocks *up, const host_blocks *down, cuda_wmat dg,
+                         cuda_wmat du, cuda_wmat dd, const float *x, const int *idx, const int *dgroups, int T, int k,
+                         int E, int H, int F) {
+    const double tol = 1e-5;
+    int S = T * k;
+    cuda_wmat none = {0};
+    host_blocks gr = bf16_rounded(gate), ur = bf16_rounded(up), dr = bf16_rounded(down);
+    float *xr = malloc((size_t)T * H * 4), *dact = dev_floats((size_t)S * F), *dy = dev_floats((size_t)S * H);
+    bf16 *dxb = bf16_inputs(x, T, H, xr);
+    cuda_expert_gemm_blocks(dact, dxb, dg, du, dgroups, T, k, E, F, H, 0, NULL);
+    float *act = from_dev(dact, (size_t)S * F), *ar = malloc((size_t)S * F * 4);
+    bf16 *dab = bf16_inputs(act, S, F, ar);
+    cuda_expert_gemm_blocks(dy, dab, dd, none, dgroups, T, k, E, H, F, 1, NULL);
+    float *y = from_dev(dy, (size_t)S * H);
+    double *g = malloc((size_t)F * 8), *u = malloc((size_t)F * 8), *sg = malloc((size_t)F * 8),
+           *su = malloc((size_t)F * 8), *yw = malloc((size_t)H * 8), *ys = malloc((size_t)H * 8);
+    double worst = 0.0, worst_down = 0.0;
+    for (int s = 0; s < S; s++) {
+        host_blocks ge = expert_rows(&gr, idx[s], F), ue = expert_rows(&ur, idx[s], F), de = expert_rows(&dr, idx[s], H);
+        blocks_reference(&ge, xr + (size_t)(s / k) * H, NULL, 1, g, sg);
+        blocks_reference(&ue, xr + (size_t)(s / k) * H, NULL, 1, u, su);
+        for (int i = 0; i < F; i++) {
+            double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
+            double bound = tol * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
+            double err = fabs(act[(size_t)s * F + i] - want) / bound;
+            if (!(err <= worst)) worst = err;
+        }
+        blocks_reference(&de, ar + (size_t)s * F, NULL, 1, yw, ys);
+        double ed = blocks_error(y + (size_t)s * H, H, yw, ys, 1, H);
+        if (!(ed <= worst_down)) worst_down = ed;
+    }
+    CHECK(worst <= 1.0 && worst_down < tol, "expert GEMM %s/%s/%s T=%d: gate/up %g of the bound, down %g",
+          cpu_wtype_name(gate->t), cpu_wtype_name(up->t), cpu_wtype_name(down->t), T, worst, worst_down);
+    free(gr.f), free(ur.f), free(dr.f), free(xr), free(act), free(ar), free(y), free(g), free(u), free(sg), free(su),
+        free(yw), free(ys);
+    cudaFree(dact), cudaFree(dy), cudaFree(dxb), cudaFree(dab);
+}
+
 /* Routed experts kept as blocks (cuda_expert_matmul_blocks): gate/up with
  * SwiGLU, then down over each slot's activations, for T tokens routed to k
  * of E experts each (cuda_moe_group's grouping, passes of up to 8 slots of
  * an expert), against the reference on each slot's expert rows: dp4a
  * types at columns of a multiple of 64 (Q4_K gate, IQ4_XS up, Q6_K down),
- * the f32 unpacking at 96 and 160 (Q5_1, Q4_0, Q8_0). */
+ * the f32 unpacking at 96 and 160 (Q5_1, Q4_0, Q8_0); from 5 tokens the
+ * tensor-core path too (experts_gemm). */
 static void kernel_blocks_experts(void) {
     static const struct {
         cpu_wtype g, u, d;
@@ -372,6 +431,7 @@ static void kernel_blocks_experts(void) {
             }
             CHECK(worst <= 1.0 && worst_down < TOL_BLOCKS, "experts %s/%s/%s T=%d: gate/up %g of the bound, down %g",
                   cpu_wtype_name(gate.t), cpu_wtype_name(up.t), cpu_wtype_name(down.t), T, worst, worst_down);
+            if (T > 1) experts_gemm(&gate, &up, &down, dg, du, dd, x, idx, dgroups, T, k, E, H, F);
             free(idx), free(x), free(act), free(y), free(xq), free(aq), free(g), free(u), free(sg), free(su), free(yw),
                 free(ys);
             cudaFree(didx), cudaFree(dgroups), cudaFree(dx), cudaFree(dact), cudaFree(dy);
@@ -379,6 +439,79 @@ static void kernel_blocks_experts(void) {
         cudaFree((void *)dg.p), cudaFree((void *)du.p), cudaFree((void *)dd.p);
         free_blocks(&gate), free_blocks(&up), free_blocks(&down);
     }
+}
+
+/* The prefill GEMM over blocks (cuda_gemm_blocks: blocks unpacked to bf16
+ * into the tensor cores' tiles) against the f64 dot of the bf16-rounded
+ * weights and inputs, within 1e-5 of sum |w x| (f32 sums): T a whole tile
+ * and not, odd rows, a last tile of 32 columns (96, 160), a bias, an output
+ * wider than the rows, accumulated once more; and gate/up with SwiGLU. */
+static void kernel_blocks_gemm(void) {
+    static const struct {
+        cpu_wtype t;
+        int rows, cols;
+    } cases[] = {{CPU_W_Q4_K, 70, 512}, {CPU_W_Q6_K, 37, 256}, {CPU_W_Q8_0, 37, 96}, {CPU_W_IQ4_NL, 45, 160},
+                 {CPU_W_IQ4_XS, 130, 256}, {CPU_W_Q5_1, 16, 64}};
+    static const int tokens[] = {3, 33, 70};
+    const double tol = 1e-5;
+    cuda_wmat none = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int rows = cases[c].rows, cols = cases[c].cols, ld = rows + 3;
+        host_blocks h = make_blocks(cases[c].t, rows, cols), hr = bf16_rounded(&h);
+        cuda_wmat w = dev_blocks(&h);
+        bf16 *bias = malloc((size_t)rows * 2);
+        for (int r = 0; r < rows; r++) bias[r] = f32_to_bf16(frand());
+        bf16 *dbias = to_dev(bias, (size_t)rows * 2);
+        for (int ti = quick ? 1 : 0; ti < 3; ti++) {
+            int T = tokens[ti];
+            float *x = rand_floats((size_t)T * cols, 2.0f), *xr = malloc((size_t)T * cols * 4);
+            bf16 *dxb = bf16_inputs(x, T, cols, xr);
+            double *want = malloc((size_t)T * rows * 8), *scale = malloc((size_t)T * rows * 8);
+            blocks_reference(&hr, xr, bias, T, want, scale);
+            float *y0 = malloc((size_t)T * ld * 4);
+            for (size_t i = 0; i < (size_t)T * ld; i++) y0[i] = -7.0f;
+            float *dy = to_dev(y0, (size_t)T * ld * 4);
+            cuda_gemm_blocks(dy, ld, dxb, w, none, dbias, T, rows, cols, 0, NULL);
+            float *got = from_dev(dy, (size_t)T * ld);
+            double e = blocks_error(got, ld, want, scale, T, rows);
+            for (int t = 0; t < T; t++)
+                for (int r = rows; r < ld; r++) CHECK(got[(size_t)t * ld + r] == -7.0f, "a column past the rows was written");
+            cuda_gemm_blocks(dy, ld, dxb, w, none, dbias, T, rows, cols, 1, NULL); /* += the same: twice the reference */
+            free(got);
+            got = from_dev(dy, (size_t)T * ld);
+            for (size_t i = 0; i < (size_t)T * rows; i++) want[i] *= 2, scale[i] *= 2;
+            double e2 = blocks_error(got, ld, want, scale, T, rows);
+            CHECK(e < tol && e2 < tol, "%s %dx%d T=%d: error %g, accumulated %g of sum |w x| (bound %g)",
+                  cpu_wtype_name(h.t), rows, cols, T, e, e2, tol);
+            free(x), free(xr), free(want), free(scale), free(y0), free(got);
+            cudaFree(dxb), cudaFree(dy);
+        }
+        free(bias), free(hr.f), cudaFree(dbias), cudaFree((void *)w.p), free_blocks(&h);
+    }
+    /* gate/up with SwiGLU, each its own type */
+    const int F = 45, cols = 256, T = 33;
+    host_blocks g = make_blocks(CPU_W_Q4_K, F, cols), u = make_blocks(CPU_W_IQ4_XS, F, cols);
+    host_blocks gr = bf16_rounded(&g), ur = bf16_rounded(&u);
+    cuda_wmat dg = dev_blocks(&g), du = dev_blocks(&u);
+    float *x = rand_floats((size_t)T * cols, 2.0f), *xr = malloc((size_t)T * cols * 4);
+    bf16 *dxb = bf16_inputs(x, T, cols, xr);
+    double *gw = malloc((size_t)T * F * 8), *uw = malloc((size_t)T * F * 8), *gs = malloc((size_t)T * F * 8),
+           *us = malloc((size_t)T * F * 8);
+    blocks_reference(&gr, xr, NULL, T, gw, gs);
+    blocks_reference(&ur, xr, NULL, T, uw, us);
+    float *dact = dev_floats((size_t)T * F);
+    cuda_gemm_blocks(dact, F, dxb, dg, du, NULL, T, F, cols, 0, NULL);
+    float *act = from_dev(dact, (size_t)T * F);
+    double worst = 0.0;
+    for (int i = 0; i < T * F; i++) {
+        double sv = gw[i] / (1.0 + exp(-gw[i])), want = sv * uw[i];
+        double bound = tol * (fabs(sv) * us[i] + fabs(uw[i]) * 1.1 * gs[i]) + 1e-30, err = fabs(act[i] - want) / bound;
+        if (!(err <= worst)) worst = err;
+    }
+    CHECK(worst <= 1.0, "gate/up (q4_k, iq4_xs) swiglu T=%d: %g of the bound", T, worst);
+    free(x), free(xr), free(gw), free(uw), free(gs), free(us), free(act), free(gr.f), free(ur.f);
+    cudaFree(dxb), cudaFree(dact), cudaFree((void *)dg.p), cudaFree((void *)du.p);
+    free_blocks(&g), free_blocks(&u);
 }
 
 #endif

@@ -890,6 +890,44 @@ static void device_weights_near_stored(const polar_model *q, const polar_program
     polar_session_free(s);
 }
 
+/* A prefill over blocks by the fused kernel (the default) and by
+ * POLAR_CUDA_BLOCKS_GEMM=chunked (rows dequantized to bf16 for cuBLASLt,
+ * the 2026-11-27 H200 run's path): the same rounded weights and inputs, so
+ * logits within f32 summation order; an unknown value fails the session
+ * with the variable named. */
+static void blocks_gemm_paths(polar_model *q, const char *name) {
+    polar_error err;
+    polar_program p;
+    CHECK_OK(polar_program_base(q->arch.n_layers, &p, &err));
+    polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+    int toks[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5}, V = q->arch.vocab;
+    float *out[2] = {malloc((size_t)9 * V * 4), malloc((size_t)9 * V * 4)};
+    static const char *paths[2] = {"fused", "chunked"};
+    polar_device_memory dm[2] = {{0}};
+    for (int i = 0; i < 2; i++) {
+        setenv("POLAR_CUDA_BLOCKS_GEMM", paths[i], 1);
+        polar_session *s = NULL;
+        CHECK_OK(polar_session_create(q, &p, &o, &s, &err));
+        if (s) CHECK_OK(polar_prefill(s, toks, 9, out[i], &err));
+        if (s) CHECK_OK(polar_session_device_memory(s, &dm[i], &err));
+        polar_session_free(s);
+    }
+    double cosine, rel;
+    float d = max_abs_diff(out[1], out[0], (size_t)9 * V, &cosine, &rel);
+    /* the emulation sums a WMMA tile and a cuBLASLt product alike (f32, k ascending): the same bits there */
+    CHECK(rel < 1e-5, "%s: the fused blocks GEMM against the chunked one: relative L2 %g, max %g", name, rel, d);
+    CHECK(dm[1].workspaces > dm[0].workspaces, "%s: chunked: no dequantization workspace (%zu bytes, fused %zu)", name,
+          dm[1].workspaces, dm[0].workspaces);
+    setenv("POLAR_CUDA_BLOCKS_GEMM", "tiled", 1);
+    polar_session *s = NULL;
+    CHECK(polar_session_create(q, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_BLOCKS_GEMM=tiled"),
+          "POLAR_CUDA_BLOCKS_GEMM=tiled: not refused (%s)", err.msg);
+    polar_session_free(s);
+    unsetenv("POLAR_CUDA_BLOCKS_GEMM");
+    free(out[0]), free(out[1]);
+    polar_program_free(&p);
+}
+
 static void model_gguf_blocks(void) {
     static const char *archs[] = {"llama", "qwen2_moe"};
     static const struct {
@@ -929,6 +967,7 @@ static void model_gguf_blocks(void) {
                               cpu_wtype_name(w->layers[l].t_exp_gate), cpu_wtype_name(w->layers[l].t_exp_down));
                 gpu_vs_cpu_on_blocks(q, name, GEMV_PROMPT_TOKENS, 8); /* the prompt through the GEMVs too */
                 gpu_vs_cpu_on_blocks(q, name, 7, 8);
+                if (files[f].file == GGUF_K_FILE) blocks_gemm_paths(q, name);
                 if (!quick) gpu_vs_cpu_on_blocks(q, name, 40, 8);
                 { /* polar bench's bytes a step reads: the blocks, as on the CPU */
                     polar_program bp;
@@ -1013,6 +1052,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_blocks_fused);
     RUN_IF(kernel_blocks_rows);
     RUN_IF(kernel_blocks_experts);
+    RUN_IF(kernel_blocks_gemm);
     RUN_IF(model_golden);
     RUN_IF(model_long_prompt);
     RUN_IF(model_preset);

@@ -9,6 +9,7 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include "blocks.cuh"
 #include "common.cuh"
 #include "ops.h"
 
@@ -216,6 +217,15 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
 // registers, each thread issuing its 16-byte loads of the next tile before
 // the tensor cores work on this one (16 KB in flight per block), in 128-byte
 // row pieces.
+//
+// Weights kept as GGUF blocks (cuda_wmat: a dense matrix as one expert, or
+// a GGUF's expert stacks, gate and up apart) cross to shared memory as
+// bf16, each thread unpacking two 32-weight units of a tile row
+// (unit_weights) where the bf16 rows are copied: the rounding of the
+// chunked dequantization for cuBLASLt, without its round trip through
+// device memory. Without groups (a dense matrix) blockIdx.y is a tile of
+// EG_SLOTS tokens instead of an expert, and the outputs go to y's rows ldy
+// apart, plus a bias and the old y when asked.
 
 #define EG_TILE_ROWS 128
 #define EG_SLOTS 32
@@ -226,6 +236,19 @@ extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w,
 #define EG_W_LOADS (EG_TILE_ROWS * EG_PIECES / EG_THREADS) // 8 a thread
 #define EG_X_LOADS (EG_SLOTS * EG_PIECES / EG_THREADS)     // 2 a thread
 #define EG_ROW_STEP (EG_THREADS / EG_PIECES)               // tile rows between a thread's pieces
+
+static_assert(EG_TILE_ROWS == EG_THREADS && EG_KT == 64, "blocks: a thread unpacks the two 32-weight units of one tile row");
+
+// What an expert GEMM multiplies: bf16 weights w ([E, rows, cols]), or
+// blocks (gate: [E * rows, cols] rows; with swiglu gate and up, each
+// [E * rows / 2, cols]); y[slot * ldy + row] (+= when accumulate) + bias.
+struct eg_args {
+    float *y;
+    const bf16_bits *xb, *w, *bias;
+    cuda_wmat gate, up;
+    const int *groups; // NULL: a dense matrix over T tokens
+    int E, k, rows, cols, x_per_slot, T, ldy, accumulate;
+};
 
 // Tile row tr -> the weight row it holds, or -1 past the outputs.
 template <bool SWIGLU> static __device__ __forceinline__ int eg_weight_row(int tr, int r_first, int out_rows) {
@@ -239,17 +262,38 @@ static __device__ __forceinline__ uint4 eg_piece(const bf16_bits *src, int c, in
     return src && c < cols ? *(const uint4 *)(src + c) : make_uint4(0, 0, 0, 0);
 }
 
-template <bool SWIGLU>
-__global__ void __launch_bounds__(EG_THREADS)
-    expert_gemm_kernel(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int E, int k, int rows,
-                       int cols, int x_per_slot) {
+// Tile row tr's kt columns from k0 (kt 32 or 64) unpacked from its blocks
+// into ws as bf16 (zeros for a missing row).
+static __device__ __forceinline__ void eg_unpack_row(__nv_bfloat16 *ws, int tr, const uint8_t *row, int type, int k0,
+                                                     int kt) {
+    uint4 *dst = (uint4 *)(ws + tr * EG_LD);
+    for (int u = 0; u < kt / 32; u++) {
+        float v[32];
+        if (row) unit_weights(type, row, k0 / 32 + u, v);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            unsigned pair[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int c = 8 * q + 2 * i;
+                pair[i] = row ? (unsigned)to_bf(v[c]) | (unsigned)to_bf(v[c + 1]) << 16 : 0u;
+            }
+            dst[4 * u + q] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+        }
+    }
+}
+
+template <bool SWIGLU, bool BLOCKS>
+__global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(eg_args a) {
     await_previous_kernel();
     using namespace nvcuda;
-    if ((int)blockIdx.y >= groups[0]) return;
+    const bool dense = a.groups == NULL;
+    if (dense ? (int)blockIdx.y * EG_SLOTS >= a.T : (int)blockIdx.y >= a.groups[0]) return;
     // ws: the weight tile [EG_TILE_ROWS, EG_LD]; after a pass's last tile,
     // each warp's outputs [4][16 x 16] floats (16 KB of its 18 KB)
     __shared__ __align__(32) __nv_bfloat16 ws[EG_TILE_ROWS * EG_LD];
     __shared__ __align__(32) __nv_bfloat16 xs[EG_SLOTS * EG_LD]; // the pass's slots' inputs, a row each
+    const int rows = a.rows, cols = a.cols, k = a.k, E = a.E;
     const int out_rows = SWIGLU ? rows / 2 : rows, block_rows = SWIGLU ? EG_TILE_ROWS / 2 : EG_TILE_ROWS;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, r_first = blockIdx.x * block_rows;
     const int piece = threadIdx.x % EG_PIECES * 8, row0 = threadIdx.x / EG_PIECES;
@@ -258,21 +302,33 @@ __global__ void __launch_bounds__(EG_THREADS)
     // fragment f's output rows start at out_first + 16 f
     const int frag_tr = SWIGLU ? warp * 16 : warp * 32, frag_step = SWIGLU ? EG_TILE_ROWS / 2 : 16;
     const int out_first = r_first + frag_tr;
-    int e = groups[1 + blockIdx.y], begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
-    const int *slots = groups + 2 + 2 * E;
-    const bf16_bits *we = w + (size_t)e * rows * cols, *wrow[EG_W_LOADS];
+    int e = 0, begin = blockIdx.y * EG_SLOTS, end = begin + EG_SLOTS < a.T ? begin + EG_SLOTS : a.T;
+    if (!dense) e = a.groups[1 + blockIdx.y], begin = a.groups[1 + E + blockIdx.y], end = a.groups[2 + E + blockIdx.y];
+    const int *slots = dense ? NULL : a.groups + 2 + 2 * E;
+    const bf16_bits *wrow[EG_W_LOADS];
+    const uint8_t *brow = NULL; // BLOCKS: tile row threadIdx.x's blocks
+    int btype = 0;
+    if (BLOCKS) {
+        int r = eg_weight_row<SWIGLU>(threadIdx.x, r_first, out_rows);
+        const cuda_wmat &m = SWIGLU && r >= out_rows ? a.up : a.gate;
+        if (r >= 0)
+            brow = (const uint8_t *)m.p + ((size_t)e * out_rows + (r >= out_rows ? r - out_rows : r)) * m.row_bytes;
+        btype = m.type;
+    } else {
+        const bf16_bits *we = a.w + (size_t)e * rows * cols;
 #pragma unroll
-    for (int j = 0; j < EG_W_LOADS; j++) {
-        int r = eg_weight_row<SWIGLU>(row0 + j * EG_ROW_STEP, r_first, out_rows);
-        wrow[j] = r < 0 ? NULL : we + (size_t)r * cols;
+        for (int j = 0; j < EG_W_LOADS; j++) {
+            int r = eg_weight_row<SWIGLU>(row0 + j * EG_ROW_STEP, r_first, out_rows);
+            wrow[j] = r < 0 ? NULL : we + (size_t)r * cols;
+        }
     }
     for (int b = begin; b < end; b += EG_SLOTS) {
         int n = end - b < EG_SLOTS ? end - b : EG_SLOTS;
         const bf16_bits *xrow[EG_X_LOADS];
 #pragma unroll
         for (int j = 0; j < EG_X_LOADS; j++) {
-            int jj = row0 + j * EG_ROW_STEP, s = jj < n ? slots[b + jj] : 0;
-            xrow[j] = jj < n ? xb + (size_t)(x_per_slot ? s : s / k) * cols : NULL; // slots past n: zeros
+            int jj = row0 + j * EG_ROW_STEP, s = jj < n ? (dense ? b + jj : slots[b + jj]) : 0;
+            xrow[j] = jj < n ? a.xb + (size_t)(a.x_per_slot || dense ? s : s / k) * cols : NULL; // past n: zeros
         }
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][EG_SLOTS / 16]; // [row frag][slot frag]
 #pragma unroll
@@ -281,20 +337,26 @@ __global__ void __launch_bounds__(EG_THREADS)
             for (int g = 0; g < EG_SLOTS / 16; g++) wmma::fill_fragment(acc[f][g], 0.0f);
         uint4 wv[EG_W_LOADS], xv[EG_X_LOADS];
 #pragma unroll
-        for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], piece, cols);
+        for (int j = 0; j < EG_W_LOADS; j++) wv[j] = BLOCKS ? make_uint4(0, 0, 0, 0) : eg_piece(wrow[j], piece, cols);
 #pragma unroll
         for (int j = 0; j < EG_X_LOADS; j++) xv[j] = eg_piece(xrow[j], piece, cols);
         for (int k0 = 0; k0 < cols; k0 += EG_KT) {
-            int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT; // a multiple of 16 (cols % 16 == 0)
+            int kt = cols - k0 < EG_KT ? cols - k0 : EG_KT; // a multiple of 16 (cols % 16 == 0; blocks: of 32)
             __syncthreads(); // every warp is done with the previous tile (or with its outputs in ws)
+            if (BLOCKS) {
+                eg_unpack_row(ws, threadIdx.x, brow, btype, k0, kt);
+            } else {
 #pragma unroll
-            for (int j = 0; j < EG_W_LOADS; j++) *(uint4 *)(ws + (row0 + j * EG_ROW_STEP) * EG_LD + piece) = wv[j];
+                for (int j = 0; j < EG_W_LOADS; j++) *(uint4 *)(ws + (row0 + j * EG_ROW_STEP) * EG_LD + piece) = wv[j];
+            }
 #pragma unroll
             for (int j = 0; j < EG_X_LOADS; j++) *(uint4 *)(xs + (row0 + j * EG_ROW_STEP) * EG_LD + piece) = xv[j];
             __syncthreads();
             if (k0 + EG_KT < cols) { // the next tile's loads, in flight while the tensor cores work
+                if (!BLOCKS) {
 #pragma unroll
-                for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], k0 + EG_KT + piece, cols);
+                    for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], k0 + EG_KT + piece, cols);
+                }
 #pragma unroll
                 for (int j = 0; j < EG_X_LOADS; j++) xv[j] = eg_piece(xrow[j], k0 + EG_KT + piece, cols);
             }
@@ -304,10 +366,10 @@ __global__ void __launch_bounds__(EG_THREADS)
                 for (int g = 0; g < EG_SLOTS / 16; g++) wmma::load_matrix_sync(xf[g], xs + g * 16 * EG_LD + kk, EG_LD);
 #pragma unroll
                 for (int f = 0; f < 2; f++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                    wmma::load_matrix_sync(a, ws + (frag_tr + f * frag_step) * EG_LD + kk, EG_LD);
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> wf;
+                    wmma::load_matrix_sync(wf, ws + (frag_tr + f * frag_step) * EG_LD + kk, EG_LD);
 #pragma unroll
-                    for (int g = 0; g < EG_SLOTS / 16; g++) wmma::mma_sync(acc[f][g], a, xf[g], acc[f][g]);
+                    for (int g = 0; g < EG_SLOTS / 16; g++) wmma::mma_sync(acc[f][g], wf, xf[g], acc[f][g]);
                 }
             }
         }
@@ -327,22 +389,46 @@ __global__ void __launch_bounds__(EG_THREADS)
             if (j >= n || row >= out_rows) continue;
             float v = cs[f * per_frag + j * 16 + r];
             if (SWIGLU) v = silu_mul(v, cs[per_frag + j * 16 + r]);
-            y[(size_t)slots[b + j] * out_rows + row] = v;
+            float *out = a.y + (size_t)(dense ? b + j : slots[b + j]) * a.ldy + row;
+            if (a.bias) v += bf(a.bias[row]);
+            *out = a.accumulate ? *out + v : v;
         }
     }
 }
 
+// The launch over groups (experts), or without them over T tokens.
+static void expert_gemm(const eg_args &a, bool swiglu, bool blocks, const cuda_queue *queue) {
+    int out_rows = swiglu ? a.rows / 2 : a.rows, block_rows = swiglu ? EG_TILE_ROWS / 2 : EG_TILE_ROWS;
+    int chosen = a.groups ? (a.T * a.k < a.E ? a.T * a.k : a.E) : (a.T + EG_SLOTS - 1) / EG_SLOTS;
+    dim3 grid((out_rows + block_rows - 1) / block_rows, chosen);
+    auto kernel = swiglu ? (blocks ? expert_gemm_kernel<true, true> : expert_gemm_kernel<true, false>)
+                         : (blocks ? expert_gemm_kernel<false, true> : expert_gemm_kernel<false, false>);
+    launch(queue, grid, EG_THREADS, 0, kernel, a);
+}
+
 extern "C" int cuda_expert_gemm(float *y, const bf16_bits *xb, const bf16_bits *w, const int *groups, int T, int k,
                                 int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue) {
-    int out_rows = swiglu ? rows / 2 : rows, block_rows = swiglu ? EG_TILE_ROWS / 2 : EG_TILE_ROWS;
+    int out_rows = swiglu ? rows / 2 : rows;
     if (cols % 16 || out_rows % 16) return 0; // whole 16 x 16 tiles only
-    int chosen = T * k < E ? T * k : E;
-    dim3 grid((out_rows + block_rows - 1) / block_rows, chosen);
-    if (swiglu)
-        launch(queue, grid, EG_THREADS, 0, expert_gemm_kernel<true>, y, xb, w, groups, E, k, rows, cols, x_per_slot);
-    else
-        launch(queue, grid, EG_THREADS, 0, expert_gemm_kernel<false>, y, xb, w, groups, E, k, rows, cols, x_per_slot);
+    eg_args a = {y, xb, w, NULL, {}, {}, groups, E, k, rows, cols, x_per_slot, T, out_rows, 0};
+    expert_gemm(a, swiglu, false, queue);
     return 1;
+}
+
+extern "C" void cuda_expert_gemm_blocks(float *y, const bf16_bits *xb, cuda_wmat gate, cuda_wmat up,
+                                        const int *groups, int T, int k, int E, int rows, int cols, int x_per_slot,
+                                        const cuda_queue *queue) {
+    int swiglu = up.p != NULL;
+    eg_args a = {y, xb, NULL, NULL, gate, up, groups, E, k, swiglu ? 2 * rows : rows, cols, x_per_slot, T, rows, 0};
+    expert_gemm(a, swiglu, true, queue);
+}
+
+extern "C" void cuda_gemm_blocks(float *y, int ldy, const bf16_bits *xb, cuda_wmat gate, cuda_wmat up,
+                                 const bf16_bits *bias, int T, int rows, int cols, int accumulate,
+                                 const cuda_queue *queue) {
+    int swiglu = up.p != NULL;
+    eg_args a = {y, xb, NULL, bias, gate, up, NULL, 1, 1, swiglu ? 2 * rows : rows, cols, 1, T, ldy, accumulate};
+    expert_gemm(a, swiglu, true, queue);
 }
 
 // -------------------------------------------------------------------- combine

@@ -221,6 +221,17 @@ void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16_bits *norm
  * cols a multiple of 32. */
 void cuda_expert_matmul_blocks(float *y, const float *x, cuda_wmat gate, cuda_wmat up, const int *groups, int T, int k,
                                int E, int rows, int cols, int x_per_slot, const cuda_queue *queue);
+/* cuda_expert_gemm over routed experts kept as blocks (rows and up as for
+ * cuda_expert_matmul_blocks; cols a multiple of 32): the blocks unpacked
+ * to bf16 in shared memory, the tensor cores on them. */
+void cuda_expert_gemm_blocks(float *y, const bf16_bits *xb, cuda_wmat gate, cuda_wmat up, const int *groups, int T,
+                             int k, int E, int rows, int cols, int x_per_slot, const cuda_queue *queue);
+/* The same over T tokens for one matrix of blocks (cols a multiple of 32):
+ * y[t, r] (+= when accumulate) = xb_t . gate_r (+ bias[r]), y's rows ldy
+ * floats apart; with up.p not NULL y[t, r] = silu(xb_t . gate_r) *
+ * (xb_t . up_r), no bias. */
+void cuda_gemm_blocks(float *y, int ldy, const bf16_bits *xb, cuda_wmat gate, cuda_wmat up, const bf16_bits *bias,
+                      int T, int rows, int cols, int accumulate, const cuda_queue *queue);
 /* out[n, cols] = rows r0..r0+n-1 of w, dequantized and rounded to bf16 (a
  * prefill GEMM's weights, a chunk at a time). */
 void cuda_dequantize_rows(bf16_bits *out, cuda_wmat w, int r0, int n, int cols, const cuda_queue *queue);
