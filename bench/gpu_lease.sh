@@ -73,18 +73,21 @@ grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 # Issue 43: a GGUF's blocks kept on the GPU against the same file uploaded
 # as bf16 (POLAR_CUDA_BLOCKS=0), alternated: an 8-layer Llama-3.2-1B-shaped
 # Q4_K_M (tied Q6_K head), decode at ctx 128 and a 512-token prefill. Blocks
-# twice: Q4_K/Q5_K/Q6_K by dp4a on quantized inputs (q8=1, the default since
+# twice: every kept type by dp4a on quantized inputs (q8=1, the default since
 # 2026-11-27, after the H200 run) and unpacked to f32 as on 2026-11-27
-# (POLAR_CUDA_BLOCKS_Q8=0, there 2.9x slower than bf16). The prefetch and
+# (POLAR_CUDA_BLOCKS_Q8=0, there 2.9x slower than bf16); the prefill by the
+# fused WMMA tiles (the default since) and by the chunked dequantization for
+# cuBLASLt of that run (POLAR_CUDA_BLOCKS_GEMM=chunked). The prefetch and
 # fused-merge switches were measured then (slower: docs/cuda.md).
 step blocks 150 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
     ./build-cuda/tests/mkgguf llama-3.2-1b /tmp/polar-q4km.gguf q4_k_m 1 8 || exit 1
-    for rep in 1 2; do for cfg in "1 1" "1 0" "0 1"; do for len in "128 --gen 32" "512 --gen 1"; do
+    for rep in 1 2; do for cfg in "1 1 fused" "1 0 fused" "0 1 fused" "1 1 chunked"; do
+        for len in "128 --gen 32" "512 --gen 1"; do
         set -- $cfg
-        POLAR_CUDA_BLOCKS=$1 POLAR_CUDA_BLOCKS_Q8=$2 ./build-cuda/polar bench --device cuda --json \
-            --model /tmp/polar-q4km.gguf --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$1,\"q8\":$2,\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
-            >>"$OUTFILE"
+        POLAR_CUDA_BLOCKS=$1 POLAR_CUDA_BLOCKS_Q8=$2 POLAR_CUDA_BLOCKS_GEMM=$3 ./build-cuda/polar bench --device cuda \
+            --json --model /tmp/polar-q4km.gguf --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$1,\"q8\":$2,\"gemm\":\"$3\",\"result\":/; s/\$/}/" \
+            /tmp/polar-blocks.json >>"$OUTFILE"
     done; done; done'
 
 # The routed experts kept as blocks (since 2026-11-27, emulation only): a
@@ -94,7 +97,7 @@ step blocks_moe 90 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
     for rep in 1 2; do for b in 1 0; do
         POLAR_CUDA_BLOCKS=$b ./build-cuda/polar bench --device cuda --json --model /tmp/polar-moe-q4km.gguf \
             --prompt-len 128 --gen 16 --reps 2 >/tmp/polar-blocks.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"q8\":1,\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"q8\":1,\"gemm\":\"fused\",\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
             >>"$OUTFILE"
     done; done'
 
@@ -126,8 +129,8 @@ step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-
     kernel_blocks_matmul kernel_blocks_fused kernel_blocks_experts
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
-grep -o '"blocks":[0-9]\|"q8":[0-9]\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
-    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - | sed 's/^/  blocks: /'
+grep -o '"blocks":[0-9]\|"q8":[0-9]\|"gemm":"[a-z]*"\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - - | sed 's/^/  blocks: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"
