@@ -110,13 +110,14 @@ typedef struct {
     polar_device_memory memory;
 } bench_setup;
 
-/* The device memory the session holds, in GB, and its weights against the
- * model's own: near 1 when a GGUF's blocks stay blocks. */
+/* The device memory the session holds, in MB, and its weights against the
+ * model's own: near 1 when a GGUF's blocks stay blocks (under tensor
+ * parallel the first GPU's share against the whole model). */
 static void report_memory(const bench_setup *u, int json) {
     const polar_device_memory *m = &u->memory;
     if (json && !u->has_memory) {
         printf(",\"device_weight_bytes\":null,\"device_kv_bytes\":null,\"device_workspace_bytes\":null,"
-               "\"stored_weight_bytes\":%zu", u->stored_bytes);
+               "\"stored_weight_bytes\":%zu,\"device_weights_vs_stored\":null", u->stored_bytes);
     } else if (json) {
         printf(",\"device_weight_bytes\":%zu,\"device_kv_bytes\":%zu,\"device_workspace_bytes\":%zu,"
                "\"stored_weight_bytes\":%zu,\"device_weights_vs_stored\":%.4f",

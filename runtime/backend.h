@@ -44,10 +44,19 @@ void cuda_weights_free(void *weights);
  * (2026-11-27) an 8-layer 1B-shaped Q4_K_M decoded in 1.83 ms a token from
  * its blocks and 0.63 ms from the bf16 upload, prefill 512 in 9.6 ms
  * against 3.0 (the block GEMVs then unpacked every weight to f32; since,
- * Q4_K, Q5_K and Q6_K go by dp4a, not yet timed on a GPU). */
+ * every kept type goes by dp4a, not yet timed on a GPU). */
 static inline int cuda_keeps_blocks(void) {
     const char *v = getenv("POLAR_CUDA_BLOCKS");
     return v && v[0] == '1' && !v[1];
+}
+
+/* Whether the CUDA upload keeps layer w's routed experts as the GGUF's
+ * three stacks (cuda_keeps_blocks, one of them of a block type, rows of a
+ * multiple of 32 weights as the block kernels take them); else they go up
+ * as bf16 for the bf16 expert kernels. */
+static inline int cuda_keeps_expert_blocks(const polar_arch *a, const layer_weights *w) {
+    int blocks = w->t_exp_gate != CPU_W_BF16 || w->t_exp_up != CPU_W_BF16 || w->t_exp_down != CPU_W_BF16;
+    return w->exp_gate && blocks && a->hidden % 32 == 0 && a->moe_ffn % 32 == 0 && cuda_keeps_blocks();
 }
 
 /* GB/s of a device-to-device copy of bytes (read + written), best of 5. */

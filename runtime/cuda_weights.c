@@ -156,7 +156,7 @@ static int upload_layer(cuda_weights *c, const polar_model *m, int l, const tp_s
         size_t E = (size_t)a->n_experts, MF = (size_t)a->moe_ffn, S = (size_t)a->shared_ffn;
         size_t e0 = (size_t)s->e0, ne = (size_t)s->n_experts, s0 = (size_t)s->s0, ns = (size_t)s->shared_ffn;
         /* a GGUF's expert stacks stay blocks (POLAR_CUDA_BLOCKS=1): the rank's experts' rows of each */
-        int keep = w->exp_gate && cuda_keeps_blocks();
+        int keep = cuda_keeps_expert_blocks(a, w);
         ok = upload(c, &d->router, w->router, E * H) &&
              (keep ? upload_part(c, &d->exp_gate, &d->t_exp_gate, w->exp_gate, w->t_exp_gate, H, e0 * MF, ne * MF, 0, H) &&
                          upload_part(c, &d->exp_up, &d->t_exp_up, w->exp_up, w->t_exp_up, H, e0 * MF, ne * MF, 0, H)

@@ -133,8 +133,9 @@ double polar_decode_bytes(const polar_model *m, const polar_program *p, int ctx,
         const layer_weights *w = &m->layers[l];
         if (!polar_arch_layer_is_moe(a, l)) continue;
         size_t H = (size_t)a->hidden, F = (size_t)a->moe_ffn;
-        cpu_wtype tg = blocks ? w->t_exp_gate : CPU_W_BF16, tu = blocks ? w->t_exp_up : CPU_W_BF16,
-                  td = blocks ? w->t_exp_down : CPU_W_BF16;
+        int kept = cpu || cuda_keeps_expert_blocks(a, w);
+        cpu_wtype tg = kept ? w->t_exp_gate : CPU_W_BF16, tu = kept ? w->t_exp_up : CPU_W_BF16,
+                  td = kept ? w->t_exp_down : CPU_W_BF16;
         double one = (double)F * (double)(cpu_wtype_row_bytes(tg, H) + cpu_wtype_row_bytes(tu, H)) +
                      (double)H * (double)cpu_wtype_row_bytes(td, F);
         layer[l] += a->top_k * one - a->n_experts * 3.0 * (double)F * (double)H * sizeof(bf16);

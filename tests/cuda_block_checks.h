@@ -100,6 +100,13 @@ static double blocks_error(const float *got, int ld, const double *want, const d
     return e;
 }
 
+/* |got - silu(g) u| over its bound: g's and u's errors, each within tol of
+ * its scale (sg, su: sum |w x|), carried through silu(g) u; 1 at the bound. */
+static double swiglu_error(float got, double g, double u, double sg, double su, double tol) {
+    double sv = g / (1.0 + exp(-g));
+    return fabs(got - sv * u) / (tol * (fabs(sv) * su + fabs(u) * 1.1 * sg) + 1e-30);
+}
+
 /* y = x W^T + bias through cuda_matmul_blocks into a y of ld > rows
  * columns (the extra ones must stay as they were), then accumulated once
  * more; returns the larger error. */
@@ -251,9 +258,7 @@ static void kernel_blocks_fused(void) {
                 float *got = from_dev(dact, (size_t)T * F);
                 double worst = 0.0;
                 for (int i = 0; i < T * F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
-                    double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
-                    double bound = 1e-5 * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
-                    double e = fabs(got[i] - want) / bound;
+                    double e = swiglu_error(got[i], g[i], u[i], sg[i], su[i], 1e-5);
                     if (!(e <= worst)) worst = e;
                 }
                 CHECK(worst <= 1.0, "gate/up (%s, %s) swiglu T=%d normed %d: %g of the bound", cpu_wtype_name(hg->t),
@@ -357,9 +362,7 @@ static void experts_gemm(const host_blocks *gate, const host_blocks *up, const h
         blocks_reference(&ge, xr + (size_t)(s / k) * H, NULL, 1, g, sg);
         blocks_reference(&ue, xr + (size_t)(s / k) * H, NULL, 1, u, su);
         for (int i = 0; i < F; i++) {
-            double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
-            double bound = tol * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
-            double err = fabs(act[(size_t)s * F + i] - want) / bound;
+            double err = swiglu_error(act[(size_t)s * F + i], g[i], u[i], sg[i], su[i], tol);
             if (!(err <= worst)) worst = err;
         }
         blocks_reference(&de, ar + (size_t)s * F, NULL, 1, yw, ys);
@@ -419,10 +422,8 @@ static void kernel_blocks_experts(void) {
                 const float *xt = (xq ? xq : x) + (size_t)(s / k) * H;
                 blocks_reference(&ge, xt, NULL, 1, g, sg);
                 blocks_reference(&ue, xt, NULL, 1, u, su);
-                for (int i = 0; i < F; i++) { /* silu(g) u: its error from g's and u's, each within its scale */
-                    double sv = g[i] / (1.0 + exp(-g[i])), want = sv * u[i];
-                    double bound = 1e-5 * (fabs(sv) * su[i] + fabs(u[i]) * 1.1 * sg[i]) + 1e-30;
-                    double err = fabs(act[(size_t)s * F + i] - want) / bound;
+                for (int i = 0; i < F; i++) {
+                    double err = swiglu_error(act[(size_t)s * F + i], g[i], u[i], sg[i], su[i], 1e-5);
                     if (!(err <= worst)) worst = err;
                 }
                 blocks_reference(&de, (aq ? aq : act) + (size_t)s * F, NULL, 1, yw, ys);
@@ -504,8 +505,7 @@ static void kernel_blocks_gemm(void) {
     float *act = from_dev(dact, (size_t)T * F);
     double worst = 0.0;
     for (int i = 0; i < T * F; i++) {
-        double sv = gw[i] / (1.0 + exp(-gw[i])), want = sv * uw[i];
-        double bound = tol * (fabs(sv) * us[i] + fabs(uw[i]) * 1.1 * gs[i]) + 1e-30, err = fabs(act[i] - want) / bound;
+        double err = swiglu_error(act[i], gw[i], uw[i], gs[i], us[i], tol);
         if (!(err <= worst)) worst = err;
     }
     CHECK(worst <= 1.0, "gate/up (q4_k, iq4_xs) swiglu T=%d: %g of the bound", T, worst);

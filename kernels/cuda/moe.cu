@@ -335,9 +335,11 @@ __global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(eg_args a) {
         for (int f = 0; f < 2; f++)
 #pragma unroll
             for (int g = 0; g < EG_SLOTS / 16; g++) wmma::fill_fragment(acc[f][g], 0.0f);
-        uint4 wv[EG_W_LOADS], xv[EG_X_LOADS];
+        uint4 wv[EG_W_LOADS], xv[EG_X_LOADS]; // wv: bf16 weights only
+        if (!BLOCKS) {
 #pragma unroll
-        for (int j = 0; j < EG_W_LOADS; j++) wv[j] = BLOCKS ? make_uint4(0, 0, 0, 0) : eg_piece(wrow[j], piece, cols);
+            for (int j = 0; j < EG_W_LOADS; j++) wv[j] = eg_piece(wrow[j], piece, cols);
+        }
 #pragma unroll
         for (int j = 0; j < EG_X_LOADS; j++) xv[j] = eg_piece(xrow[j], piece, cols);
         for (int k0 = 0; k0 < cols; k0 += EG_KT) {

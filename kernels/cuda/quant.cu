@@ -1,11 +1,13 @@
 // Kernels over GGUF blocks kept quantized in device memory (ops.h,
 // cuda_wmat): the decode GEMVs (alone, q/k/v in one launch, gate/up with
 // the SwiGLU epilogue, each with the RMSNorm on the fly as the bf16 ones
-// have it), rows dequantized to bf16 for the prefill GEMMs, and embedding
-// rows. Each reads a matrix's bytes once per pass of up to 8 tokens and
-// unpacks 32 weights at a time into registers (blocks.cuh); f32 products
-// and sums as the CPU's dequantized reference. tests/cuda_block_checks.h
-// checks them against it.
+// have it; the routed experts' per chosen expert), rows dequantized to bf16
+// for the chunked prefill GEMMs (POLAR_CUDA_BLOCKS_GEMM=chunked; the fused
+// prefill tiles are moe.cu's), and embedding rows. Each GEMV reads a
+// matrix's bytes once per pass of up to 8 tokens: by dp4a on the pass's
+// inputs quantized into shared memory (q8.cuh), or unpacking 32 weights at
+// a time into registers for f32 products (blocks.cuh).
+// tests/cuda_block_checks.h checks them against the CPU's dequantized rows.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
