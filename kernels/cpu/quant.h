@@ -55,7 +55,14 @@ const char *cpu_wtype_name(cpu_wtype t);
  * 256-blocks are laid out as one), whether its weights carry an offset
  * (w = a q + m: Q4_1, Q5_1, Q4_K, Q5_K), whether its unpacked weights are
  * signed bytes with no zero point (Q8_0's bytes, IQ4's levels). */
-static inline size_t cpu_kept_block_bytes(cpu_wtype t) {
+/* CPU_HOST_DEVICE: the facts below are also device functions where CUDA
+ * code includes this header (kernels/cuda/blocks.cuh). */
+#ifdef __CUDACC__
+#define CPU_HOST_DEVICE __host__ __device__
+#else
+#define CPU_HOST_DEVICE
+#endif
+static inline CPU_HOST_DEVICE size_t cpu_kept_block_bytes(cpu_wtype t) {
     switch (t) {
     case CPU_W_Q8_0: return 34;
     case CPU_W_Q4_0:

@@ -34,23 +34,6 @@ static __device__ __forceinline__ unsigned byte_of(uint4 v, int i) {
     return (word >> (8 * (i % 4))) & 0xFFu;
 }
 
-// Bytes of one block of a row-major kept type (cpu_kept_block_bytes, where
-// device code can call it).
-static __device__ __forceinline__ int kept_block_bytes(int t) {
-    switch (t) {
-    case CPU_W_Q8_0: return 34;
-    case CPU_W_Q4_0:
-    case CPU_W_IQ4_NL: return 18;
-    case CPU_W_Q4_1: return 20;
-    case CPU_W_Q5_0: return 22;
-    case CPU_W_Q5_1: return 24;
-    case CPU_W_Q4_K: return 144;
-    case CPU_W_Q5_K: return 176;
-    case CPU_W_Q6_K: return 210;
-    default: return 136; // IQ4_XS
-    }
-}
-
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min from a block's first 16
 // bytes (d, dmin, then the 12 packed scale bytes).
 static __device__ __forceinline__ void k4_scale_min(uint4 head, int j, int *sc, int *mn) {
@@ -69,7 +52,7 @@ static __device__ __forceinline__ void k4_scale_min(uint4 head, int j, int *sc, 
 // cudaMalloc'd base stay 16-byte aligned).
 static __device__ __forceinline__ bool is_k4(int t) { return t == CPU_W_Q4_K || t == CPU_W_Q5_K; }
 static __device__ __forceinline__ const uint8_t *k4_block(int t, const uint8_t *row, int i) {
-    return row + (size_t)kept_block_bytes(t) * i;
+    return row + cpu_kept_block_bytes((cpu_wtype)t) * i;
 }
 
 // w[0..31] = weights 32k..32k+31 of a row of type t (CPU_W_BF16 or a
@@ -82,14 +65,14 @@ static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, i
         return;
     }
     if (t == CPU_W_Q8_0) {
-        const uint8_t *b = row + (size_t)kept_block_bytes(t) * k;
+        const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)t) * k;
         float d = f16_at(b);
 #pragma unroll
         for (int i = 0; i < 32; i++) w[i] = d * (float)(int8_t)b[2 + i];
         return;
     }
     if (t == CPU_W_Q4_0 || t == CPU_W_Q4_1 || t == CPU_W_Q5_0 || t == CPU_W_Q5_1 || t == CPU_W_IQ4_NL) {
-        const uint8_t *b = row + (size_t)kept_block_bytes(t) * k;
+        const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)t) * k;
         float d = f16_at(b), m = t == CPU_W_Q4_1 || t == CPU_W_Q5_1 ? -f16_at(b + 2) : 0.0f;
         if (t == CPU_W_IQ4_NL) {
 #pragma unroll
@@ -128,7 +111,7 @@ static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, i
         return;
     }
     if (t == CPU_W_Q6_K) {
-        const uint8_t *b = row + (size_t)kept_block_bytes(t) * (k / 8);
+        const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)t) * (k / 8);
         int h = j / 4, part = j % 4;
         const uint8_t *ql = b + 64 * h + (part & 1) * 32, *qh = b + 128 + 32 * h;
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * part;
@@ -141,7 +124,7 @@ static __device__ __forceinline__ void unit_weights(int t, const uint8_t *row, i
         return;
     }
     // IQ4_XS: d, the scales' high bits (2 bytes), their low nibbles (4), 8 x 16 bytes of codes
-    const uint8_t *b = row + (size_t)kept_block_bytes(t) * (k / 8);
+    const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)t) * (k / 8);
     int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, high = (((unsigned)b[2] | (unsigned)b[3] << 8) >> (2 * j)) & 3;
     float a = f16_at(b) * (float)((low | high << 4) - 32);
     const uint8_t *qs = b + 8 + 16 * j;

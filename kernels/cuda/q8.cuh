@@ -91,7 +91,7 @@ static __device__ __forceinline__ unsigned bits_to_bytes(unsigned four) { return
 static __device__ __forceinline__ void q32_q8_block(float *acc, int type, const uint8_t *row, int k, q8_rows x, int n,
                                                     int cols) {
     const bool offset = type == CPU_W_Q4_1 || type == CPU_W_Q5_1, five = type == CPU_W_Q5_0 || type == CPU_W_Q5_1;
-    const uint8_t *b = row + (size_t)kept_block_bytes(type) * k;
+    const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)type) * k;
     const uint16_t *h = (const uint16_t *)b; // every field 2-byte aligned
     float d = f16_bits(h[0]), m = offset ? f16_bits(h[1]) : 0.0f;
     int z = type == CPU_W_Q4_0 ? 8 : type == CPU_W_Q5_0 ? 16 : 0, wq[8]; // weights 4i..4i+3, unsigned but Q8_0's
@@ -159,13 +159,13 @@ static __device__ __forceinline__ void iq4_q8_block(float *acc, int type, const 
     unsigned words[4];
     float a;
     if (type == CPU_W_IQ4_NL) {
-        const uint8_t *b = row + (size_t)kept_block_bytes(type) * k;
+        const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)type) * k;
         uint4 q = load16_at2(b + 2);
 #pragma unroll
         for (int i = 0; i < 4; i++) words[i] = word_of(q, i);
         a = f16_bits(*(const uint16_t *)b);
     } else { // d, the scales' high bits (2 bytes), their low nibbles (4), 8 x 16 bytes of codes: 8-byte aligned
-        const uint8_t *b = row + (size_t)kept_block_bytes(type) * (k / 8);
+        const uint8_t *b = row + cpu_kept_block_bytes((cpu_wtype)type) * (k / 8);
         const int j = k % 8;
         uint2 q0 = *(const uint2 *)(b + 8 + 16 * j), q1 = *(const uint2 *)(b + 16 + 16 * j);
         words[0] = q0.x, words[1] = q0.y, words[2] = q1.x, words[3] = q1.y;
@@ -187,7 +187,7 @@ static __device__ __forceinline__ void iq4_q8_block(float *acc, int type, const 
 static __device__ __forceinline__ void q6k_q8_unit(float *acc, const uint8_t *row, int P, q8_rows x, int n,
                                                    int cols) {
     const int nb = cols / 32, h = P / 2 % 2, g = P % 2;
-    const uint8_t *b = row + (size_t)kept_block_bytes(CPU_W_Q6_K) * (P / 4);
+    const uint8_t *b = row + cpu_kept_block_bytes(CPU_W_Q6_K) * (P / 4);
     uint4 ql0 = load16_at2(b + 64 * h + 16 * g), ql1 = load16_at2(b + 64 * h + 32 + 16 * g);
     uint4 qh = load16_at2(b + 128 + 32 * h + 16 * g);
     float d = f16_bits(*(const uint16_t *)(b + 208)), a[4];
