@@ -77,16 +77,20 @@ grep -h -B3 "^FAIL" "$R"/test_cuda*.log
 # 2026-11-27, after the H200 run) and unpacked to f32 as on 2026-11-27
 # (POLAR_CUDA_BLOCKS_Q8=0, there 2.9x slower than bf16); the prefill by the
 # fused WMMA tiles (the default since) and by the chunked dequantization for
-# cuBLASLt of that run (POLAR_CUDA_BLOCKS_GEMM=chunked). The prefetch and
-# fused-merge switches were measured then (slower: docs/cuda.md).
-step blocks 150 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
+# cuBLASLt of that run (POLAR_CUDA_BLOCKS_GEMM=chunked); decode with each
+# warp's rows staged in shared memory by cp.async while the block quantizes
+# its inputs (POLAR_CUDA_BLOCKS_STAGE=1, emulation only until this run).
+# The prefetch and fused-merge switches were measured then (slower: docs/cuda.md).
+step blocks 180 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
     ./build-cuda/tests/mkgguf llama-3.2-1b /tmp/polar-q4km.gguf q4_k_m 1 8 || exit 1
-    for rep in 1 2; do for cfg in "1 1 fused" "1 0 fused" "0 1 fused" "1 1 chunked"; do
+    for rep in 1 2; do for cfg in "1 1 fused 0" "1 1 fused 1" "1 0 fused 0" "0 1 fused 0" "1 1 chunked 0"; do
         for len in "128 --gen 32" "512 --gen 1"; do
         set -- $cfg
-        POLAR_CUDA_BLOCKS=$1 POLAR_CUDA_BLOCKS_Q8=$2 POLAR_CUDA_BLOCKS_GEMM=$3 ./build-cuda/polar bench --device cuda \
-            --json --model /tmp/polar-q4km.gguf --prompt-len $len --reps 2 >/tmp/polar-blocks.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$1,\"q8\":$2,\"gemm\":\"$3\",\"result\":/; s/\$/}/" \
+        [ "$4" = 1 ] && [ "${len%% *}" = 512 ] && continue # staging is a decode GEMV matter
+        POLAR_CUDA_BLOCKS=$1 POLAR_CUDA_BLOCKS_Q8=$2 POLAR_CUDA_BLOCKS_GEMM=$3 POLAR_CUDA_BLOCKS_STAGE=$4 \
+            ./build-cuda/polar bench --device cuda --json --model /tmp/polar-q4km.gguf --prompt-len $len --reps 2 \
+            >/tmp/polar-blocks.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$1,\"q8\":$2,\"gemm\":\"$3\",\"stage\":$4,\"result\":/; s/\$/}/" \
             /tmp/polar-blocks.json >>"$OUTFILE"
     done; done; done'
 
@@ -97,7 +101,7 @@ step blocks_moe 90 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
     for rep in 1 2; do for b in 1 0; do
         POLAR_CUDA_BLOCKS=$b ./build-cuda/polar bench --device cuda --json --model /tmp/polar-moe-q4km.gguf \
             --prompt-len 128 --gen 16 --reps 2 >/tmp/polar-blocks.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"q8\":1,\"gemm\":\"fused\",\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
+        sed "s/^/{\"commit\":\"$COMMIT\",\"blocks\":$b,\"q8\":1,\"gemm\":\"fused\",\"stage\":0,\"result\":/; s/\$/}/" /tmp/polar-blocks.json \
             >>"$OUTFILE"
     done; done'
 
@@ -126,11 +130,11 @@ step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./b
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe \
-    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_experts
+    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_staged kernel_blocks_experts
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
-grep -o '"blocks":[0-9]\|"q8":[0-9]\|"gemm":"[a-z]*"\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
-    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - - | sed 's/^/  blocks: /'
+grep -o '"blocks":[0-9]\|"q8":[0-9]\|"gemm":"[a-z]*"\|"stage":[0-9]\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
+    "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - - - | sed 's/^/  blocks: /'
 grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  gemv: /'
 echo "total $(($(date +%s) - start)) s"

@@ -121,6 +121,12 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_GEMM=%s: fused or chunked", gemm);
     }
     c->blocks_chunked_gemm = gemm && !strcmp(gemm, "chunked");
+    const char *stage = getenv("POLAR_CUDA_BLOCKS_STAGE");
+    if (stage && strcmp(stage, "0") && strcmp(stage, "1")) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_STAGE=%s: 0 or 1", stage);
+    }
+    c->queue.stage_rows = stage && !strcmp(stage, "1");
     if (!(c->w = cuda_model_weights(m, &c->shard))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");

@@ -272,6 +272,91 @@ static void kernel_blocks_fused(void) {
     free(nw), cudaFree(dnw), cudaFree((void *)dg.p), cudaFree((void *)du.p), free_blocks(&gate), free_blocks(&up);
 }
 
+/* y of cuda_matmul_blocks for T tokens through queue q (NULL: the default
+ * launch), as floats on the host. */
+static float *blocks_matmul_on(const cuda_wmat *w, const float *dx, int T, int rows, int cols, const cuda_queue *q) {
+    float *dy = dev_floats((size_t)T * rows);
+    cuda_matmul_blocks(dy, rows, dx, *w, NULL, T, rows, cols, 0, q);
+    float *got = from_dev(dy, (size_t)T * rows);
+    cudaFree(dy);
+    return got;
+}
+
+/* Row staging (POLAR_CUDA_BLOCKS_STAGE=1: each warp's rows copied into
+ * shared memory by cp.async before the block quantizes its inputs) gives
+ * the bits of the rows read from global memory: every kept type, alone
+ * (dp4a and f32 unpacking), rows moved in 4-, 8- and 16-byte pieces, long
+ * rows on fewer warps a block, rows of no 4-byte multiple left unstaged; as
+ * q/k/v of three types with the norm and gate/up with SwiGLU. The
+ * emulation lands a copy only when its thread waits, so a read before the
+ * wait or across lanes without the warp barrier gives other bits. */
+static void kernel_blocks_staged(void) {
+    const cuda_queue staged = {NULL, 0, 0, 1};
+    static const int tokens[] = {1, 3, 9};
+    for (int i = 0; i < N_KEPT; i++) {
+        cpu_wtype t = kept_types[i];
+        int k256 = cpu_wtype_block_elems(t) == 256;
+        const int widths[] = {k256 ? 512 : 96, k256 ? 1024 : 64, quick ? 0 : 8192};
+        for (int c = 0; c < 3 && widths[c]; c++) {
+            int rows = 21, cols = widths[c];
+            host_blocks h = make_blocks(t, rows, cols);
+            cuda_wmat w = dev_blocks(&h);
+            for (int k = 0; k < 3; k++) {
+                int T = tokens[k], warps = cuda_blocks_staged_warps(&w, 1, 1, T, cols, &staged);
+                CHECK(cuda_blocks_staged_warps(&w, 1, 1, T, cols, NULL) == 0, "staged without the queue asking");
+                CHECK((warps > 0) == (h.row_bytes % 4 == 0), "%s rows of %zu bytes: %d warps staged", cpu_wtype_name(t),
+                      h.row_bytes, warps);
+                if (cols == 8192 && t == CPU_W_Q6_K) CHECK(warps > 1 && warps < 8, "Q6_K 8192: %d warps", warps);
+                float *x = rand_floats((size_t)T * cols, 2.0f), *dx = to_dev(x, (size_t)T * cols * 4);
+                for (int f32 = 0; f32 < 2; f32++) {
+                    w.f32_gemv = f32;
+                    float *want = blocks_matmul_on(&w, dx, T, rows, cols, NULL);
+                    float *got = blocks_matmul_on(&w, dx, T, rows, cols, &staged);
+                    CHECK(!memcmp(want, got, (size_t)T * rows * 4), "%s %dx%d T=%d%s: staged rows gave other bits",
+                          cpu_wtype_name(t), rows, cols, T, f32 ? " (f32_gemv)" : "");
+                    free(want), free(got);
+                }
+                free(x), cudaFree(dx);
+            }
+            cudaFree((void *)w.p), free_blocks(&h);
+        }
+    }
+    /* q/k/v (Q4_K, Q6_K, Q8_0: 288, 420, 544 bytes a row, 4-byte pieces) and gate/up (Q4_K, Q6_K) */
+    const float eps = 1e-5f;
+    const int cols = 512, qr = 40, kr = 13;
+    host_blocks hw[3] = {make_blocks(CPU_W_Q4_K, qr, cols), make_blocks(CPU_W_Q6_K, kr, cols),
+                         make_blocks(CPU_W_Q8_0, kr, cols)};
+    cuda_wmat dw[3] = {dev_blocks(&hw[0]), dev_blocks(&hw[1]), dev_blocks(&hw[2])};
+    CHECK(cuda_blocks_staged_warps(dw, 3, 1, 1, cols, &staged) == 8, "q/k/v not staged on 8 warps");
+    CHECK(cuda_blocks_staged_warps(dw, 2, 2, 1, cols, &staged) == 8, "gate/up not staged on 8 warps");
+    bf16 *nw = malloc((size_t)cols * 2);
+    for (int i = 0; i < cols; i++) nw[i] = f32_to_bf16(1 + 0.2f * frand());
+    bf16 *dnw = to_dev(nw, (size_t)cols * 2);
+    for (int k = 0; k < 3; k++) {
+        int T = tokens[k];
+        float *x = rand_floats((size_t)T * cols, 3), *dx = to_dev(x, (size_t)T * cols * 4);
+        float *out[2][4];
+        for (int s = 0; s < 2; s++) {
+            const cuda_queue *q = s ? &staged : NULL;
+            float *dy[4];
+            for (int i = 0; i < 3; i++) dy[i] = dev_floats((size_t)T * hw[i].rows);
+            dy[3] = dev_floats((size_t)T * kr);
+            cuda_matmul_qkv_blocks(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], NULL, NULL, NULL, dnw, eps, T, qr, kr,
+                                   cols, q);
+            cuda_matmul_swiglu_blocks(dy[3], dx, dnw, eps, dw[0], dw[1], T, kr, cols, q);
+            for (int i = 0; i < 4; i++) out[s][i] = from_dev(dy[i], (size_t)T * (i ? kr : qr)), cudaFree(dy[i]);
+        }
+        for (int i = 0; i < 4; i++) {
+            CHECK(!memcmp(out[0][i], out[1][i], (size_t)T * (i ? kr : qr) * 4), "%s T=%d: staged rows gave other bits",
+                  i < 3 ? "q/k/v" : "gate/up", T);
+            free(out[0][i]), free(out[1][i]);
+        }
+        free(x), cudaFree(dx);
+    }
+    for (int i = 0; i < 3; i++) cudaFree((void *)dw[i].p), free_blocks(&hw[i]);
+    free(nw), cudaFree(dnw);
+}
+
 /* Rows dequantized for the prefill GEMM (a slice from row 3) are the CPU's
  * f32 values rounded to bf16; embedding rows are the f32 values, also of
  * ids a greedy step fed back (from). */

@@ -153,6 +153,43 @@ static void blocks_gemm_paths(polar_model *q, const char *name) {
     polar_program_free(&p);
 }
 
+/* POLAR_CUDA_BLOCKS_STAGE=1 (the block GEMVs' rows staged in shared
+ * memory, kernel_blocks_staged) against 0: a prompt and decode steps give
+ * the same logits bit for bit; another value fails the session, named. */
+static void blocks_stage_same(polar_model *q, const char *name) {
+    polar_error err;
+    polar_program p;
+    CHECK_OK(polar_program_base(q->arch.n_layers, &p, &err));
+    polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+    enum { STEPS = 4 };
+    int toks[3] = {3, 1, 4}, V = q->arch.vocab;
+    float *out[2] = {malloc((size_t)(STEPS + 1) * V * 4), malloc((size_t)(STEPS + 1) * V * 4)};
+    for (int i = 0; i < 2; i++) {
+        setenv("POLAR_CUDA_BLOCKS_STAGE", i ? "1" : "0", 1);
+        polar_session *s = NULL;
+        CHECK_OK(polar_session_create(q, &p, &o, &s, &err));
+        if (s && polar_prefill(s, toks, 3, NULL, &err) == POLAR_OK) {
+            memcpy(out[i], polar_logits(s), (size_t)V * 4);
+            for (int k = 1; k <= STEPS; k++) {
+                CHECK_OK(polar_decode_step(s, polar_argmax(polar_logits(s), V), &err));
+                memcpy(out[i] + (size_t)k * V, polar_logits(s), (size_t)V * 4);
+            }
+        } else {
+            CHECK(0, "%s: stage %d: %s", name, i, err.msg);
+        }
+        polar_session_free(s);
+    }
+    CHECK(!memcmp(out[0], out[1], (size_t)(STEPS + 1) * V * 4), "%s: staged rows changed the logits", name);
+    setenv("POLAR_CUDA_BLOCKS_STAGE", "yes", 1);
+    polar_session *s = NULL;
+    CHECK(polar_session_create(q, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_BLOCKS_STAGE=yes"),
+          "POLAR_CUDA_BLOCKS_STAGE=yes: not refused (%s)", err.msg);
+    polar_session_free(s);
+    unsetenv("POLAR_CUDA_BLOCKS_STAGE");
+    free(out[0]), free(out[1]);
+    polar_program_free(&p);
+}
+
 static void model_gguf_blocks(void) {
     static const char *archs[] = {"llama", "qwen2_moe"};
     static const struct {
@@ -192,7 +229,7 @@ static void model_gguf_blocks(void) {
                               cpu_wtype_name(w->layers[l].t_exp_gate), cpu_wtype_name(w->layers[l].t_exp_down));
                 gpu_vs_cpu_on_blocks(q, name, GEMV_PROMPT_TOKENS, 8); /* the prompt through the GEMVs too */
                 gpu_vs_cpu_on_blocks(q, name, 7, 8);
-                if (files[f].file == GGUF_K_FILE) blocks_gemm_paths(q, name);
+                if (files[f].file == GGUF_K_FILE) blocks_gemm_paths(q, name), blocks_stage_same(q, name);
                 if (!quick) gpu_vs_cpu_on_blocks(q, name, 40, 8);
                 { /* polar bench's bytes a step reads: the blocks, as on the CPU */
                     polar_program bp;

@@ -804,6 +804,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_blocks_matmul);
     RUN_IF(kernel_blocks_planted);
     RUN_IF(kernel_blocks_fused);
+    RUN_IF(kernel_blocks_staged);
     RUN_IF(kernel_blocks_rows);
     RUN_IF(kernel_blocks_experts);
     RUN_IF(kernel_blocks_gemm);

@@ -20,11 +20,16 @@ typedef uint16_t bf16_bits;
  * for it before touching memory, so results do not change); prefetch: the
  * bf16 GEMVs ask L2 for their weight rows before that wait (weights no
  * kernel writes), so blocks resident early stream them while the previous
- * kernel ends (POLAR_CUDA_PREFETCH=1; off until measured on a GPU). */
+ * kernel ends (POLAR_CUDA_PREFETCH=1; off until measured on a GPU);
+ * stage_rows: the block GEMVs copy each warp's weight rows into shared
+ * memory (cp.async) right after that wait, so the rows' memory latency
+ * passes while the block quantizes its inputs instead of after
+ * (POLAR_CUDA_BLOCKS_STAGE=1; off until measured on a GPU). */
 typedef struct {
     void *stream;
     int overlap;
     int prefetch;
+    int stage_rows;
 } cuda_queue;
 
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */
@@ -209,6 +214,11 @@ typedef struct {
  * floats apart, a warp per row. */
 void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T, int rows,
                         int cols, int accumulate, const cuda_queue *queue);
+/* The warps a block has when the block GEMVs stage rows (queue->stage_rows)
+ * of matrices w[0..nw), R rows a warp (2: gate/up), for T tokens of cols
+ * inputs; 0: they read rows from global memory (not staging, or rows too
+ * long or of no 4-byte multiple). */
+int cuda_blocks_staged_warps(const cuda_wmat *w, int nw, int R, int T, int cols, const cuda_queue *queue);
 /* cuda_matmul_qkv and cuda_matmul_swiglu over cuda_wmats, each its own type. */
 void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float *x, cuda_wmat wq, cuda_wmat wk, cuda_wmat wv,
                             const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv, const bf16_bits *norm,

@@ -8,6 +8,7 @@
 // inputs quantized into shared memory (q8.cuh), or unpacking 32 weights at
 // a time into registers for f32 products (blocks.cuh).
 // tests/cuda_block_checks.h checks them against the CPU's dequantized rows.
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -85,14 +86,61 @@ static __device__ __forceinline__ void block_rows_dots(float (*acc)[MAX_TOKENS_P
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) ss[t] = NORM && lane == 0 && t < n ? block_ss[t] : 0.0f;
 }
 
+// A GEMV launch's dynamic shared memory: the pass's quantized inputs (Q8),
+// then the staged rows (row_stage).
+static __device__ __forceinline__ unsigned char *gemv_smem() {
+    extern __shared__ __align__(16) unsigned char gemv_smem_bytes[];
+    return gemv_smem_bytes;
+}
+
 // The pass's inputs quantized into the launch's shared memory (Q8), by
 // every thread of the block before any returns.
 template <bool NORM, bool Q8>
 static __device__ __forceinline__ q8_rows pass_q8(const float *const xs[MAX_TOKENS_PER_PASS], const uint16_t *norm,
                                                   int n, int cols, float *block_ss) {
-    extern __shared__ __align__(16) unsigned char q8_smem[];
     q8_rows none = {NULL, NULL, NULL};
-    return Q8 ? quantize_q8_rows<NORM>(q8_smem, xs, norm, n, cols, block_ss) : none;
+    return Q8 ? quantize_q8_rows<NORM>(gemv_smem(), xs, norm, n, cols, block_ss) : none;
+}
+
+// Row staging (cuda_queue.stage_rows): each warp's R weight rows copied
+// into its slots of shared memory by cp.async as the kernel starts, so the
+// rows' memory latency passes while the block quantizes its inputs; the
+// dots then read the slots, which hold the rows' bytes as they are in
+// global memory (16-byte aligned slots keep every type's loads aligned).
+struct row_stage {
+    int at;    // the first warp's first slot, in bytes of dynamic shared memory (past the quantized inputs)
+    int slot;  // bytes of a slot, a multiple of 16; 0: the rows are read from global memory
+    int piece; // bytes one copy moves (16, 8 or 4): divides every row's bytes and start
+};
+
+// Issues the copies of rows[0..R) (bytes row_bytes of w[r]) into the
+// warp's slots, lanes taking pieces lane, lane + 32, ..., as one group,
+// and points rows at the slots. staged_rows_ready() before reading them.
+template <int R>
+static __device__ __forceinline__ void stage_rows(const uint8_t **rows, const cuda_wmat *w, row_stage s, int lane) {
+    uint8_t *slots = gemv_smem() + s.at + (size_t)(threadIdx.x / WARP) * R * s.slot;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint8_t *dst = slots + (size_t)r * s.slot;
+        for (size_t off = (size_t)lane * s.piece; off < w[r].row_bytes; off += (size_t)WARP * s.piece)
+            __pipeline_memcpy_async(dst + off, rows[r] + off, (size_t)s.piece);
+        rows[r] = dst;
+    }
+    __pipeline_commit();
+}
+
+// The warp's staged rows landed and seen by all its lanes.
+static __device__ __forceinline__ void staged_rows_ready() {
+    __pipeline_wait_prior(0);
+    __syncwarp();
+}
+
+// The part holding launch row *r, and *r made its row within the part.
+static __device__ __forceinline__ qgemv_part part_of(const qgemv_parts &parts, int *r) {
+    qgemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
+    if (parts.n > 1 && *r >= part.rows) *r -= part.rows, part = parts.p[1];
+    if (parts.n > 2 && *r >= part.rows) *r -= part.rows, part = parts.p[2];
+    return part;
 }
 
 // One warp per output row, as gemv_kernel (ops.cu): blockIdx.y the pass of
@@ -100,19 +148,26 @@ static __device__ __forceinline__ q8_rows pass_q8(const float *const xs[MAX_TOKE
 // some part is of a q8_gemv_type (block_rows_dots).
 template <bool ONE, bool NORM, bool Q8>
 __global__ void __launch_bounds__(256) qgemv_kernel(qgemv_parts parts, const float *x, const bf16_bits *norm,
-                                                    float eps, int T, int cols, int accumulate) {
+                                                    float eps, int T, int cols, int accumulate, row_stage stage) {
     await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    bool mine = r < parts.rows; // the warp has a row (uniform across it)
+    const uint8_t *row = NULL;
+    if (stage.slot && mine) { // the part is looked up again below: kept live across the quantizing, it spills
+        int pr = r;
+        qgemv_part part = part_of(parts, &pr);
+        row = (const uint8_t *)part.w.p + (size_t)pr * part.w.row_bytes;
+        stage_rows<1>(&row, &part.w, stage, lane);
+    }
     const float *xs[MAX_TOKENS_PER_PASS];
     float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS], block_ss[MAX_TOKENS_PER_PASS];
     int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
     q8_rows xq = pass_q8<NORM, Q8>(xs, norm, n, cols, block_ss);
-    if (r >= parts.rows) return;
-    qgemv_part part = parts.p[0]; // constant indices keep the parts out of local memory
-    if (parts.n > 1 && r >= part.rows) r -= part.rows, part = parts.p[1];
-    if (parts.n > 2 && r >= part.rows) r -= part.rows, part = parts.p[2];
-    const uint8_t *row = (const uint8_t *)part.w.p + (size_t)r * part.w.row_bytes;
+    if (!mine) return;
+    qgemv_part part = part_of(parts, &r);
+    if (stage.slot) staged_rows_ready();
+    else row = (const uint8_t *)part.w.p + (size_t)r * part.w.row_bytes;
     block_rows_dots<1, NORM, Q8>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &part.w, &row, norm, xs, xq, block_ss, n,
                                  cols, lane);
     store_row<NORM>(part.y, part.ld, r, t0, n, acc, ss, part.bias ? bf(part.bias[r]) : 0.0f, cols, eps, accumulate,
@@ -129,18 +184,47 @@ static size_t q8_smem_for(const cuda_wmat *w, int nw, int T, int cols) {
     return any && cols % 64 == 0 && bytes <= 48 * 1024 ? bytes : 0;
 }
 
+// The row staging of a launch whose warps take R rows each of matrices
+// w[0..nw) (any of them) after q8 bytes of quantized inputs, within the
+// 48 KB every GPU gives a block: *warps the warps a block then has (8, or
+// fewer where rows are long). None (slot 0, 8 warps) when the queue does
+// not stage, fewer than 2 warps' rows fit, or no 4-byte piece divides
+// every row's bytes and start.
+static row_stage plan_stage(const cuda_queue *q, const cuda_wmat *w, int nw, int R, size_t q8, int *warps) {
+    row_stage none = {0, 0, 0}, s = {(int)((q8 + 15) / 16 * 16), 0, 16};
+    *warps = 8;
+    if (!q || !q->stage_rows) return none;
+    for (int i = 0; i < nw; i++) {
+        size_t slot = (w[i].row_bytes + 15) / 16 * 16;
+        if (slot > (size_t)s.slot) s.slot = (int)slot;
+        while (s.piece >= 4 && (w[i].row_bytes % s.piece || (uintptr_t)w[i].p % s.piece)) s.piece /= 2;
+    }
+    size_t fit = s.slot && (size_t)s.at < 48 * 1024 ? (48 * 1024 - (size_t)s.at) / ((size_t)R * s.slot) : 0;
+    if (s.piece < 4 || fit < 2) return none;
+    *warps = fit < 8 ? (int)fit : 8;
+    return s;
+}
+
+// Dynamic shared memory of a launch of `warps` warps: its quantized inputs
+// and its staged rows.
+static size_t gemv_launch_smem(size_t q8, row_stage s, int warps, int R) {
+    return s.slot ? (size_t)s.at + (size_t)warps * R * s.slot : q8;
+}
+
 static void qgemv(qgemv_parts parts, const float *x, const bf16_bits *norm, float eps, int T, int cols, int accumulate,
                   const cuda_queue *queue) {
-    const int threads = 256, warps = threads / WARP;
-    dim3 grid((parts.rows + warps - 1) / warps, passes(T));
     cuda_wmat w[3] = {parts.p[0].w, parts.p[1].w, parts.p[2].w};
-    size_t smem = q8_smem_for(w, parts.n, T, cols);
+    size_t q8 = q8_smem_for(w, parts.n, T, cols);
+    int warps;
+    row_stage stage = plan_stage(queue, w, parts.n, 1, q8, &warps);
+    dim3 grid((parts.rows + warps - 1) / warps, passes(T));
 #define PICK(Q8)                                                                                                     \
     (norm ? (T == 1 ? qgemv_kernel<true, true, Q8> : qgemv_kernel<false, true, Q8>)                                   \
           : (T == 1 ? qgemv_kernel<true, false, Q8> : qgemv_kernel<false, false, Q8>))
-    auto kernel = smem ? PICK(true) : PICK(false);
+    auto kernel = q8 ? PICK(true) : PICK(false);
 #undef PICK
-    launch(queue, grid, threads, smem, kernel, parts, x, norm, eps, T, cols, accumulate);
+    launch(queue, grid, warps * WARP, gemv_launch_smem(q8, stage, warps, 1), kernel, parts, x, norm, eps, T, cols,
+           accumulate, stage);
 }
 
 extern "C" void cuda_matmul_blocks(float *y, int ldy, const float *x, cuda_wmat w, const bf16_bits *bias, int T,
@@ -158,25 +242,33 @@ extern "C" void cuda_matmul_qkv_blocks(float *q, float *k, float *v, const float
     qgemv(parts, x, norm, eps, T, cols, 0, queue);
 }
 
+extern "C" int cuda_blocks_staged_warps(const cuda_wmat *w, int nw, int R, int T, int cols, const cuda_queue *queue) {
+    int warps;
+    row_stage s = plan_stage(queue, w, nw, R, q8_smem_for(w, nw, T, cols), &warps);
+    return s.slot ? warps : 0;
+}
+
 // act[t, r] = silu(x_t . gate_r) * (x_t . up_r), a warp per r, as
 // gemv_swiglu_kernel (ops.cu).
 template <bool ONE, bool NORM, bool Q8>
 __global__ void __launch_bounds__(256) qgemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm,
                                                            float eps, cuda_wmat gate, cuda_wmat up, int T, int F,
-                                                           int cols) {
+                                                           int cols, row_stage stage) {
     await_previous_kernel();
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS;
+    cuda_wmat w[2] = {gate, up};
+    size_t row = r < F ? (size_t)r : 0;
+    const uint8_t *rows[2] = {(const uint8_t *)gate.p + row * gate.row_bytes, (const uint8_t *)up.p + row * up.row_bytes};
+    if (stage.slot && r < F) stage_rows<2>(rows, w, stage, lane);
     const float *xs[MAX_TOKENS_PER_PASS];
     float gu[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS], block_ss[MAX_TOKENS_PER_PASS];
     int n = pass_inputs<ONE>(xs, gu[0], ss, x, t0, T, cols);
     q8_rows xq = pass_q8<NORM, Q8>(xs, norm, n, cols, block_ss);
     if (r >= F) return;
+    if (stage.slot) staged_rows_ready();
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) gu[1][t] = 0.0f;
-    cuda_wmat w[2] = {gate, up};
-    const uint8_t *rows[2] = {(const uint8_t *)gate.p + (size_t)r * gate.row_bytes,
-                              (const uint8_t *)up.p + (size_t)r * up.row_bytes};
     block_rows_dots<2, NORM, Q8>(gu, ss, w, rows, norm, xs, xq, block_ss, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
@@ -193,16 +285,18 @@ __global__ void __launch_bounds__(256) qgemv_swiglu_kernel(float *act, const flo
 extern "C" void cuda_matmul_swiglu_blocks(float *act, const float *x, const bf16_bits *norm, float eps,
                                           cuda_wmat gate, cuda_wmat up, int T, int F, int cols,
                                           const cuda_queue *queue) {
-    const int threads = 256, warps = threads / WARP;
-    dim3 grid((F + warps - 1) / warps, passes(T));
     cuda_wmat w[2] = {gate, up};
-    size_t smem = q8_smem_for(w, 2, T, cols);
+    size_t q8 = q8_smem_for(w, 2, T, cols);
+    int warps;
+    row_stage stage = plan_stage(queue, w, 2, 2, q8, &warps);
+    dim3 grid((F + warps - 1) / warps, passes(T));
 #define PICK(Q8)                                                                                                     \
     (norm ? (T == 1 ? qgemv_swiglu_kernel<true, true, Q8> : qgemv_swiglu_kernel<false, true, Q8>)                     \
           : (T == 1 ? qgemv_swiglu_kernel<true, false, Q8> : qgemv_swiglu_kernel<false, false, Q8>))
-    auto kernel = smem ? PICK(true) : PICK(false);
+    auto kernel = q8 ? PICK(true) : PICK(false);
 #undef PICK
-    launch(queue, grid, threads, smem, kernel, act, x, norm, eps, gate, up, T, F, cols);
+    launch(queue, grid, warps * WARP, gemv_launch_smem(q8, stage, warps, 2), kernel, act, x, norm, eps, gate, up, T, F,
+           cols, stage);
 }
 
 // moe.cu's expert GEMV over routed experts kept as blocks: expert e's

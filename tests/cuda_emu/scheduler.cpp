@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "emu_device.h"
+#include "cuda_pipeline_primitives.h"
 #include "emu_internal.h"
 #include "race.h"
 
@@ -80,6 +81,10 @@ struct fiber : thread_info {
     const char *wait_what;
     unsigned linear, lane, warp;
     bool awaited; // called cudaGridDependencySynchronize
+    // cuda_pipeline_primitives.h's copies not yet landed, each with its
+    // group (groups committed before it), and the groups committed so far
+    std::vector<std::pair<async_copy, unsigned>> copies;
+    unsigned copy_groups;
     size_t pos; // in the run order
     block_state *blk;
     void *tsan; // its ThreadSanitizer fiber (race.h), or NULL
@@ -415,6 +420,10 @@ void thread_exit(fiber *f) {
     if (now->rec->overlap && !f->awaited)
         fail("the thread of a kernel launched to overlap the previous one (programmatic stream serialization) "
              "exited without cudaGridDependencySynchronize: its reads and writes could race that kernel's");
+    if (!f->copies.empty())
+        fail("the thread exited with %zu asynchronous copies (__pipeline_memcpy_async) never waited for "
+             "(__pipeline_wait_prior)", f->copies.size());
+    f->copy_groups = 0;
     f->state = EXITED;
     b->exited++;
     w.exited |= 1u << f->lane;
@@ -595,6 +604,39 @@ void kernel_entry() {
 void grid_dependency_sync() {
     if (now->rec->overlap) race_acquire(&launch_start);
     me()->awaited = true;
+}
+
+// ------------------------------------------------- asynchronous copies
+
+bool in_shared(const block_state *b, const void *p, size_t n) {
+    const char *c = (const char *)p;
+    if (b->dynamic.raw && c >= b->dynamic.data && c + n <= b->dynamic.data + b->dynamic.bytes) return true;
+    for (const shared_alloc &a : b->shared)
+        if (c >= a.data && c + n <= a.data + a.bytes) return true;
+    return false;
+}
+
+void async_copy_issue(void *dst, const void *src, size_t bytes) {
+    fiber *f = me();
+    if (bytes != 4 && bytes != 8 && bytes != 16) fail("__pipeline_memcpy_async of %zu bytes (4, 8 or 16)", bytes);
+    if ((uintptr_t)dst % bytes || (uintptr_t)src % bytes)
+        fail("__pipeline_memcpy_async of %zu bytes from %p to %p: both must be aligned to the size", bytes, src, dst);
+    if (!in_shared(f->blk, dst, bytes))
+        fail("__pipeline_memcpy_async to %p: not in the block's shared memory", dst);
+    f->copies.push_back({{dst, src, bytes}, f->copy_groups});
+}
+
+void async_copy_commit() { me()->copy_groups++; }
+
+bool async_copy_due(size_t prior, async_copy *c) {
+    fiber *f = me();
+    for (size_t i = 0; i < f->copies.size(); i++) {
+        if ((size_t)f->copies[i].second + prior >= f->copy_groups) continue; // a recent group, or not committed
+        *c = f->copies[i].first;
+        f->copies.erase(f->copies.begin() + (long)i);
+        return true;
+    }
+    return false;
 }
 
 void trigger_dependents() {} // scheduling the next launch early changes nothing here
