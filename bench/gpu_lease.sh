@@ -105,6 +105,17 @@ step blocks_moe 90 env COMMIT="$COMMIT" OUTFILE="$R/blocks.jsonl" sh -c '
             >>"$OUTFILE"
     done; done'
 
+# Issue 42 item 4: passes of 3-8 tokens over bf16 weights on the tensor-core
+# GEMV (POLAR_CUDA_MMA_GEMV=1, emulation only until this run) against
+# cuBLASLt (the default: batch 8 1.70 ms a step against 1.107 for batch 1 on
+# the 2026-11-27 H200), alternated, 1B preset.
+step mma 90 env COMMIT="$COMMIT" OUTFILE="$R/mma.jsonl" sh -c '
+    for rep in 1 2; do for v in 0 1; do
+        POLAR_CUDA_MMA_GEMV=$v ./build-cuda/polar bench --device cuda --json --preset llama-3.2-1b \
+            --batch 1,3,4,8 --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-mma.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"mma\":$v,\"result\":/; s/\$/}/" /tmp/polar-mma.json >>"$OUTFILE"
+    done; done'
+
 # Sanitizer on the new kernels (blocks), then the A/B against
 # the last GPU-measured base, before the longer benchmarks.
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
@@ -130,11 +141,11 @@ step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./b
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe \
-    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_staged kernel_blocks_experts
+    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_staged kernel_blocks_experts kernel_mma_gemv
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
 grep -o '"blocks":[0-9]\|"q8":[0-9]\|"gemm":"[a-z]*"\|"stage":[0-9]\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
     "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - - - | sed 's/^/  blocks: /'
-grep -o '"gemv_tokens":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/gemv_tokens.jsonl" 2>/dev/null |
-    paste -d' ' - - - | sed 's/^/  gemv: /'
+grep -o '"mma":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/mma.jsonl" 2>/dev/null |
+    paste -d' ' - - - | sed 's/^/  mma: /'
 echo "total $(($(date +%s) - start)) s"

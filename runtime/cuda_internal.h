@@ -105,6 +105,9 @@ struct cuda_state {
     cuda_gemm *gemm;             /* cuBLASLt, for passes of more than gemv_tokens tokens */
     int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (CUDA_GEMV_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
+    int mma_gemv;                /* POLAR_CUDA_MMA_GEMV=1: passes of more than gemv_tokens and up to
+                                  * CUDA_DECODE_TOKENS tokens over bf16 weights on the tensor-core GEMV
+                                  * (cuda_matmul_mma), not cuBLASLt */
     int blocks_f32_gemv;         /* POLAR_CUDA_BLOCKS_Q8=0: every block GEMV unpacks to f32 (cuda_wmat) */
     int blocks_chunked_gemm;     /* POLAR_CUDA_BLOCKS_GEMM=chunked: a prefill over blocks dequantizes chunks of rows
                                   * into wb for cuBLASLt (the 2026-11-27 H200 run's path), not the fused
@@ -143,8 +146,9 @@ void cuda_all_reduce(cuda_state *c, float *x, size_t n);
 /* y[T, rows] (=|+=) x . w^T (+ bias), w of storage t (bf16, or GGUF blocks
  * on the device): tensor cores through cuBLASLt for more than
  * c->gemv_tokens tokens (x rounded to bf16 into c->xb first; blocks
- * dequantized to bf16 a chunk of rows at a time), the hand-written GEMV for
- * up to that many (and if cuBLASLt declines a shape). */
+ * dequantized to bf16 a chunk of rows at a time; with c->mma_gemv, bf16
+ * weights and up to CUDA_DECODE_TOKENS tokens, the tensor-core GEMV), the
+ * hand-written GEMV for up to that many (and if cuBLASLt declines a shape). */
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias, int T, int rows,
              int cols, int accumulate);
 

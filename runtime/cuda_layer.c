@@ -55,6 +55,9 @@ static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 
         return;
     }
     if (T > c->gemv_tokens) {
+        if (c->mma_gemv && T <= CUDA_DECODE_TOKENS &&
+            cuda_matmul_mma(y, rows, x, w, bias, T, rows, cols, accumulate, &c->queue))
+            return;
         if (!bias && cuda_gemm_run(c->gemm, y, rows, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
         if (bias && cuda_gemm_run(c->gemm, c->acc, rows, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);

@@ -71,6 +71,13 @@ void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, 
 void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows, int cols,
                  int accumulate, const cuda_queue *queue);
 
+/* cuda_matmul for 1..16 tokens on tensor cores (kernels/cuda/mma_gemv.cu):
+ * x rounded to bf16 as for cuBLASLt, f32 sums, y rows ldy floats apart; 0
+ * (nothing launched) unless rows is a multiple of 16, cols of 64, w 32-byte
+ * and x 16-byte aligned. */
+int cuda_matmul_mma(float *y, int ldy, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows,
+                    int cols, int accumulate, const cuda_queue *queue);
+
 /* q, k, v = xn . Wq^T + bq, xn . Wk^T + bk, xn . Wv^T + bv in one launch
  * (biases may be NULL), where xn = x, or with norm (RMSNorm weights[cols],
  * 16-byte aligned) xn = cuda_rmsnorm(x, norm, eps) computed on the fly (the
