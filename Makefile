@@ -267,7 +267,7 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # SAN=1 (the fibers' stack switches confuse AddressSanitizer). make
 # test-cuda-emu runs every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
-EMU_KERNEL_TESTS := kernel_matmul kernel_mma_gemv kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops \
+EMU_KERNEL_TESTS := kernel_matmul kernel_mma_gemv kernel_qkv_rope kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops \
                     kernel_kv_store kernel_attention kernel_moe kernel_read_sum kernel_blocks_matmul kernel_blocks_planted \
                     kernel_blocks_fused kernel_blocks_staged kernel_blocks_rows kernel_blocks_experts \
                     kernel_blocks_gemm

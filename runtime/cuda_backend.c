@@ -121,6 +121,12 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_GEMM=%s: fused or chunked", gemm);
     }
     c->blocks_chunked_gemm = gemm && !strcmp(gemm, "chunked");
+    const char *rope = getenv("POLAR_CUDA_FUSED_ROPE");
+    if (rope && strcmp(rope, "0") && strcmp(rope, "1")) {
+        cuda_state_free(c);
+        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_FUSED_ROPE=%s: 0 or 1", rope);
+    }
+    c->fused_rope = rope && !strcmp(rope, "1");
     const char *mma = getenv("POLAR_CUDA_MMA_GEMV");
     if (mma && strcmp(mma, "0") && strcmp(mma, "1")) {
         cuda_state_free(c);

@@ -105,6 +105,8 @@ struct cuda_state {
     cuda_gemm *gemm;             /* cuBLASLt, for passes of more than gemv_tokens tokens */
     int gemv_tokens;             /* passes of up to this many tokens through the GEMVs (CUDA_GEMV_TOKENS, or
                                   * POLAR_CUDA_GEMV_TOKENS) */
+    int fused_rope;              /* POLAR_CUDA_FUSED_ROPE=1: decode's q/k/v GEMV (bf16, no q/k norms) applies
+                                  * RoPE and stores K/V itself (cuda_matmul_qkv_rope): one launch a layer fewer */
     int mma_gemv;                /* POLAR_CUDA_MMA_GEMV=1: passes of more than gemv_tokens and up to
                                   * CUDA_DECODE_TOKENS tokens over bf16 weights on the tensor-core GEMV
                                   * (cuda_matmul_mma), not cuBLASLt */

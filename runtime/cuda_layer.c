@@ -157,15 +157,17 @@ static void attend_split(cuda_state *c, const cuda_kv_map *map, int t0, int t1) 
 }
 
 /* c->q, c->k, c->v of the T tokens -> c->att: per-head norms and RoPE,
- * K/V stored, attention (cuda_layer_forward says which kernel). */
+ * K/V stored (unless roped: the q/k/v GEMV did it), attention
+ * (cuda_layer_forward says which kernel). */
 static void attend(cuda_state *c, const layer_weights *w, int T, const cuda_kv_map *map, const cuda_run *runs,
-                   int n_runs) {
+                   int n_runs, int roped) {
     const polar_arch *a = &c->m->arch;
     int hd = a->head_dim, nq = c->shard.n_heads, nk = c->shard.n_kv;
     size_t qd = (size_t)nq * hd;
     const cuda_queue *s = &c->queue;
-    cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->m->rope_scale, c->k_pool, c->v_pool,
-                       *map, T, nq, nk, hd, (float)a->rms_eps, s);
+    if (!roped)
+        cuda_qk_rope_store(c->q, c->k, c->v, w->q_norm, w->k_norm, c->inv_freq, c->m->rope_scale, c->k_pool,
+                           c->v_pool, *map, T, nq, nk, hd, (float)a->rms_eps, s);
     int t = 0;
     for (int i = 0; i < n_runs; i++) {
         const cuda_run *r = &runs[i];
@@ -185,7 +187,12 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     float eps = (float)a->rms_eps;
     const cuda_queue *s = &c->queue;
     int blocks = w->t_wq != CPU_W_BF16 || w->t_wk != CPU_W_BF16 || w->t_wv != CPU_W_BF16;
-    if (T <= c->gemv_tokens && !blocks) { /* the attention norm on the fly */
+    int roped = c->fused_rope && T <= c->gemv_tokens && !blocks && !w->q_norm && !w->k_norm;
+    if (roped) { /* the attention norm on the fly, RoPE and the K/V store in the epilogue */
+        cuda_matmul_qkv_rope(c->q, x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, c->inv_freq,
+                             c->m->rope_scale, c->k_pool, c->v_pool, *map, T, c->shard.n_heads, c->shard.n_kv,
+                             a->head_dim, H, s);
+    } else if (T <= c->gemv_tokens && !blocks) { /* the attention norm on the fly */
         cuda_matmul_qkv(c->q, c->k, c->v, x, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd,
                         kvd, H, s);
     } else if (T <= c->gemv_tokens) {
@@ -197,7 +204,7 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
         cuda_mm_rounded(c, c->k, c->xn, w->wk, w->t_wk, w->bk, T, kvd, H, 0); /* the same xn, already rounded */
         cuda_mm_rounded(c, c->v, c->xn, w->wv, w->t_wv, w->bv, T, kvd, H, 0);
     }
-    attend(c, w, T, map, runs, n_runs);
+    attend(c, w, T, map, runs, n_runs, roped);
     cuda_mm(c, x, c->att, w->wo, w->t_wo, NULL, T, H, qd, residual);
     cuda_all_reduce(c, x, (size_t)T * H);
     if (w->router) { /* the normed rows feed the router, the experts and the shared expert */

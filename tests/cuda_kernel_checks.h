@@ -112,69 +112,6 @@ static void kernel_matmul(void) {
     }
 }
 
-/* The tensor-core GEMV (cuda_matmul_mma, POLAR_CUDA_MMA_GEMV=1) against the
- * f64 dot of the bf16-rounded inputs and the weights, within 1e-5 of the
- * row's sum |w x| (f32 sums in the warps' order), T 1-16, bias, an output
- * wider than the rows (those past them left alone), accumulated once more;
- * shapes it does not take are refused with nothing written. */
-static void kernel_mma_gemv(void) {
-    static const int shapes[][2] = {{48, 128}, {2048, 512}, {80, 64}, {512, 2048}, {16, 576}};
-    static const int tokens[] = {3, 8, 1, 5, 16};
-    int n_shapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
-    for (int sidx = 0; sidx < n_shapes; sidx++) {
-        int rows = shapes[sidx][0], cols = shapes[sidx][1], ld = rows + 5;
-        for (int k = 0; k < (quick ? 2 : 5); k++) {
-            int T = tokens[k];
-            bf16 *w = rand_weights((size_t)rows * cols, cols), *b = k % 2 ? rand_weights(rows, 100) : NULL;
-            float *x = rand_floats((size_t)T * cols, 1), *y = malloc((size_t)T * ld * 4);
-            double *want = malloc((size_t)T * rows * 8), *scale = malloc((size_t)T * rows * 8);
-            for (int t = 0; t < T; t++)
-                for (int r = 0; r < rows; r++) {
-                    double s = b ? bf16_to_f32(b[r]) : 0.0, a = fabs(s);
-                    for (int c = 0; c < cols; c++) {
-                        double p = (double)bf16_to_f32(w[(size_t)r * cols + c]) *
-                                   bf16_to_f32(f32_to_bf16(x[(size_t)t * cols + c]));
-                        s += p, a += fabs(p);
-                    }
-                    want[(size_t)t * rows + r] = s, scale[(size_t)t * rows + r] = a + 1e-30;
-                }
-            for (size_t i = 0; i < (size_t)T * ld; i++) y[i] = -3.0f;
-            bf16 *dw = to_dev(w, (size_t)rows * cols * 2), *db = b ? to_dev(b, (size_t)rows * 2) : NULL;
-            float *dx = to_dev(x, (size_t)T * cols * 4), *dy = to_dev(y, (size_t)T * ld * 4);
-            for (int pass = 0; pass < 2; pass++) { /* y = x W^T + b, then y += the same: twice it */
-                CHECK(cuda_matmul_mma(dy, ld, dx, dw, db, T, rows, cols, pass, NULL), "%dx%d T=%d refused", rows, cols,
-                      T);
-                float *got = from_dev(dy, (size_t)T * ld);
-                double worst = 0.0;
-                for (int t = 0; t < T; t++) {
-                    for (int r = 0; r < rows; r++) {
-                        size_t i = (size_t)t * rows + r;
-                        double e = fabs(got[(size_t)t * ld + r] - (pass + 1) * want[i]) / ((pass + 1) * scale[i]);
-                        if (!(e <= worst)) worst = e;
-                    }
-                    for (int r = rows; r < ld; r++)
-                        CHECK(got[(size_t)t * ld + r] == -3.0f, "%dx%d T=%d: a column past the rows written", rows,
-                              cols, T);
-                }
-                CHECK(worst < 1e-5, "mma %dx%d T=%d%s pass %d: error %g of sum |w x|", rows, cols, T,
-                      b ? " bias" : "", pass, worst);
-                free(got);
-            }
-            cudaFree(dw), cudaFree(db), cudaFree(dx), cudaFree(dy);
-            free(w), free(b), free(x), free(y), free(want), free(scale);
-        }
-    }
-    static const int bad[][3] = {{40, 128, 4}, {48, 96, 4}, {48, 128, 17}, {48, 128, 0}}; /* rows, cols, T */
-    for (int i = 0; i < 4; i++) {
-        size_t n = (size_t)bad[i][0] * bad[i][1];
-        bf16 *w = rand_weights(n, bad[i][1]), *dw = to_dev(w, n * 2);
-        float *dx = dev_floats((size_t)17 * bad[i][1]), *dy = dev_floats((size_t)17 * bad[i][0]);
-        CHECK(!cuda_matmul_mma(dy, bad[i][0], dx, dw, NULL, bad[i][2], bad[i][0], bad[i][1], 0, NULL),
-              "%dx%d T=%d: taken", bad[i][0], bad[i][1], bad[i][2]);
-        free(w), cudaFree(dw), cudaFree(dx), cudaFree(dy);
-    }
-}
-
 static void kernel_rmsnorm_swiglu_argmax(void) {
     int T = 5, n = 3072;
     float *x = malloc((size_t)T * n * 4), *want = malloc((size_t)T * n * 4), *got = malloc((size_t)T * n * 4);

@@ -6,13 +6,17 @@
 #ifndef POLAR_TEST_CUDA_SWITCH_CHECKS_H
 #define POLAR_TEST_CUDA_SWITCH_CHECKS_H
 
-/* The switches that change timing only, each the same prompt logits and
- * greedy tokens bit for bit on a dense and an MoE model:
+/* The switches that change timing only, each the same logits (prompt and
+ * last decode step) and greedy tokens bit for bit on a dense and an MoE
+ * model, the 2-token prompt and the steps on the GEMVs:
  * POLAR_CUDA_PREFETCH=1 (the GEMVs' weight rows asked into L2 before the
  * dependency wait), POLAR_CUDA_FUSED_MERGE=1 (split-K attention merged by
- * its last block: one launch, the merge's operations unchanged). */
+ * its last block: one launch, the merge's operations unchanged),
+ * POLAR_CUDA_FUSED_ROPE=1 (RoPE and the K/V store in the q/k/v GEMV's
+ * epilogue: one launch, the same operations). */
 static void timing_switches(void) {
-    static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE"};
+    static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE"};
+    enum { N_VARS = sizeof vars / sizeof vars[0] };
     static const char *archs[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
         polar_error err;
@@ -25,31 +29,47 @@ static void timing_switches(void) {
         polar_model_info_get(m, &info);
         polar_program p;
         CHECK_OK(polar_program_parse("0,1-2x2,3", info.arch.n_layers, 0, &p, &err));
-        int prompt[4] = {1, 2, 3, 4}, toks[3][10];
-        float *logits[3];
+        int prompt[2] = {1, 2}, toks[N_VARS + 1][10];
+        size_t V = (size_t)info.arch.vocab;
+        float *logits[N_VARS + 1];
         polar_gen_opts go = {.max_new = 10, .ignore_eos = 1};
         polar_session_opts o = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
-        for (int i = 0; i < 3; i++) { /* none, then each switch */
-            logits[i] = malloc((size_t)info.arch.vocab * 4);
+        for (int i = 0; i <= N_VARS; i++) { /* none, then each switch */
+            logits[i] = malloc(2 * V * 4); /* the prompt's last, the last step's */
             if (i) setenv(vars[i - 1], "1", 1);
             polar_session *s = NULL;
             CHECK_OK(polar_session_create(m, &p, &o, &s, &err));
             if (i) unsetenv(vars[i - 1]);
             if (s) {
-                CHECK_OK(polar_prefill(s, prompt, 4, NULL, &err));
-                memcpy(logits[i], polar_logits(s), (size_t)info.arch.vocab * 4);
-                CHECK_OK(polar_generate(s, prompt, 4, &go, toks[i], NULL, NULL, NULL, &err));
+                CHECK_OK(polar_prefill(s, prompt, 2, NULL, &err));
+                memcpy(logits[i], polar_logits(s), V * 4);
+                CHECK_OK(polar_generate(s, prompt, 2, &go, toks[i], NULL, NULL, NULL, &err));
+                memcpy(logits[i] + V, polar_logits(s), V * 4);
             }
             polar_session_free(s);
             if (i)
-                CHECK(!memcmp(logits[0], logits[i], (size_t)info.arch.vocab * 4) &&
-                          !memcmp(toks[0], toks[i], sizeof toks[0]),
+                CHECK(!memcmp(logits[0], logits[i], 2 * V * 4) && !memcmp(toks[0], toks[i], sizeof toks[0]),
                       "%s: %s=1 changed the logits or tokens", archs[a], vars[i - 1]);
         }
-        for (int i = 0; i < 3; i++) free(logits[i]);
+        for (int i = 0; i <= N_VARS; i++) free(logits[i]);
         polar_program_free(&p);
         polar_model_free(m);
     }
+    setenv("POLAR_CUDA_FUSED_ROPE", "2", 1); /* the one of them that checks its value */
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    polar_program p;
+    if (m && polar_program_base(m->arch.n_layers, &p, &err) == POLAR_OK) {
+        polar_session_opts o = {.max_ctx = 32, .device = POLAR_DEVICE_CUDA};
+        polar_session *s = NULL;
+        CHECK(polar_session_create(m, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_FUSED_ROPE=2"),
+              "POLAR_CUDA_FUSED_ROPE=2: not refused (%s)", err.msg);
+        polar_session_free(s);
+        polar_program_free(&p);
+    }
+    unsetenv("POLAR_CUDA_FUSED_ROPE");
+    polar_model_free(m);
 }
 
 /* Kernels launched to overlap the previous one (programmatic dependent

@@ -15,6 +15,7 @@
 #include "../runtime/cuda_internal.h"
 #include "cuda_kernel_checks.h"
 #include "cuda_block_checks.h"
+#include "cuda_gemv_checks.h"
 #include "gguf_util.h"
 #include "harness.h"
 #include "logit_compare.h"
@@ -600,6 +601,7 @@ int main(int argc, char **argv) {
     }
     RUN_IF(kernel_matmul);
     RUN_IF(kernel_mma_gemv);
+    RUN_IF(kernel_qkv_rope);
     RUN_IF(kernel_rmsnorm_swiglu_argmax);
     RUN_IF(kernel_fused_gemv);
     RUN_IF(kernel_prefill_ops);

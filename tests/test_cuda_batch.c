@@ -655,6 +655,7 @@ static void batch_tp_refused(void) {
                               * expert, experts' gate/up GEMV, experts' down GEMV, combine (+ residual) */
 #define SHARED_EXPERT_KERNELS 2 /* qwen2_moe: the shared expert's gate/up SwiGLU GEMV and down GEMV */
 #define FUSED_MERGE_SAVES 1  /* POLAR_CUDA_FUSED_MERGE=1: the attention merged by its last split block */
+#define FUSED_ROPE_SAVES 1   /* POLAR_CUDA_FUSED_ROPE=1: RoPE and the KV store in the q/k/v GEMV (no q/k norms) */
 
 /* The kernel nodes (and into *copies the memcpy and memset nodes) of a
  * batch-1 decode step of program spec on m: a 3-token prompt, then 4
@@ -701,19 +702,23 @@ static int decode_kernels(const polar_model *m, int D, const char *spec, int *co
 static void batch_launch_count(void) {
     static const struct {
         const char *arch, *layer;
-        int want;
+        int want, qk_norm;
         const char *what;
-    } cases[] = {{"llama", "0", DENSE_KERNELS, "dense"},
-                 {"qwen2_moe", "0", DENSE_KERNELS, "dense, q/k/v bias"},
-                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, "MoE + shared expert"},
-                 {"qwen3_moe", "0", MOE_KERNELS, "MoE, q/k norm"}};
-    const char *env = getenv("POLAR_CUDA_FUSED_MERGE");
-    char *was = env ? strdup(env) : NULL;
+    } cases[] = {{"llama", "0", DENSE_KERNELS, 0, "dense"},
+                 {"qwen2_moe", "0", DENSE_KERNELS, 0, "dense, q/k/v bias"},
+                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, 0, "MoE + shared expert"},
+                 {"qwen3_moe", "0", MOE_KERNELS, 1, "MoE, q/k norm"}};
+    static const char *vars[] = {"POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE"};
+    char *was[2];
+    for (int v = 0; v < 2; v++) was[v] = getenv(vars[v]) ? strdup(getenv(vars[v])) : NULL;
     const size_t n = sizeof cases / sizeof cases[0];
-    for (size_t i = 0; i < 2 * n; i++) { /* each case with the merge kernel, then fused */
-        int fused = i >= n, want = cases[i % n].want - (fused ? FUSED_MERGE_SAVES : 0);
+    for (size_t i = 0; i < 3 * n; i++) { /* each case as it is, with the merge fused, with RoPE fused */
+        int variant = (int)(i / n);
         const char *arch = cases[i % n].arch, *spec = cases[i % n].layer, *what = cases[i % n].what;
-        setenv("POLAR_CUDA_FUSED_MERGE", fused ? "1" : "0", 1); /* read as a batch is created */
+        int want = cases[i % n].want - (variant == 1 ? FUSED_MERGE_SAVES : 0) -
+                   (variant == 2 && !cases[i % n].qk_norm ? FUSED_ROPE_SAVES : 0);
+        const char *how = variant == 1 ? ", fused merge" : variant == 2 ? ", fused RoPE" : "";
+        for (int v = 0; v < 2; v++) setenv(vars[v], variant == v + 1 ? "1" : "0", 1); /* read as a batch is created */
         polar_model_info info;
         polar_model *m = golden_model(arch, &info);
         if (!m) continue;
@@ -723,22 +728,23 @@ static void batch_launch_count(void) {
         int k1 = decode_kernels(m, D, spec, &c1), k3 = decode_kernels(m, D, three, &c3);
         int layer = (k3 - k1) / 2, fixed = k1 - layer;
         CHECK(k3 - k1 == 2 * layer && layer == want, "%s layer %s (%s%s): %d kernels a layer (%d, %d), not %d", arch,
-              spec, what, fused ? ", fused merge" : "", layer, k1, k3, want);
+              spec, what, how, layer, k1, k3, want);
         CHECK(fixed == STEP_FIXED_KERNELS, "%s: %d kernels a step besides the layers, not %d", arch, fixed,
               STEP_FIXED_KERNELS);
         CHECK(c1 == 0 && c3 == 0, "%s: %d and %d memcpy/memset nodes in a decode step", arch, c1, c3);
-        printf("  %s layer %s (%s%s): %d kernels, %d a step besides\n", arch, spec, what, fused ? ", fused merge" : "",
-               layer, fixed);
+        printf("  %s layer %s (%s%s): %d kernels, %d a step besides\n", arch, spec, what, how, layer, fixed);
         if (!strcmp(arch, "llama")) {
             int kb = decode_kernels(m, D, "base", &cb), wb = STEP_FIXED_KERNELS + D * want;
             CHECK(kb == wb && cb == 0, "llama base: %d kernels, %d copies, not %d", kb, cb, wb);
-            printf("  llama base (%d layers%s): %d kernels a decode step\n", D, fused ? ", fused merge" : "", kb);
+            printf("  llama base (%d layers%s): %d kernels a decode step\n", D, how, kb);
         }
         polar_model_free(m);
     }
-    if (was) setenv("POLAR_CUDA_FUSED_MERGE", was, 1);
-    else unsetenv("POLAR_CUDA_FUSED_MERGE");
-    free(was);
+    for (int v = 0; v < 2; v++) {
+        if (was[v]) setenv(vars[v], was[v], 1);
+        else unsetenv(vars[v]);
+        free(was[v]);
+    }
 }
 
 int main(int argc, char **argv) {

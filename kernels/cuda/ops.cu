@@ -153,6 +153,17 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
 
 // ------------------------------------------------- q/k norm, RoPE, KV store
 
+// (a, b) = (x_i, x_{i + head_dim / 2}) rotated by pos * inv_freq_i, cos and
+// sin scaled (YaRN's attention factor): one function for the RoPE kernel and
+// the GEMV's epilogue, so both give the same bits.
+static __device__ __forceinline__ void rope_pair(float a, float b, int pos, float inv_freq, float scale, float *ra,
+                                                 float *rb) {
+    float angle = (float)pos * inv_freq, c, s;
+    sincosf(angle, &s, &c);
+    c *= scale, s *= scale;
+    *ra = a * c - b * s, *rb = b * c + a * s;
+}
+
 // One block per (token, head) over n_heads query heads then n_kv key heads;
 // a thread per pair (i, i + head_dim/2).
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const bf16_bits *q_norm,
@@ -173,10 +184,8 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
         }
     }
     if (i >= half) return;
-    float angle = (float)pos * inv_freq[i], c, s;
-    sincosf(angle, &s, &c);
-    c *= rope_scale, s *= rope_scale;
-    float ra = a * c - b * s, rb = b * c + a * s;
+    float ra, rb;
+    rope_pair(a, b, pos, inv_freq[i], rope_scale, &ra, &rb);
     if (is_q) {
         float *dst = q + ((size_t)t * n_heads + h) * hd;
         dst[i] = ra;
@@ -200,6 +209,76 @@ extern "C" void cuda_qk_rope_store(float *q, const float *k, const float *v, con
     launch(queue, grid, threads, 0, qk_rope_store_kernel, q, k, v, q_norm, k_norm, inv_freq, rope_scale, k_pool,
            v_pool, map,
            n_heads, n_kv, head_dim, eps);
+}
+
+// q/k/v by the GEMV with RoPE and the bf16 K/V store in its epilogue
+// (models without q/k norms; POLAR_CUDA_FUSED_ROPE=1, off until a GPU
+// times it): a warp per pair (i, i + head_dim / 2) of a head's rows, so both
+// halves of a rotation come out of one warp; q rotated into q, k rotated and
+// v as they are into the pool. gemv_kernel's sums then qk_rope_store_kernel's
+// operations, so the bits of those two launches in one (issue 42 item 3).
+template <bool ONE, bool NORM>
+__global__ void __launch_bounds__(256) gemv_qkv_rope_kernel(gemv_parts parts, const float *x, const bf16_bits *norm,
+                                                            float eps, int T, int cols, const float *inv_freq,
+                                                            float rope_scale, bf16_bits *k_pool, bf16_bits *v_pool,
+                                                            cuda_kv_map map, int hd) {
+    int warps = blockDim.x / WARP, lane = threadIdx.x % WARP, half = hd / 2;
+    int pair = blockIdx.x * warps + threadIdx.x / WARP, t0 = blockIdx.y * MAX_TOKENS_PER_PASS, which = 0;
+    gemv_part part = parts.p[0]; // q, k, v: constant indices keep the parts out of local memory
+    if (pair >= part.rows / 2) pair -= part.rows / 2, part = parts.p[1], which = 1;
+    if (which == 1 && pair >= part.rows / 2) pair -= part.rows / 2, part = parts.p[2], which = 2;
+    await_previous_kernel();
+    if (pair >= part.rows / 2) return;
+    int ra = pair / half * hd + pair % half, rb = ra + half; // the pair's rows within its part
+    const float *xs[MAX_TOKENS_PER_PASS];
+    float acc[2][MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+    int n = pass_inputs<ONE>(xs, acc[0], ss, x, t0, T, cols);
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) acc[1][t] = 0.0f;
+    const uint16_t *rows[2] = {part.w + (size_t)ra * cols, part.w + (size_t)rb * cols};
+    rows_dots<2, ONE ? 4 : 2, NORM>(acc, ss, rows, norm, xs, n, cols, lane);
+    float ba = part.bias ? bf(part.bias[ra]) : 0.0f, bb = part.bias ? bf(part.bias[rb]) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
+        if (t >= n) break;
+        float a = warp_sum(acc[0][t]), b = warp_sum(acc[1][t]);
+        if (NORM) {
+            float inv = rms_scale(ss[t], cols, eps);
+            a *= inv, b *= inv;
+        }
+        a = a + ba, b = b + bb; // as store_row writes them
+        if (lane) continue;
+        int tok = t0 + t, pos = kv_pos(map, tok);
+        if (which == 2) {
+            size_t row = kv_row(kv_table(map, tok), pos) * part.rows;
+            v_pool[row + ra] = to_bf(a), v_pool[row + rb] = to_bf(b);
+            continue;
+        }
+        float qa, qb;
+        rope_pair(a, b, pos, inv_freq[pair % half], rope_scale, &qa, &qb);
+        if (which == 0) {
+            part.y[(size_t)tok * part.rows + ra] = qa, part.y[(size_t)tok * part.rows + rb] = qb;
+        } else {
+            size_t row = kv_row(kv_table(map, tok), pos) * part.rows;
+            k_pool[row + ra] = to_bf(qa), k_pool[row + rb] = to_bf(qb);
+        }
+    }
+}
+
+extern "C" void cuda_matmul_qkv_rope(float *q, const float *x, const bf16_bits *wq, const bf16_bits *wk,
+                                     const bf16_bits *wv, const bf16_bits *bq, const bf16_bits *bk,
+                                     const bf16_bits *bv, const bf16_bits *norm, float eps, const float *inv_freq,
+                                     float rope_scale, bf16_bits *k_pool, bf16_bits *v_pool, cuda_kv_map map, int T,
+                                     int n_heads, int n_kv, int head_dim, int cols, const cuda_queue *queue) {
+    int q_rows = n_heads * head_dim, kv_rows = n_kv * head_dim;
+    gemv_parts parts = {{{q, wq, bq, q_rows}, {NULL, wk, bk, kv_rows}, {NULL, wv, bv, kv_rows}}, 3,
+                        (q_rows + 2 * kv_rows) / 2};
+    const int threads = 256, warps = threads / WARP;
+    dim3 grid((parts.rows + warps - 1) / warps, passes(T));
+    auto kernel = norm ? (T == 1 ? gemv_qkv_rope_kernel<true, true> : gemv_qkv_rope_kernel<false, true>)
+                       : (T == 1 ? gemv_qkv_rope_kernel<true, false> : gemv_qkv_rope_kernel<false, false>);
+    launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, inv_freq, rope_scale, k_pool, v_pool, map,
+           head_dim);
 }
 
 __global__ void copy_rows_kernel(float *dst, const float *src, const int *dst_idx, const int *src_idx, int width) {

@@ -71,6 +71,16 @@ void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, 
 void cuda_matmul(float *y, const float *x, const bf16_bits *w, const bf16_bits *bias, int T, int rows, int cols,
                  int accumulate, const cuda_queue *queue);
 
+/* cuda_matmul_qkv (norm on the fly when given) with cuda_qk_rope_store's
+ * RoPE and K/V store (no q/k norms) in the epilogue, one launch: q rotated
+ * into q[T, n_heads * head_dim], k rotated and v into the pools at the
+ * tokens' rows of map; the same bits as the two launches. */
+void cuda_matmul_qkv_rope(float *q, const float *x, const bf16_bits *wq, const bf16_bits *wk, const bf16_bits *wv,
+                          const bf16_bits *bq, const bf16_bits *bk, const bf16_bits *bv, const bf16_bits *norm,
+                          float eps, const float *inv_freq, float rope_scale, bf16_bits *k_pool, bf16_bits *v_pool,
+                          cuda_kv_map map, int T, int n_heads, int n_kv, int head_dim, int cols,
+                          const cuda_queue *queue);
+
 /* cuda_matmul for 1..16 tokens on tensor cores (kernels/cuda/mma_gemv.cu):
  * x rounded to bf16 as for cuBLASLt, f32 sums, y rows ldy floats apart; 0
  * (nothing launched) unless rows is a multiple of 16, cols of 64, w 32-byte
