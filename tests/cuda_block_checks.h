@@ -181,14 +181,26 @@ static void planted(const host_blocks *h, const char *what, int byte, uint8_t (*
 static uint8_t swap_nibbles(uint8_t b) { return (uint8_t)(b << 4 | b >> 4) == b ? (uint8_t)(b ^ 0x11) : (uint8_t)(b << 4 | b >> 4); }
 static uint8_t zero_byte(uint8_t b) { return b ? 0 : 0x3C; }
 static uint8_t next_scale(uint8_t b) { return (uint8_t)(b ^ 0x01); }
+static uint8_t scale_off_16(uint8_t b) { return (uint8_t)(b ^ 0x10); } /* an int8 scale of up to 127: 1 may hide */
+
+/* Row 0's first Q4_K block given d = dmin = 2^-6 (the bytes and the
+ * dequantized row): random d and dmin may differ 64-fold, and a scale off
+ * by one under a d 64 times smaller than dmin moves the row by less than
+ * the bound, whatever the kernel does. */
+static void k4_even_scales(host_blocks *h) {
+    h->b[0] = 0x00, h->b[1] = 0x24, h->b[2] = 0x00, h->b[3] = 0x24; /* f16 0x2400 = 2^-6, little-endian */
+    cpu_dequantize_row(h->t, h->b, h->f, h->cols);
+}
 
 static void kernel_blocks_planted(void) {
+    block_rng = 0x2545F491u, rng = 0x9E3779B97F4A7C15ull; /* the same blocks and inputs whatever ran before */
     host_blocks q4k = make_blocks(CPU_W_Q4_K, 5, 256), q6k = make_blocks(CPU_W_Q6_K, 5, 256);
+    k4_even_scales(&q4k);
     host_blocks q41 = make_blocks(CPU_W_Q4_1, 5, 64);
     planted(&q4k, "a swapped nibble pair", 16 + 3, swap_nibbles);
     planted(&q4k, "a dropped min (dmin's high byte)", 3, zero_byte);
     planted(&q4k, "a wrong 6-bit scale", 4 + 1, next_scale);
-    planted(&q6k, "a wrong int8 scale", 192 + 9, next_scale);
+    planted(&q6k, "a wrong int8 scale", 192 + 9, scale_off_16);
     planted(&q41, "a dropped offset (m's high byte)", 3, zero_byte);
     host_blocks xs = make_blocks(CPU_W_IQ4_XS, 5, 256), nl = make_blocks(CPU_W_IQ4_NL, 5, 64);
     planted(&xs, "a wrong scale's high bits", 2, next_scale);
