@@ -267,13 +267,14 @@ HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 # SAN=1 (the fibers' stack switches confuse AddressSanitizer). make
 # test-cuda-emu runs every test at full size.
 EMU_IN_TEST := $(if $(CUDA)$(SAN)$(CUDA_EMU),,1)
-EMU_KERNEL_TESTS := kernel_matmul kernel_mma_gemv kernel_qkv_rope kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops \
-                    kernel_kv_store kernel_attention kernel_moe kernel_read_sum kernel_blocks_matmul kernel_blocks_planted \
+EMU_KERNEL_TESTS := kernel_matmul kernel_mma_gemv kernel_qkv_rope kernel_route_group kernel_rmsnorm_swiglu_argmax \
+                    kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe kernel_read_sum kernel_blocks_matmul kernel_blocks_planted \
                     kernel_blocks_fused kernel_blocks_staged kernel_blocks_rows kernel_blocks_experts \
                     kernel_blocks_gemm
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off timing_switches gemv_tokens_env mma_gemv_env greedy_stop \
                    gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step perplexity_gpu
-EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe kernel_blocks_staged kernel_mma_gemv model_moe_deterministic
+EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe kernel_blocks_staged kernel_mma_gemv kernel_route_group \
+                   model_moe_deterministic
 # Data races (make test-cuda-race): make test runs the emulation's race
 # self-test and the faster kernel tests, when the C++ compiler's
 # ThreadSanitizer builds and runs here; make test-cuda-race runs them all.

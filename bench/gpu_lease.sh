@@ -128,6 +128,16 @@ step rope 80 env COMMIT="$COMMIT" OUTFILE="$R/rope.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"fused_rope\":$v,\"result\":/; s/\$/}/" /tmp/polar-rope.json >>"$OUTFILE"
     done; done; done'
 
+# Issue 42 item 5: the MoE router, top-k and grouping in one block
+# (POLAR_CUDA_FUSED_ROUTE=1, two launches an MoE layer fewer, the same bits;
+# emulation only until this run), alternated, Qwen1.5-MoE preset decode.
+step route 70 env COMMIT="$COMMIT" OUTFILE="$R/route.jsonl" sh -c '
+    for rep in 1 2; do for v in 0 1; do
+        POLAR_CUDA_FUSED_ROUTE=$v ./build-cuda/polar bench --device cuda --json --preset qwen1.5-moe-a2.7b \
+            --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-route.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"fused_route\":$v,\"result\":/; s/\$/}/" /tmp/polar-route.json >>"$OUTFILE"
+    done; done'
+
 # Sanitizer on the new kernels (blocks), then the A/B against
 # the last GPU-measured base, before the longer benchmarks.
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
@@ -153,13 +163,15 @@ step initcheck_gemm 40 compute-sanitizer --tool initcheck --error-exitcode 1 ./b
 step memcheck_batch 60 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda_batch --quick
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick \
     kernel_matmul kernel_rmsnorm_swiglu_argmax kernel_fused_gemv kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe \
-    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_staged kernel_blocks_experts kernel_mma_gemv kernel_qkv_rope
+    kernel_blocks_matmul kernel_blocks_fused kernel_blocks_staged kernel_blocks_experts kernel_mma_gemv kernel_qkv_rope kernel_route_group
 pack
 for f in batch evidence ab; do tail -n 25 "$R/$f.log" 2>/dev/null; done
 grep -o '"blocks":[0-9]\|"q8":[0-9]\|"gemm":"[a-z]*"\|"stage":[0-9]\|"model":"[^"]*"\|"prompt_len":[0-9]*\|"device_weights_vs_stored":[0-9.]*\|"decode_ms_per_token":[0-9.]*\|"prefill_ms":[0-9.]*\|"fraction_of_read":[0-9.]*' \
     "$R/blocks.jsonl" 2>/dev/null | paste -d' ' - - - - - - - - - - | sed 's/^/  blocks: /'
 grep -o '"fused_rope":[0-9]*\|"prompt_len":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"launches_per_step":[0-9]*' "$R/rope.jsonl" \
     2>/dev/null | paste -d' ' - - - - | sed 's/^/  rope: /'
+grep -o '"fused_route":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"launches_per_step":[0-9]*' "$R/route.jsonl" 2>/dev/null |
+    paste -d' ' - - - | sed 's/^/  route: /'
 grep -o '"mma":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/mma.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  mma: /'
 echo "total $(($(date +%s) - start)) s"

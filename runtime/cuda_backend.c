@@ -121,24 +121,18 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
         return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_GEMM=%s: fused or chunked", gemm);
     }
     c->blocks_chunked_gemm = gemm && !strcmp(gemm, "chunked");
-    const char *rope = getenv("POLAR_CUDA_FUSED_ROPE");
-    if (rope && strcmp(rope, "0") && strcmp(rope, "1")) {
-        cuda_state_free(c);
-        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_FUSED_ROPE=%s: 0 or 1", rope);
+    /* the switches of decode variants off until a GPU times them: 0 or 1 */
+    static const char *const switches[] = {"POLAR_CUDA_FUSED_ROPE", "POLAR_CUDA_FUSED_ROUTE", "POLAR_CUDA_MMA_GEMV",
+                                           "POLAR_CUDA_BLOCKS_STAGE"};
+    int *flags[] = {&c->fused_rope, &c->fused_route, &c->mma_gemv, &c->queue.stage_rows};
+    for (int i = 0; i < 4; i++) {
+        const char *v = getenv(switches[i]);
+        if (v && strcmp(v, "0") && strcmp(v, "1")) {
+            cuda_state_free(c);
+            return polar_fail(err, POLAR_ERR_ARG, "device cuda: %s=%s: 0 or 1", switches[i], v);
+        }
+        *flags[i] = v && !strcmp(v, "1");
     }
-    c->fused_rope = rope && !strcmp(rope, "1");
-    const char *mma = getenv("POLAR_CUDA_MMA_GEMV");
-    if (mma && strcmp(mma, "0") && strcmp(mma, "1")) {
-        cuda_state_free(c);
-        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_MMA_GEMV=%s: 0 or 1", mma);
-    }
-    c->mma_gemv = mma && !strcmp(mma, "1");
-    const char *stage = getenv("POLAR_CUDA_BLOCKS_STAGE");
-    if (stage && strcmp(stage, "0") && strcmp(stage, "1")) {
-        cuda_state_free(c);
-        return polar_fail(err, POLAR_ERR_ARG, "device cuda: POLAR_CUDA_BLOCKS_STAGE=%s: 0 or 1", stage);
-    }
-    c->queue.stage_rows = stage && !strcmp(stage, "1");
     if (!(c->w = cuda_model_weights(m, &c->shard))) {
         cuda_state_free(c);
         return polar_fail(err, POLAR_ERR_NOMEM, "device cuda: out of GPU memory for the model's weights");

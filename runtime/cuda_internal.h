@@ -107,6 +107,8 @@ struct cuda_state {
                                   * POLAR_CUDA_GEMV_TOKENS) */
     int fused_rope;              /* POLAR_CUDA_FUSED_ROPE=1: decode's q/k/v GEMV (bf16, no q/k norms) applies
                                   * RoPE and stores K/V itself (cuda_matmul_qkv_rope): one launch a layer fewer */
+    int fused_route;             /* POLAR_CUDA_FUSED_ROUTE=1: a pass of up to 8 tokens routed and grouped by one
+                                  * block (cuda_route_group): two launches an MoE layer fewer */
     int mma_gemv;                /* POLAR_CUDA_MMA_GEMV=1: passes of more than gemv_tokens and up to
                                   * CUDA_DECODE_TOKENS tokens over bf16 weights on the tensor-core GEMV
                                   * (cuda_matmul_mma), not cuBLASLt */

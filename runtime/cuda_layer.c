@@ -113,8 +113,12 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = c->shard.shared_ffn;
     int e0 = c->shard.e0, E = c->shard.n_experts;
     const cuda_queue *s = &c->queue;
-    cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk, s);
-    cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
+    if (!c->fused_route || !cuda_route_group(c->groups, c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router,
+                                             T, a->n_experts, H, k, a->norm_topk, e0, E, s)) {
+        cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk,
+                   s);
+        cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
+    }
     /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV; experts kept as blocks
      * unpacked into the tensor cores' tiles */
     cuda_wmat none = {0};

@@ -13,9 +13,11 @@
  * dependency wait), POLAR_CUDA_FUSED_MERGE=1 (split-K attention merged by
  * its last block: one launch, the merge's operations unchanged),
  * POLAR_CUDA_FUSED_ROPE=1 (RoPE and the K/V store in the q/k/v GEMV's
- * epilogue: one launch, the same operations). */
+ * epilogue: one launch, the same operations), POLAR_CUDA_FUSED_ROUTE=1 (the
+ * MoE router, top-k and grouping by one block). */
 static void timing_switches(void) {
-    static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE"};
+    static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE",
+                                 "POLAR_CUDA_FUSED_ROUTE"};
     enum { N_VARS = sizeof vars / sizeof vars[0] };
     static const char *archs[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
@@ -55,20 +57,13 @@ static void timing_switches(void) {
         polar_program_free(&p);
         polar_model_free(m);
     }
-    setenv("POLAR_CUDA_FUSED_ROPE", "2", 1); /* the one of them that checks its value */
     polar_error err;
     polar_model *m = NULL;
     CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
-    polar_program p;
-    if (m && polar_program_base(m->arch.n_layers, &p, &err) == POLAR_OK) {
-        polar_session_opts o = {.max_ctx = 32, .device = POLAR_DEVICE_CUDA};
-        polar_session *s = NULL;
-        CHECK(polar_session_create(m, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_FUSED_ROPE=2"),
-              "POLAR_CUDA_FUSED_ROPE=2: not refused (%s)", err.msg);
-        polar_session_free(s);
-        polar_program_free(&p);
+    if (m) { /* the values the variants of cuda_state_create take: 0 or 1 */
+        env_refused(m, "POLAR_CUDA_FUSED_ROPE", "2");
+        env_refused(m, "POLAR_CUDA_FUSED_ROUTE", "yes");
     }
-    unsetenv("POLAR_CUDA_FUSED_ROPE");
     polar_model_free(m);
 }
 
@@ -278,18 +273,7 @@ static void mma_gemv_env(void) {
             if (i < 2) CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]), "%s: greedy tokens differ", name);
             printf("  %-12s POLAR_CUDA_MMA_GEMV=1 against cuBLASLt, prompt: max %.2e rel %.1e\n", name, d, rel);
         }
-        if (i == 0) {
-            polar_program p;
-            CHECK_OK(polar_program_base(m->arch.n_layers, &p, &err));
-            polar_session_opts o = {.max_ctx = 32, .device = POLAR_DEVICE_CUDA};
-            setenv("POLAR_CUDA_MMA_GEMV", "on", 1);
-            polar_session *s = NULL;
-            CHECK(polar_session_create(m, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, "POLAR_CUDA_MMA_GEMV=on"),
-                  "POLAR_CUDA_MMA_GEMV=on: not refused (%s)", err.msg);
-            polar_session_free(s);
-            unsetenv("POLAR_CUDA_MMA_GEMV");
-            polar_program_free(&p);
-        }
+        if (i == 0) env_refused(m, "POLAR_CUDA_MMA_GEMV", "on");
         free(pre[0]), free(pre[1]);
         polar_model_free(m);
     }

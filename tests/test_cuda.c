@@ -585,6 +585,24 @@ static void gpu_cache_consistency(void) {
     polar_model_free(m);
 }
 
+/* A CUDA session of m (the base program) with var=value set fails with
+ * POLAR_ERR_ARG, naming var=value; var unset after. */
+static void env_refused(polar_model *m, const char *var, const char *value) {
+    polar_error err;
+    polar_program p;
+    CHECK_OK(polar_program_base(m->arch.n_layers, &p, &err));
+    polar_session_opts o = {.max_ctx = 16, .device = POLAR_DEVICE_CUDA};
+    char named[96];
+    snprintf(named, sizeof named, "%s=%s", var, value);
+    setenv(var, value, 1);
+    polar_session *s = NULL;
+    CHECK(polar_session_create(m, &p, &o, &s, &err) == POLAR_ERR_ARG && strstr(err.msg, named), "%s: not refused (%s)",
+          named, err.msg);
+    polar_session_free(s);
+    unsetenv(var);
+    polar_program_free(&p);
+}
+
 #include "cuda_model_blocks.h"
 #include "cuda_switch_checks.h"
 
@@ -602,6 +620,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_matmul);
     RUN_IF(kernel_mma_gemv);
     RUN_IF(kernel_qkv_rope);
+    RUN_IF(kernel_route_group);
     RUN_IF(kernel_rmsnorm_swiglu_argmax);
     RUN_IF(kernel_fused_gemv);
     RUN_IF(kernel_prefill_ops);

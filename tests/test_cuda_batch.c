@@ -656,6 +656,7 @@ static void batch_tp_refused(void) {
 #define SHARED_EXPERT_KERNELS 2 /* qwen2_moe: the shared expert's gate/up SwiGLU GEMV and down GEMV */
 #define FUSED_MERGE_SAVES 1  /* POLAR_CUDA_FUSED_MERGE=1: the attention merged by its last split block */
 #define FUSED_ROPE_SAVES 1   /* POLAR_CUDA_FUSED_ROPE=1: RoPE and the KV store in the q/k/v GEMV (no q/k norms) */
+#define FUSED_ROUTE_SAVES 2  /* POLAR_CUDA_FUSED_ROUTE=1: router GEMV, top-k and grouping in one block */
 
 /* The kernel nodes (and into *copies the memcpy and memset nodes) of a
  * batch-1 decode step of program spec on m: a 3-token prompt, then 4
@@ -702,23 +703,26 @@ static int decode_kernels(const polar_model *m, int D, const char *spec, int *co
 static void batch_launch_count(void) {
     static const struct {
         const char *arch, *layer;
-        int want, qk_norm;
+        int want, qk_norm, moe;
         const char *what;
-    } cases[] = {{"llama", "0", DENSE_KERNELS, 0, "dense"},
-                 {"qwen2_moe", "0", DENSE_KERNELS, 0, "dense, q/k/v bias"},
-                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, 0, "MoE + shared expert"},
-                 {"qwen3_moe", "0", MOE_KERNELS, 1, "MoE, q/k norm"}};
-    static const char *vars[] = {"POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE"};
-    char *was[2];
-    for (int v = 0; v < 2; v++) was[v] = getenv(vars[v]) ? strdup(getenv(vars[v])) : NULL;
+    } cases[] = {{"llama", "0", DENSE_KERNELS, 0, 0, "dense"},
+                 {"qwen2_moe", "0", DENSE_KERNELS, 0, 0, "dense, q/k/v bias"},
+                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, 0, 1, "MoE + shared expert"},
+                 {"qwen3_moe", "0", MOE_KERNELS, 1, 1, "MoE, q/k norm"}};
+    static const char *vars[] = {"POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE", "POLAR_CUDA_FUSED_ROUTE"};
+    static const char *hows[] = {"", ", fused merge", ", fused RoPE", ", fused route"};
+    enum { N_VARS = sizeof vars / sizeof vars[0] };
+    char *was[N_VARS];
+    for (int v = 0; v < N_VARS; v++) was[v] = getenv(vars[v]) ? strdup(getenv(vars[v])) : NULL;
     const size_t n = sizeof cases / sizeof cases[0];
-    for (size_t i = 0; i < 3 * n; i++) { /* each case as it is, with the merge fused, with RoPE fused */
+    for (size_t i = 0; i < (N_VARS + 1) * n; i++) { /* each case as it is, then with each switch */
         int variant = (int)(i / n);
         const char *arch = cases[i % n].arch, *spec = cases[i % n].layer, *what = cases[i % n].what;
         int want = cases[i % n].want - (variant == 1 ? FUSED_MERGE_SAVES : 0) -
-                   (variant == 2 && !cases[i % n].qk_norm ? FUSED_ROPE_SAVES : 0);
-        const char *how = variant == 1 ? ", fused merge" : variant == 2 ? ", fused RoPE" : "";
-        for (int v = 0; v < 2; v++) setenv(vars[v], variant == v + 1 ? "1" : "0", 1); /* read as a batch is created */
+                   (variant == 2 && !cases[i % n].qk_norm ? FUSED_ROPE_SAVES : 0) -
+                   (variant == 3 && cases[i % n].moe ? FUSED_ROUTE_SAVES : 0);
+        const char *how = hows[variant];
+        for (int v = 0; v < N_VARS; v++) setenv(vars[v], variant == v + 1 ? "1" : "0", 1); /* read as a batch is made */
         polar_model_info info;
         polar_model *m = golden_model(arch, &info);
         if (!m) continue;
@@ -740,7 +744,7 @@ static void batch_launch_count(void) {
         }
         polar_model_free(m);
     }
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < N_VARS; v++) {
         if (was[v]) setenv(vars[v], was[v], 1);
         else unsetenv(vars[v]);
         free(was[v]);

@@ -28,18 +28,15 @@ static __device__ __forceinline__ bool ranks_before(float av, int ai, float bv, 
     return av > bv || (av == bv && ai < bi);
 }
 
-__global__ void topk_kernel(int *idx, float *weight, const float *logits, int T, int E, int k, int norm) {
-    await_previous_kernel();
-    int lane = threadIdx.x % WARP, t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (t >= T) return;
-    const float *lg = logits + (size_t)t * E;
+// Token t's routing by one warp from its E logits lg: idx[0..k) and
+// weight[0..k) as the header says (lane 0 writes them).
+static __device__ void route_token(int *id, float *wt, const float *lg, int E, int k, int norm, int lane) {
     float mx = -INFINITY, sum = 0.0f;
     for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
     for (int e = lane; e < E; e += WARP) sum += expf(lg[e] - mx);
     sum = warp_sum(sum);
-    int *id = idx + (size_t)t * k;
-    float *wt = weight + (size_t)t * k, total = 0.0f, pv = INFINITY;
+    float total = 0.0f, pv = INFINITY;
     int pi = -1; // the previous pick: (+inf, -1) ranks before everything
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
@@ -67,6 +64,13 @@ __global__ void topk_kernel(int *idx, float *weight, const float *logits, int T,
         }
     if (norm)
         for (int j = 0; j < k; j++) wt[j] /= total;
+}
+
+__global__ void topk_kernel(int *idx, float *weight, const float *logits, int T, int E, int k, int norm) {
+    await_previous_kernel();
+    int lane = threadIdx.x % WARP, t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (t >= T) return;
+    route_token(idx + (size_t)t * k, weight + (size_t)t * k, logits + (size_t)t * E, E, k, norm, lane);
 }
 
 extern "C" void cuda_route(int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router, int T,
@@ -99,10 +103,10 @@ static __device__ __forceinline__ int local_expert(const int *idx, int s, int n_
 // The lane's rank among the lanes of mask below it, and whether it leads.
 static __device__ __forceinline__ int rank_in(unsigned mask, int lane) { return __popc(mask & ((1u << lane) - 1)); }
 
-__global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int e0, int E) {
-    await_previous_kernel();
-    extern __shared__ int cursor[]; // [E]: counts, then each expert's next free place
-    int lane = threadIdx.x, *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
+// The grouping by one warp (lane), cursor[E] in shared memory: counts,
+// then each expert's next free place.
+static __device__ void group_slots(int *groups, const int *idx, int n_slots, int e0, int E, int *cursor, int lane) {
+    int *active = groups + 1, *offset = groups + 1 + E, *slots = groups + 2 + 2 * E;
     for (int e = lane; e < E; e += WARP) cursor[e] = 0;
     __syncwarp();
     for (int s0 = 0; s0 < n_slots; s0 += WARP) {
@@ -143,8 +147,50 @@ __global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int e
     }
 }
 
+__global__ void moe_group_kernel(int *groups, const int *idx, int n_slots, int e0, int E) {
+    await_previous_kernel();
+    extern __shared__ int cursor[];
+    group_slots(groups, idx, n_slots, e0, E, cursor, threadIdx.x);
+}
+
 extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int e0, int E, const cuda_queue *queue) {
     launch(queue, 1, WARP, (size_t)E * sizeof(int), moe_group_kernel, groups, idx, T * k, e0, E);
+}
+
+// A pass of up to 8 tokens routed and grouped by one block (POLAR_CUDA_FUSED_ROUTE=1,
+// off until a GPU times it; issue 42 item 5): its warps take the router's
+// rows in turn as the row-parallel GEMV's warps do (the same sums), then a
+// warp per token routes, then warp 0 groups: one launch for three. A
+// decode step's router is E x H, a few hundred KB: one multiprocessor reads
+// it in a few microseconds, about what the two launches cost.
+__global__ void __launch_bounds__(256) route_group_kernel(int *groups, int *idx, float *weight, float *logits,
+                                                          const float *x, const bf16_bits *w, int T, int E, int H,
+                                                          int k, int norm, int e0, int E_local) {
+    await_previous_kernel();
+    extern __shared__ int route_cursor[]; // [E_local], for group_slots
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    for (int r = warp; r < E; r += warps) {
+        const float *xs[MAX_TOKENS_PER_PASS];
+        float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
+        int n = pass_inputs<false>(xs, acc, ss, x, 0, T, H);
+        const uint16_t *wr = w + (size_t)r * H;
+        rows_dots<1, 4, false>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &wr, NULL, xs, n, H, lane);
+        store_row<false>(logits, E, r, 0, n, acc, ss, 0.0f, H, 0.0f, 0, lane);
+    }
+    __syncthreads(); // the logits, written to global memory by the block, seen by it
+    for (int t = warp; t < T; t += warps)
+        route_token(idx + (size_t)t * k, weight + (size_t)t * k, logits + (size_t)t * E, E, k, norm, lane);
+    __syncthreads();
+    if (warp == 0) group_slots(groups, idx, T * k, e0, E_local, route_cursor, lane);
+}
+
+extern "C" int cuda_route_group(int *groups, int *idx, float *weight, float *logits, const float *x,
+                                const bf16_bits *w_router, int T, int E, int H, int k, int norm, int e0, int E_local,
+                                const cuda_queue *queue) {
+    if (T < 1 || T > MAX_TOKENS_PER_PASS) return 0;
+    launch(queue, 1, 256, (size_t)E_local * sizeof(int), route_group_kernel, groups, idx, weight, logits, x, w_router,
+           T, E, H, k, norm, e0, E_local);
+    return 1;
 }
 
 // --------------------------------------------------------------- expert GEMV
