@@ -215,9 +215,11 @@ INLINE __m256 q6k_scale(const uint8_t *b, int j, int e, int h) {
 }
 
 /* Q6_K: bits 2q, 2q + 1 of each byte of h as bits 4, 5 (a weight's top
- * two bits above its nibble). */
+ * two bits above its nibble): one 16-bit shift that moves them there (q a
+ * constant; the bits it carries across bytes are masked off) and a mask. */
 INLINE __m256i q6k_high(__m256i h, int q) {
-    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * q), _mm256_set1_epi8(3)), 4);
+    __m256i s = q == 2 ? h : q < 2 ? _mm256_slli_epi16(h, 4 - 2 * q) : _mm256_srli_epi16(h, 2);
+    return _mm256_and_si256(s, _mm256_set1_epi8(0x30));
 }
 
 /* Q5_K: bit j of each byte of qh (32-block j's fifth bits) as bit 4. */
@@ -456,25 +458,22 @@ INLINE void x16_q6k_decode(int nh, const uint8_t *g, int nb, const cpu_q8_block 
             const cpu_q8_block *xb = x + (size_t)unit * 8 + j;
             const uint8_t *n = b + 384 * j;
             x16_prefetch_part(t, b, j);
-            __m256i s32[2][2], s16[2][2]; /* [half][weights 16e..16e+15]; zero point 32 */
-            for (int h = 0; h < 2; h++)
-                for (int e = 0; e < 2; e++) s32[h][e] = _mm256_set1_epi32(-32 * xb->half_sum[e]);
-            for (int q = 0; q < 4; q++) {
-                __m256i xl = _mm256_set1_epi32(x_word(xb, q)), xh = _mm256_set1_epi32(x_word(xb, q + 4));
-                for (int h = 0; h < nh; h++) {
+            for (int h = 0; h < nh; h++) { /* a half at a time: both at once spilled the sums */
+                __m256i s32[2], s16[2]; /* weights 16e..16e+15; zero point 32 */
+                const __m256i h0 = _mm256_loadu_si256((const __m256i *)(n + 256 + 32 * h)),
+                              h1 = _mm256_loadu_si256((const __m256i *)(n + 320 + 32 * h));
+                for (int e = 0; e < 2; e++) s32[e] = _mm256_set1_epi32(-32 * xb->half_sum[e]);
+                for (int q = 0; q < 4; q++) {
                     __m256i p = _mm256_loadu_si256((const __m256i *)(n + 64 * q + 32 * h));
-                    __m256i h0 = _mm256_loadu_si256((const __m256i *)(n + 256 + 32 * h));
-                    __m256i h1 = _mm256_loadu_si256((const __m256i *)(n + 320 + 32 * h));
                     __m256i lo = _mm256_or_si256(_mm256_and_si256(p, low4), q6k_high(h0, q));
                     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), low4), q6k_high(h1, q));
-                    sum_term(t, q, &s32[h][0], &s16[h][0], lo, xl);
-                    sum_term(t, q + 4, &s32[h][1], &s16[h][1], hi, xh);
+                    sum_term(t, q, &s32[0], &s16[0], lo, _mm256_set1_epi32(x_word(xb, q)));
+                    sum_term(t, q + 4, &s32[1], &s16[1], hi, _mm256_set1_epi32(x_word(xb, q + 4)));
                 }
-            }
-            for (int h = 0; h < nh; h++)
                 for (int e = 0; e < 2; e++)
-                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[h][e]),
+                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[e]),
                                              _mm256_mul_ps(q6k_scale(b, j, e, h), _mm256_set1_ps(xb->d)), acc[h]);
+            }
         }
     }
     for (int h = 0; h < nh; h++) f[h][0] = acc[h];
