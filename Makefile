@@ -272,7 +272,7 @@ EMU_KERNEL_TESTS := kernel_matmul kernel_mma_gemv kernel_qkv_rope kernel_route_g
                     kernel_blocks_fused kernel_blocks_staged kernel_blocks_rows kernel_blocks_experts \
                     kernel_blocks_gemm
 EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_recapture overlap_off timing_switches gemv_tokens_env mma_gemv_env greedy_stop \
-                   gpu_cache_consistency predictor_fused model_gguf_blocks no_alloc_per_step perplexity_gpu
+                   gpu_cache_consistency predictor_fused predictor_device_states model_gguf_blocks no_alloc_per_step perplexity_gpu
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe kernel_blocks_staged kernel_mma_gemv kernel_route_group \
                    model_moe_deterministic
 # Data races (make test-cuda-race): make test runs the emulation's race

@@ -510,7 +510,9 @@ polar_status polar_batch_open(polar_batch *b, const polar_program *program, int 
 
 /* Per-token outputs of an append, in the caller's memory (each may be
  * NULL), filled as the steps run the tokens: every appended token's logits
- * (n x vocab) and final-normed hidden state (n x hidden). */
+ * (n x vocab) and final-normed hidden state (n x hidden). On a CUDA batch
+ * hidden may also be device memory (cudaMalloc'd, on any of the process's
+ * GPUs): the states are copied there without a trip through the host. */
 typedef struct {
     float *logits;
     float *hidden;
@@ -973,7 +975,8 @@ polar_status polar_search_result_get(polar_search *s, polar_search_result *out, 
 void polar_search_free(polar_search *s);
 
 /* Encoder states: reset the session, run the tokens through its program and
- * write each token's final hidden state after the final norm (n x hidden). */
+ * write each token's final hidden state after the final norm (n x hidden;
+ * on a CUDA session hidden may be device memory, as polar_batch_outputs). */
 polar_status polar_encode(polar_session *s, const int *tokens, int n, float *hidden, polar_error *err);
 
 /* --------------------------------------------------------------- measuring */

@@ -23,6 +23,11 @@ polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, f
 
 void pred_cuda_free(void *state) { (void)state; }
 
+float *pred_cuda_input(const polar_predictor *p) {
+    (void)p;
+    return NULL;
+}
+
 #else
 
 #include <cuda_runtime_api.h>
@@ -36,6 +41,7 @@ typedef struct {
     pred_cuda_args args;
     int grid;                /* cooperative blocks, all resident at once */
     float *weights, *work;
+    float *host_out;         /* pinned [4 D]: seg, then op, on their way to the caller */
     cudaStream_t stream;
 } pred_cuda;
 
@@ -44,6 +50,7 @@ void pred_cuda_free(void *state) {
     if (!c) return;
     cudaFree(c->weights);
     cudaFree(c->work);
+    cudaFreeHost(c->host_out);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -83,6 +90,7 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->weights, p->storage_floats * sizeof(float));
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->work, work * sizeof(float));
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&c->host_out, 4 * D * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(c->weights, p->storage, p->storage_floats * sizeof(float), cudaMemcpyHostToDevice,
                             c->stream);
@@ -113,18 +121,27 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     return POLAR_OK;
 }
 
+float *pred_cuda_input(const polar_predictor *p) { return p->cuda ? (float *)((pred_cuda *)p->cuda)->args.h : NULL; }
+
+/* The states uploaded unless they are already the device input (an encoder
+ * on the GPU wrote them there); the logits back through pinned memory (a
+ * pageable copy is staged by the driver and waits for it). */
 polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err) {
     pred_cuda *c = p->cuda;
+    size_t D = (size_t)p->D;
     c->args.T = T;
-    cudaError_t e = cudaMemcpyAsync((float *)c->args.h, h, (size_t)T * p->dq * sizeof(float), cudaMemcpyHostToDevice,
-                                    c->stream);
+    cudaError_t e = cudaSuccess;
+    if (h != c->args.h)
+        e = cudaMemcpyAsync((float *)c->args.h, h, (size_t)T * p->dq * sizeof(float), cudaMemcpyHostToDevice, c->stream);
     if (e == cudaSuccess) e = (cudaError_t)cuda_predictor_launch(&c->args, c->grid, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->host_out, c->args.seg, D * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(seg, c->args.seg, (size_t)p->D * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(op, c->args.op, (size_t)p->D * 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+        e = cudaMemcpyAsync(c->host_out + D, c->args.op, D * 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    return e == cudaSuccess ? POLAR_OK : polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
+    memcpy(seg, c->host_out, D * sizeof(float));
+    memcpy(op, c->host_out + D, D * 3 * sizeof(float));
+    return POLAR_OK;
 }
 
 #endif

@@ -9,6 +9,10 @@
 
 #include "../runtime/error.h"
 #include "polar.h"
+#include "predictor.h"
+
+/* the encoder's states fit the predictor's device input */
+_Static_assert(POLAR_PLANNER_MAX_TOKENS <= PRED_MAX_TOKENS, "planner questions longer than the predictor takes");
 
 struct polar_planner {
     polar_predictor *pred;
@@ -18,6 +22,7 @@ struct polar_planner {
     polar_program prog;
     int D, hidden;
     float *h, *seg, *op; /* [POLAR_PLANNER_MAX_TOKENS, hidden], [D], [D, 3] */
+    float *states;       /* where the encoder writes: h, or the predictor's device input when both are on the GPU */
     const char *device;  /* where the predictor runs */
     char note[sizeof ((polar_error *)0)->msg]; /* why it runs on the CPU beside an encoder on the GPU */
 };
@@ -84,9 +89,11 @@ polar_status polar_planner_open(const char *predictor_path, const char *encoder_
     /* The predictor runs where the encoder runs, or on the CPU when that GPU
      * cannot run its fused kernel. */
     p->device = "cpu";
+    p->states = p->h;
     if (!strcmp(polar_session_device(p->s), "cuda")) {
         polar_error why;
-        if (polar_predictor_use_device(p->pred, POLAR_DEVICE_CUDA, &why) == POLAR_OK) p->device = "cuda";
+        if (polar_predictor_use_device(p->pred, POLAR_DEVICE_CUDA, &why) == POLAR_OK)
+            p->device = "cuda", p->states = pred_cuda_input(p->pred);
         else snprintf(p->note, sizeof p->note, "%s", why.msg);
     }
     *out = p;
@@ -109,8 +116,8 @@ polar_status polar_planner_predict(polar_planner *p, const char *question, const
     if (n_ids > POLAR_PLANNER_MAX_TOKENS) n_ids = POLAR_PLANNER_MAX_TOKENS;
     double t0 = polar_time_ms(), t1 = t0, t2 = t0;
     if (n_ids == 0) st = polar_fail(err, POLAR_ERR_ARG, "the question gives no tokens");
-    if (st == POLAR_OK) st = polar_encode(p->s, ids, n_ids, p->h, err), t1 = polar_time_ms();
-    if (st == POLAR_OK) st = polar_predict_logits(p->pred, p->h, n_ids, p->seg, p->op, err), t2 = polar_time_ms();
+    if (st == POLAR_OK) st = polar_encode(p->s, ids, n_ids, p->states, err), t1 = polar_time_ms();
+    if (st == POLAR_OK) st = polar_predict_logits(p->pred, p->states, n_ids, p->seg, p->op, err), t2 = polar_time_ms();
     if (st == POLAR_OK) st = polar_decode_programs(p->seg, p->op, p->D, opts, out, k, n_out, err);
     polar_free(ids);
     if (st != POLAR_OK) return st;

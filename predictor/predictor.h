@@ -48,8 +48,12 @@ static inline size_t pred_ref_count(const pred_ref *r) { return (size_t)r->rows 
  * truncated); 0 when the header has none under key. */
 int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap);
 
-/* Run on the device copy (predictor/cuda.c). */
+/* Run on the device copy (predictor/cuda.c). h: host memory, or the
+ * device input pred_cuda_input gives (then no upload). */
 polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, float *seg, float *op, polar_error *err);
+/* The device copy's token-state input [PRED_MAX_TOKENS, dq], for an encoder
+ * on the same GPUs to write into; NULL without a device copy. */
+float *pred_cuda_input(const polar_predictor *p);
 void pred_cuda_free(void *state);
 
 #endif

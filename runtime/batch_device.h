@@ -42,9 +42,10 @@ typedef struct {
     void (*cache_keep)(void *d, int item, int row, int n);
     void (*cache_take)(void *d, int item, int start, int n);
     void (*rows_from_start)(void *d, const int *rows, const int *starts, int n);
-    /* Rows row0..row0+n-1 after the final norm into host memory: their
-     * normed states to hidden (n x hidden) and their logits to logits (n x
-     * vocab), each when not NULL; in place when the step has run. */
+    /* Rows row0..row0+n-1 after the final norm into the caller's memory:
+     * their normed states to hidden (n x hidden; the GPU's may be device
+     * memory) and their logits to logits (n x vocab, host), each when not
+     * NULL; in place when the step has run. */
     void (*outputs)(void *d, int row0, int n, float *logits, float *hidden);
     /* Final norm and head over rows[0..n) (n <= head rows): each row's
      * argmax, and the logits of the rows with want[i] copied to the host

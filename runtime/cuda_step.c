@@ -45,9 +45,11 @@ static void copy_f32_rows(cuda_batch *d, int r, int half, float *dst, const floa
         d->rank[r].half[half].failed = 1;
 }
 
-/* Device to host, on the stream; a failure fails the step. */
-static void to_host(cuda_batch *d, int r, int half, void *dst, const void *src, size_t bytes) {
-    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->rank[r].c->queue.stream) != cudaSuccess)
+/* Device to the caller's memory, on the stream; a failure fails the step.
+ * Host memory, or device memory (unified addressing tells which): hidden
+ * states go straight into a predictor's input on the GPU that way. */
+static void copy_out(cuda_batch *d, int r, int half, void *dst, const void *src, size_t bytes) {
+    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d->rank[r].c->queue.stream) != cudaSuccess)
         d->rank[r].half[half].failed = 1;
 }
 
@@ -89,7 +91,7 @@ static void gathered_to_host(cuda_batch *d, int r, int half, const float *src, i
  * to the host's (whole rows) and its hidden states when given (by the
  * process's first rank: every process of a multi-node group plans alike). */
 static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int row0, int n, float *logits,
-                          float *host_logits, float *host_hidden) {
+                          float *host_logits, float *out_hidden) {
     rank_state *k = &d->rank[r];
     cuda_state *c = k->c;
     const polar_arch *a = &c->m->arch;
@@ -100,14 +102,14 @@ static void norm_and_head(cuda_batch *d, int r, int half, const int *idx, int ro
         x = c->x;
     }
     cuda_rmsnorm(c->xn, x, c->final_norm, n, H, (float)a->rms_eps, &c->queue);
-    if (host_hidden && r == 0) to_host(d, r, half, host_hidden, c->xn, (size_t)n * H * sizeof(float));
+    if (out_hidden && r == 0) copy_out(d, r, half, out_hidden, c->xn, (size_t)n * H * sizeof(float));
     for (int r0 = 0; r0 < n && (logits || host_logits); r0 += LOGIT_ROWS) {
         int m = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
         float *y = logits ? logits + (size_t)r0 * V : k->logits;
         cuda_mm(c, y, c->xn + (size_t)r0 * H, c->lm_head, c->t_lm_head, NULL, m, V, H, 0);
         if (!host_logits) continue;
         if (c->comm) gathered_to_host(d, r, half, y, m, host_logits + (size_t)r0 * a->vocab);
-        else to_host(d, r, half, host_logits + (size_t)r0 * V, y, (size_t)m * V * sizeof(float));
+        else copy_out(d, r, half, host_logits + (size_t)r0 * V, y, (size_t)m * V * sizeof(float));
     }
 }
 
@@ -125,7 +127,7 @@ static void head_outputs(cuda_batch *d, int r, int half, int n) {
     if (!c->comm) {
         cuda_argmax_rows(h->ids, host_ids, h->logits, n, (int)V, &c->queue);
         for (int i = 0; i < n; i++)
-            if (d->want[i]) to_host(d, r, half, host->host_logits + i * V, h->logits + i * V, V * sizeof(float));
+            if (d->want[i]) copy_out(d, r, half, host->host_logits + i * V, h->logits + i * V, V * sizeof(float));
         return;
     }
     cuda_argmax_part(k->part, h->logits, n, (int)Vr, c->shard.v0, &c->queue);
@@ -398,7 +400,7 @@ static void copy_row(void *arg, int r) {
     int failed = h->failed; /* the step's, reported by its wait already */
     h->failed = 0;
     if (c->comm) gathered_to_host(d, r, j->half, h->logits + (size_t)j->i * Vr, 1, dst);
-    else to_host(d, r, j->half, dst, h->logits + (size_t)j->i * V, V * sizeof(float));
+    else copy_out(d, r, j->half, dst, h->logits + (size_t)j->i * V, V * sizeof(float));
     cudaError_t e = cudaStreamSynchronize(c->queue.stream);
     k->job_error = e == cudaSuccess && h->failed ? cudaErrorUnknown : e;
     h->failed = failed;

@@ -22,7 +22,7 @@ typedef enum {
     OP_CACHE_KEEP,  /* n rows: a item, b row */
     OP_CACHE_TAKE,  /* n rows: a item, b start row */
     OP_FROM_START,  /* n rows: rows and their start rows at `at` */
-    OP_OUTPUTS,     /* n rows from row `at`: a the host logits, b the host hidden states (0: none) */
+    OP_OUTPUTS,     /* n rows from row `at`: a the host logits, b the hidden states (host or device memory; 0: none) */
     OP_HEAD,        /* n rows at `at` */
 } op_kind;
 enum {

@@ -392,6 +392,14 @@ if [ -n "$POLAR_CUDA_EMU" ]; then
     [ -n "$one" ] && [ "$one" = "$three" ] && echo "PASS cli_tp_emulated" ||
         echo "FAIL cli_tp_emulated: one GPU $one, 3 ranks $three"
     expect tp_heads 1 "5 ranks, but the model has 4 attention heads" $E run --model "$G" --tokens 1,2 --tp 5
+    # the planner on the GPU: the encoder's states written into the predictor's device input; the same best
+    # program as the CPU's (its score 0.07 ahead of the next on both)
+    gpu_best=$($E predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?" --json |
+        grep -o '"program_text":"[^"]*"' | head -n 1)
+    cpu_best=$($P predict --predictor "$D/p30.safetensors" --encoder "$M@0-3" --question "What is 2+2?" --json |
+        grep -o '"program_text":"[^"]*"' | head -n 1)
+    [ -n "$gpu_best" ] && [ "$gpu_best" = "$cpu_best" ] && echo "PASS cli_predict_emulated" ||
+        echo "FAIL cli_predict_emulated: GPU ${gpu_best:-nothing}, CPU $cpu_best"
     expect_out tp_bench_json '"device":"cuda","tp":2,' $E bench --arch llama --prompt-len 4 --gen 3 --reps 1 --tp 2 --json
     # its decode step graph's kernels (rank 0's): a dense layer's 7 and its 2 all-reduces; embed and the head's
     # 5 with the argmax parts all-gathered and merged (test_cuda_batch batch_launch_count: one GPU's)

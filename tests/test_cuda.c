@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
+#include "../predictor/predictor.h"
 #include "../runtime/cuda_internal.h"
 #include "cuda_kernel_checks.h"
 #include "cuda_block_checks.h"
@@ -341,6 +342,48 @@ static void predictor_fused(void) {
     }
 }
 
+/* An encoder on the GPU writes its states straight into the predictor's
+ * device input (the planner's path, no host round trip): the same states
+ * and the same logits, bit for bit, as the states through host memory. */
+static void predictor_device_states(void) {
+    polar_error err;
+    polar_model *m = NULL;
+    CHECK_OK(polar_model_load(GOLDEN_DIR "/llama", &m, &err));
+    if (!m) return;
+    polar_program prog;
+    CHECK_OK(polar_program_parse("0-1,1-3", 4, 0, &prog, &err));
+    polar_session *s = NULL;
+    polar_session_opts so = {.max_ctx = 32, .max_program_len = 8, .device = POLAR_DEVICE_CUDA};
+    CHECK_OK(polar_session_create(m, &prog, &so, &s, &err));
+    pred_shape sh = {5, 64, 32, 64, 2, NULL}; /* dq: the model's hidden size */
+    char path[] = "/tmp/polar-cuda-states-pred.safetensors";
+    polar_predictor *pr = NULL;
+    CHECK(write_predictor_shape(path, &sh, NULL, NULL) == POLAR_OK, "write predictor");
+    CHECK_OK(polar_predictor_load(path, &pr, &err));
+    if (!s || !pr) goto done;
+    CHECK(pred_cuda_input(pr) == NULL, "a device input before the predictor is on the device");
+    CHECK_OK(polar_predictor_use_device(pr, POLAR_DEVICE_CUDA, &err));
+    float *in = pred_cuda_input(pr);
+    CHECK(in != NULL, "no device input on the device");
+    enum { T = 11 };
+    int tokens[T];
+    for (int i = 0; i < T; i++) tokens[i] = (i * 53 + 7) % 256;
+    float h[T * 64], back[T * 64], seg[2][5], op[2][15];
+    CHECK_OK(polar_encode(s, tokens, T, h, &err));
+    CHECK_OK(polar_predict_logits(pr, h, T, seg[0], op[0], &err));
+    CHECK_OK(polar_encode(s, tokens, T, in, &err));
+    CHECK_OK(polar_predict_logits(pr, in, T, seg[1], op[1], &err));
+    CHECK(cudaMemcpy(back, in, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess, "copy the device input back");
+    CHECK(!memcmp(h, back, sizeof h), "the states written to the device differ from the host's");
+    CHECK(!memcmp(seg[0], seg[1], sizeof seg[0]) && !memcmp(op[0], op[1], sizeof op[0]),
+          "logits from the device states differ from the host states'");
+done:
+    polar_predictor_free(pr);
+    polar_session_free(s);
+    polar_program_free(&prog);
+    polar_model_free(m);
+}
+
 /* Device and pinned host allocations made so far, by the library or this
  * program: test_cuda is linked with --wrap for the three calls (Makefile). */
 static atomic_long cuda_allocations;
@@ -641,6 +684,7 @@ int main(int argc, char **argv) {
     RUN_IF(model_moe_deterministic);
     RUN_IF(model_gguf_blocks);
     RUN_IF(predictor_fused);
+    RUN_IF(predictor_device_states);
     RUN_IF(no_alloc_per_step);
     RUN_IF(graph_recapture);
     RUN_IF(overlap_off);

@@ -178,14 +178,22 @@ cudaError_t enqueue(cudaStream_t s, const char *api, int type, stream_op op) {
     return cudaSuccess;
 }
 
-// The allocation holding [p, p + bytes), or why there is none.
-cudaError_t check_range(const void *p, size_t bytes, bool device, const char *api, const char *side) {
+// The allocation holding [p, p + bytes), or why there is none. A copy's
+// host side (a kind that says host) must not be device memory: the real
+// runtime leaves that undefined; cudaMemcpyDefault (any) takes either.
+enum mem_side { MEM_HOST, MEM_DEVICE, MEM_ANY };
+cudaError_t check_range(const void *p, size_t bytes, mem_side want, const char *api, const char *side) {
     std::lock_guard<std::mutex> hold(state_lock);
     uintptr_t a = (uintptr_t)p;
+    bool device = want == MEM_DEVICE;
     auto it = allocations.upper_bound(a);
     if (it != allocations.begin()) {
         --it;
         if (a >= it->first && a < it->first + it->second.bytes + (it->second.bytes == 0)) {
+            if (want == MEM_HOST && it->second.device) {
+                EMU_NOTE("cuda-emu: %s: the %s pointer %p is device memory, but the copy's kind says host\n", api, side, p);
+                return cudaErrorInvalidValue;
+            }
             if (a + bytes <= it->first + it->second.bytes) return cudaSuccess;
             EMU_NOTE("cuda-emu: %s: the %s range of %zu bytes at offset %zu runs past the end of a %zu-byte "
                             "allocation\n", api, side, bytes, (size_t)(a - it->first), it->second.bytes);
@@ -197,13 +205,20 @@ cudaError_t check_range(const void *p, size_t bytes, bool device, const char *ap
     return cudaErrorInvalidValue;
 }
 
+mem_side dst_side(cudaMemcpyKind kind) {
+    return kind == cudaMemcpyDefault ? MEM_ANY
+           : kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice ? MEM_DEVICE : MEM_HOST;
+}
+mem_side src_side(cudaMemcpyKind kind) {
+    return kind == cudaMemcpyDefault ? MEM_ANY
+           : kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice ? MEM_DEVICE : MEM_HOST;
+}
+
 cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *api) {
     if (bytes == 0) return cudaSuccess;
     if ((int)kind < 0 || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
-    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-    cudaError_t e = check_range(dst, bytes, dst_dev, api, "destination");
-    return e != cudaSuccess ? e : check_range(src, bytes, src_dev, api, "source");
+    cudaError_t e = check_range(dst, bytes, dst_side(kind), api, "destination");
+    return e != cudaSuccess ? e : check_range(src, bytes, src_side(kind), api, "source");
 }
 
 size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -414,7 +429,7 @@ cudaError_t run_on_stream(cudaStream_t s, const char *api, std::function<void()>
 }
 
 cudaError_t check_device_range(const void *p, size_t bytes, const char *api, const char *what) {
-    return bytes ? check_range(p, bytes, true, api, what) : cudaSuccess;
+    return bytes ? check_range(p, bytes, MEM_DEVICE, api, what) : cudaSuccess;
 }
 
 int device_of(const void *p) {
@@ -598,11 +613,9 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     if (width > dpitch || width > spitch) return record(cudaErrorInvalidValue); // as the real runtime
     if (!height || !width) return cudaSuccess;
     size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
-    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
     if ((int)kind < 0 || kind > cudaMemcpyDefault) return record(cudaErrorInvalidMemcpyDirection);
-    cudaError_t e = check_range(dst, dspan, dst_dev, "cudaMemcpy2DAsync", "destination");
-    if (e == cudaSuccess) e = check_range(src, sspan, src_dev, "cudaMemcpy2DAsync", "source");
+    cudaError_t e = check_range(dst, dspan, dst_side(kind), "cudaMemcpy2DAsync", "destination");
+    if (e == cudaSuccess) e = check_range(src, sspan, src_side(kind), "cudaMemcpy2DAsync", "source");
     if (e == cudaSuccess)
         e = enqueue(stream, "cudaMemcpy2DAsync", cudaGraphNodeTypeMemcpy, [=]() {
             for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
@@ -613,13 +626,13 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
     cudaError_t e = refuse_during_capture("cudaMemset");
     if (e == cudaSuccess) e = legacy_stream_use("cudaMemset");
-    if (e == cudaSuccess && bytes) e = check_range(dst, bytes, true, "cudaMemset", "destination");
+    if (e == cudaSuccess && bytes) e = check_range(dst, bytes, MEM_DEVICE, "cudaMemset", "destination");
     if (e == cudaSuccess) memset(dst, value, bytes);
     return record(e);
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
-    cudaError_t e = bytes ? check_range(dst, bytes, true, "cudaMemsetAsync", "destination") : cudaSuccess;
+    cudaError_t e = bytes ? check_range(dst, bytes, MEM_DEVICE, "cudaMemsetAsync", "destination") : cudaSuccess;
     if (e == cudaSuccess) e = enqueue(stream, "cudaMemsetAsync", cudaGraphNodeTypeMemset, [=]() { memset(dst, value, bytes); });
     return record(e);
 }

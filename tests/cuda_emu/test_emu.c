@@ -196,6 +196,11 @@ static void runtime_checks(void) {
           "a copy past the allocation was accepted");
     CHECK(cudaMemcpy(h, h + 1, sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
           "a host pointer was accepted as device memory");
+    CHECK(cudaMemcpy(d, d, sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
+          "device memory was accepted as a copy's host side");
+    CHECK(cudaMemcpy(d, h, sizeof(float), cudaMemcpyDefault) == cudaSuccess &&
+              cudaMemcpy(h, d, sizeof(float), cudaMemcpyDefault) == cudaSuccess,
+          "cudaMemcpyDefault refused host or device memory");
     CHECK(emu_bad_launch("too_many_threads", d, 4, NULL) == cudaErrorInvalidConfiguration, "2048 threads");
     CHECK(emu_bad_launch("too_much_shared", d, 4, NULL) == cudaErrorInvalidValue, "64 KiB without the opt-in");
     CHECK(cudaGetLastError() == cudaSuccess, "launch errors are not sticky");
