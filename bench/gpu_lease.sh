@@ -62,7 +62,7 @@ if [ -f "$BASE_TAR" ]; then
         nice make -C /tmp/polar-ab-base/base -j"$jobs" cuda >"$R/build-base.log" 2>&1) &
 fi
 step build 240 sh -c "make -j$jobs cuda && make -j$jobs CUDA=1 build-cuda/tests/test_cuda build-cuda/tests/test_cuda_batch \
-    build-cuda/tests/mkgguf"
+    build-cuda/tests/mkgguf build-cuda/tests/mkpredictor"
 [ -x build-cuda/polar ] || { tail -n 30 "$R/build.log"; exit 1; }
 
 step test_cuda 200 ./build-cuda/tests/test_cuda
@@ -138,6 +138,23 @@ step route 70 env COMMIT="$COMMIT" OUTFILE="$R/route.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"fused_route\":$v,\"result\":/; s/\$/}/" /tmp/polar-route.json >>"$OUTFILE"
     done; done'
 
+# Issue 42 item 6: the predictor's linears staging 128 columns a step
+# (POLAR_CUDA_PRED_WIDE=1: a quarter of the load round trips, 68 bytes of
+# spills on sm_90; the same bits) against 32, alternated; both with the
+# encoder's states written straight into the predictor's input (since
+# 2026-11-27: no pageable copies; the 0.42 ms of 2026-11-26 included them).
+# A D = 16 hash predictor, a Qwen3-Embedding-0.6B-shaped encoder, 256-token questions.
+step predictor 90 env COMMIT="$COMMIT" OUTFILE="$R/predictor.jsonl" sh -c '
+    W=/tmp/polar-pred && mkdir -p $W && ./build-cuda/tests/mkpredictor 16 1024 $W/pred16.safetensors &&
+        ./build-cuda/polar mkmodel --preset qwen3-embedding-0.6b --out $W/encoder >/dev/null &&
+        gzip -dc tests/golden/tokenizer/qwen.tokenizer.json.gz >$W/encoder/tokenizer.json || exit 1
+    for rep in 1 2; do for v in 0 1; do
+        POLAR_CUDA_PRED_WIDE=$v ./build-cuda/polar bench --device cuda --json --preset llama-3.2-1b --prompt-len 16 \
+            --gen 1 --reps 1 --predictor $W/pred16.safetensors --encoder $W/encoder --question-len 256 \
+            >/tmp/polar-pred.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"pred_wide\":$v,\"result\":/; s/\$/}/" /tmp/polar-pred.json >>"$OUTFILE"
+    done; done'
+
 # Sanitizer on the new kernels (blocks), then the A/B against
 # the last GPU-measured base, before the longer benchmarks.
 step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 ./build-cuda/tests/test_cuda --quick
@@ -174,4 +191,6 @@ grep -o '"fused_route":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"launches_per_step
     paste -d' ' - - - | sed 's/^/  route: /'
 grep -o '"mma":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/mma.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  mma: /'
+grep -o '"pred_wide":[0-9]*\|"predictor_device":"[a-z]*"\|"encoder_median_ms":[0-9.]*\|"predictor_median_ms":[0-9.]*' \
+    "$R/predictor.jsonl" 2>/dev/null | paste -d' ' - - - - | sed 's/^/  predictor: /'
 echo "total $(($(date +%s) - start)) s"

@@ -305,7 +305,8 @@ static void shared_weights(void) {
  * kernel's tiles (d 120: 40 heads of 3, attention without float4; ff 200;
  * dq 1000; heads of 80, whose channel quads do not divide the warp; heads of
  * 128, one key group, and of 32, four) or at its limits (T 512, dq 896 as
- * Qwen2.5-0.5B's, heads of 16: 8 key groups). */
+ * Qwen2.5-0.5B's, heads of 16: 8 key groups). Every other shape again with
+ * POLAR_CUDA_PRED_WIDE=1: the same bits; a value but 0 or 1 refused. */
 static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
@@ -337,6 +338,23 @@ static void predictor_fused(void) {
         CHECK(d < 1e-4f, "D %d T %d: fused kernel vs CPU: %g", D, T, d);
         printf("  predictor D %d T %d dq %d d %d ff %d heads %d: max |logit diff| %.2e\n", D, T, dq, sh->d, sh->ff,
                sh->heads ? sh->heads : 4, d);
+        if (c % 2 == 0) { /* 128 columns a step: each thread's sums in the same order, so the same bits */
+            polar_predictor *wide = NULL;
+            setenv("POLAR_CUDA_PRED_WIDE", "1", 1);
+            CHECK_OK(polar_predictor_load(path, &wide, &err));
+            if (wide) CHECK_OK(polar_predictor_use_device(wide, POLAR_DEVICE_CUDA, &err));
+            if (wide) CHECK_OK(polar_predict_logits(wide, h, T, seg[0], op[0], &err));
+            CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
+                  "D %d T %d: POLAR_CUDA_PRED_WIDE=1 changed the logits", D, T);
+            polar_predictor_free(wide);
+            setenv("POLAR_CUDA_PRED_WIDE", "2", 1);
+            CHECK_OK(polar_predictor_load(path, &wide, &err));
+            CHECK(wide && polar_predictor_use_device(wide, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
+                      strstr(err.msg, "POLAR_CUDA_PRED_WIDE=2: 0 or 1"),
+                  "POLAR_CUDA_PRED_WIDE=2 not refused");
+            polar_predictor_free(wide);
+            unsetenv("POLAR_CUDA_PRED_WIDE");
+        }
         free(h);
         polar_predictor_free(p);
     }

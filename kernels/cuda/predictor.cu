@@ -4,9 +4,11 @@
 // (predictor/train.c, with dropout off).
 //
 // Linear layers are block tiles (16 inputs x 32 output rows, the reduction
-// staged through shared memory 32 columns at a time, the next chunk's loads
+// staged through shared memory TK columns at a time, the next chunk's loads
 // in flight while this one is multiplied): a weight row is read once per 16
-// inputs and an input once per 32 rows. Attention is a warp per (query,
+// inputs and an input once per 32 rows. TK 32, or 128 with
+// POLAR_CUDA_PRED_WIDE=1: a quarter of the steps, each a load round trip
+// the multiply-adds of 32 columns do not hide (untimed: a GPU decides). Attention is a warp per (query,
 // head) with its probabilities in shared memory. The grid is at most two
 // blocks per multiprocessor (launch bounds hold the registers to 128 for
 // that): up to T 256 no stage has more tiles, and a grid sync costs more the
@@ -24,7 +26,6 @@ namespace cg = cooperative_groups;
 #define LN_EPS 1e-5f
 #define TILE_IN 16   // inputs (tokens or layer positions) per tile
 #define TILE_ROWS 32 // output rows per tile
-#define TILE_K 32    // reduction columns staged per step
 #define WARPS (PRED_CUDA_THREADS / WARP)
 
 static_assert(PRED_CUDA_THREADS == 256, "linear's thread layout: 16 inputs x 16 row pairs");
@@ -32,44 +33,47 @@ static_assert(PRED_CUDA_THREADS == 256, "linear's thread layout: 16 inputs x 16 
 // y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). Tiles go
 // to blocks from block `skew` on, so two linears of one stage share the grid.
 // Each thread owns input ty and rows tx, tx + 16 of its tile and sums the
-// columns in order.
+// columns in order (the same bits for every TK).
+template <int TK>
 static __device__ void linear(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
                               int relu, int skew) {
-    __shared__ __align__(16) float xs[TILE_IN][TILE_K];
-    __shared__ __align__(16) float ws[TILE_ROWS][TILE_K + 4]; // +4: rows tx and tx + 1 start 4 banks apart
+    constexpr int PER = PRED_CUDA_THREADS / TK; // threads a column: inputs and rows xi + PER i
+    __shared__ __align__(16) float xs[TILE_IN][TK];
+    __shared__ __align__(16) float ws[TILE_ROWS][TK + 4]; // +4: rows tx and tx + 1 start 4 banks apart
     int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     int row_tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, tiles = (n + TILE_IN - 1) / TILE_IN * row_tiles;
     int first = (int)((blockIdx.x + gridDim.x - (unsigned)skew % gridDim.x) % gridDim.x);
     for (int tile = first; tile < tiles; tile += gridDim.x) {
         int t0 = tile / row_tiles * TILE_IN, r0 = tile % row_tiles * TILE_ROWS;
-        // this thread's staging: 2 input values and 4 weight values per step,
-        // a warp reading 32 consecutive columns of one row (128 bytes)
-        float xv[2], wv[4];
-        int kc = tid % TILE_K, xi = tid / TILE_K; // inputs xi, xi + 8; rows xi + 8 * i
+        // this thread's staging: TILE_IN / PER input values and TILE_ROWS /
+        // PER weight values per step, a warp reading 32 consecutive columns
+        // of one row (128 bytes)
+        float xv[TILE_IN / PER], wv[TILE_ROWS / PER];
+        int kc = tid % TK, xi = tid / TK;
         auto fetch = [&](int k0) {
             int c = k0 + kc;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int t = t0 + xi + 8 * i;
+            for (int i = 0; i < TILE_IN / PER; i++) {
+                int t = t0 + xi + PER * i;
                 xv[i] = t < n && c < cols ? x[(size_t)t * cols + c] : 0.0f;
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = r0 + xi + 8 * i;
+            for (int i = 0; i < TILE_ROWS / PER; i++) {
+                int r = r0 + xi + PER * i;
                 wv[i] = r < rows && c < cols ? w[(size_t)r * cols + c] : 0.0f;
             }
         };
         fetch(0);
         float acc0 = 0.0f, acc1 = 0.0f;
-        for (int k0 = 0; k0 < cols; k0 += TILE_K) {
+        for (int k0 = 0; k0 < cols; k0 += TK) {
 #pragma unroll
-            for (int i = 0; i < 2; i++) xs[xi + 8 * i][kc] = xv[i];
+            for (int i = 0; i < TILE_IN / PER; i++) xs[xi + PER * i][kc] = xv[i];
 #pragma unroll
-            for (int i = 0; i < 4; i++) ws[xi + 8 * i][kc] = wv[i];
+            for (int i = 0; i < TILE_ROWS / PER; i++) ws[xi + PER * i][kc] = wv[i];
             __syncthreads();
-            if (k0 + TILE_K < cols) fetch(k0 + TILE_K);
+            if (k0 + TK < cols) fetch(k0 + TK);
 #pragma unroll
-            for (int k = 0; k < TILE_K; k += 4) {
+            for (int k = 0; k < TK; k += 4) {
                 float4 a = *(const float4 *)&xs[ty][k];
                 float4 w0 = *(const float4 *)&ws[tx][k], w1 = *(const float4 *)&ws[tx + 16][k];
                 acc0 += a.x * w0.x, acc0 += a.y * w0.y, acc0 += a.z * w0.z, acc0 += a.w * w0.w;
@@ -191,48 +195,50 @@ static __device__ int tiles_of(int n, int rows) {
     return (n + TILE_IN - 1) / TILE_IN * ((rows + TILE_ROWS - 1) / TILE_ROWS);
 }
 
+template <int TK>
 __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cuda_args a) {
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
     // the token projection; the layer queries (independent of it)
-    linear(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
-    linear(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
+    linear<TK>(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
+    linear<TK>(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
     grid.sync();
     // the tokens' keys and values: rows d..3d of in_w, one [T, 2d] product
-    linear(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);
+    linear<TK>(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);
     grid.sync();
     attention(a.att, a.q, d, a.kv, a.kv + d, 2 * d, D, T, d, a.heads);
     grid.sync();
-    linear(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
+    linear<TK>(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
     grid.sync();
     for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
         const pred_cuda_block *b = &a.blocks[blk];
-        linear(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
+        linear<TK>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
         grid.sync();
         attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
         grid.sync();
-        linear(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
+        linear<TK>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
         grid.sync();
-        linear(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
+        linear<TK>(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
         grid.sync();
-        linear(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
+        linear<TK>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
         grid.sync();
     }
-    linear(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
-    linear(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
+    linear<TK>(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
+    linear<TK>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
 }
 
-extern "C" int cuda_predictor_grid(int *blocks, char *why, size_t why_size) {
+extern "C" int cuda_predictor_grid(int tk, int *blocks, char *why, size_t why_size) {
     int device, sms, coop = 0, per_sm = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel, PRED_CUDA_THREADS, 0);
+        e = tk == 128 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel<128>, PRED_CUDA_THREADS, 0)
+                      : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel<32>, PRED_CUDA_THREADS, 0);
     if (e != cudaSuccess) {
         snprintf(why, why_size, "%s", cudaGetErrorString(e));
         return 0;
@@ -251,6 +257,8 @@ extern "C" int cuda_predictor_grid(int *blocks, char *why, size_t why_size) {
 extern "C" int cuda_predictor_launch(const pred_cuda_args *args, int blocks, void *stream) {
     pred_cuda_args copy = *args;
     void *params[] = {&copy};
-    return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel, dim3(blocks), dim3(PRED_CUDA_THREADS), params,
-                                            0, (cudaStream_t)stream);
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid(blocks), block(PRED_CUDA_THREADS);
+    return (int)(args->tile_k == 128 ? cudaLaunchCooperativeKernel((void *)predictor_kernel<128>, grid, block, params, 0, s)
+                                     : cudaLaunchCooperativeKernel((void *)predictor_kernel<32>, grid, block, params, 0, s));
 }

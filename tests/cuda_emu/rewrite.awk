@@ -5,7 +5,7 @@
 # stay plain CUDA. Three forms change, nothing else:
 #   kernel<<<grid, block, smem, stream>>>(args)
 #     -> emu::launcher(kernel, "kernel", emu::launch_config(grid, block, smem, stream))(args)
-#   cudaLaunchCooperativeKernel((void *)kernel, ...)
+#   cudaLaunchCooperativeKernel((void *)kernel, ...)   (kernel may be a template's kernel<32>)
 #     -> emu::launch_cooperative(kernel, "kernel", ...)   (the kernel's type unpacks the argument array)
 #   __shared__ [__align__(N)] T a[N], b;   (one or more lines)
 #     -> references to the block's own copies: T (&a)[N] = *static_cast<T (*)[N]>(emu::shared_var(...));
@@ -112,7 +112,7 @@ function rewrite_launches(s,    name, rest, end_cfg, cfg) {
             substr(rest, end_cfg + 4)
     }
     if (index(s, "<<<")) fail("a launch this rewrite cannot read")
-    while (match(s, /cudaLaunchCooperativeKernel\(\(void \*\)[A-Za-z_][A-Za-z0-9_]*,/)) {
+    while (match(s, /cudaLaunchCooperativeKernel\(\(void \*\)[A-Za-z_][A-Za-z0-9_]*(<[0-9, ]*>)?,/)) {
         name = substr(s, RSTART + 36, RLENGTH - 37)
         s = substr(s, 1, RSTART - 1) "emu::launch_cooperative(" name ", \"" name "\"," substr(s, RSTART + RLENGTH)
     }
