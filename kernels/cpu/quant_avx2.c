@@ -222,9 +222,12 @@ INLINE __m256i q6k_high(__m256i h, int q) {
     return _mm256_and_si256(s, _mm256_set1_epi8(0x30));
 }
 
-/* Q5_K: bit j of each byte of qh (32-block j's fifth bits) as bit 4. */
+/* Q5_K: bit j of each byte of qh (32-block j's fifth bits) as bit 4: one
+ * 16-bit shift (j a constant; what it carries across bytes is masked off)
+ * and a mask. */
 INLINE __m256i k5_fifth(__m256i qh, int j) {
-    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1)), 4);
+    __m256i s = j == 4 ? qh : j < 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    return _mm256_and_si256(s, _mm256_set1_epi8(0x10));
 }
 
 /* Rows 8h..8h+7 of 32-block j (0 but for the 256-block units) of the unit
