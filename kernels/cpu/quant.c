@@ -182,14 +182,28 @@ void cpu_matmul_q_multi_with(const cpu_kernels *k, const cpu_q_out *outs, int n_
         run_blocks(k, outs, n_outs, xq, T, cols, accumulate, 0, blocks);
         return;
     }
+    /* Chunks of about an eighth of a thread's share, taken in turn: on a
+     * machine whose cores run at uneven speeds (a shared VM: 10% of a 3B
+     * decode spent waiting at the end of each matmul with halves fixed in
+     * advance) the faster thread takes more. A row's sums do not depend on
+     * its thread, so the bits do not either. */
+    long chunk = blocks / (8L * n_threads) > 8 ? blocks / (8L * n_threads) : 8, next = 0;
 #pragma omp parallel num_threads(n_threads)
     {
         if (team_quantizes) {
 #pragma omp for schedule(static)
             for (int i = 0; i < T; i++) k->quantize_q8(xq + (size_t)i * nb, x + (size_t)i * cols, cols);
         }
-        int n = omp_get_num_threads(), id = omp_get_thread_num();
-        run_blocks(k, outs, n_outs, xq, T, cols, accumulate, blocks * id / n, blocks * (id + 1) / n);
+        for (;;) {
+            long b0;
+#pragma omp atomic capture
+            {
+                b0 = next;
+                next += chunk;
+            }
+            if (b0 >= blocks) break;
+            run_blocks(k, outs, n_outs, xq, T, cols, accumulate, b0, b0 + chunk < blocks ? b0 + chunk : blocks);
+        }
     }
 }
 
