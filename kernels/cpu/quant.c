@@ -89,7 +89,8 @@ const cpu_rows_q_fn cpu_rows_q_generic[CPU_W_N] = {
 };
 
 /* Row blocks of 16 (whole cache lines of every row block per thread) of
- * the outputs one after another; a thread takes a contiguous range. */
+ * the outputs one after another; a thread runs a contiguous range of them
+ * (a chunk) at a time. */
 static void run_blocks(const cpu_kernels *k, const cpu_q_out *outs, int n_outs, const cpu_q8_block *xq, int T, int cols,
                        int accumulate, long b0, long b1) {
     long base = 0;
