@@ -128,8 +128,8 @@ step rope 80 env COMMIT="$COMMIT" OUTFILE="$R/rope.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"fused_rope\":$v,\"result\":/; s/\$/}/" /tmp/polar-rope.json >>"$OUTFILE"
     done; done; done'
 
-# Issue 42 item 5: the MoE router, top-k and grouping in one block
-# (POLAR_CUDA_FUSED_ROUTE=1, two launches an MoE layer fewer, the same bits;
+# Issue 42 item 5: the MoE layer's norm, router, top-k and grouping in one block
+# (POLAR_CUDA_FUSED_ROUTE=1, three launches an MoE layer fewer, the same bits;
 # emulation only until this run), alternated, Qwen1.5-MoE preset decode.
 step route 70 env COMMIT="$COMMIT" OUTFILE="$R/route.jsonl" sh -c '
     for rep in 1 2; do for v in 0 1; do

@@ -103,18 +103,22 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
     cuda_swiglu(act, up, T * F, &c->queue);
 }
 
-/* The MoE sublayer on c->xn, added to x (residual) or written alone: routing
- * over every expert, the slots of the rank's experts grouped by expert on
- * the device, each chosen expert's rows read once for its tokens, the
- * shared expert (the rank's columns), a deterministic combine in expert
- * order. */
+/* The MoE sublayer of the residual rows x, added to them (residual) or
+ * written alone: the rows normed into c->xn (which feeds the router, the
+ * experts and the shared expert), routing over every expert, the slots of
+ * the rank's experts grouped by expert on the device, each chosen expert's
+ * rows read once for its tokens, the shared expert (the rank's columns), a
+ * deterministic combine in expert order. */
 static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, int residual) {
     const polar_arch *a = &c->m->arch;
     int H = a->hidden, F = a->moe_ffn, k = a->top_k, S = c->shard.shared_ffn;
     int e0 = c->shard.e0, E = c->shard.n_experts;
+    float eps = (float)a->rms_eps;
     const cuda_queue *s = &c->queue;
-    if (!c->fused_route || !cuda_route_group(c->groups, c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router,
-                                             T, a->n_experts, H, k, a->norm_topk, e0, E, s)) {
+    if (!c->fused_route || !cuda_route_group(c->groups, c->expert_idx, c->expert_w, c->router_logits, c->xn, x,
+                                             w->mlp_norm, eps, w->router, T, a->n_experts, H, k, a->norm_topk, e0, E,
+                                             s)) {
+        cuda_rmsnorm(c->xn, x, w->mlp_norm, T, H, eps, s);
         cuda_route(c->expert_idx, c->expert_w, c->router_logits, c->xn, w->router, T, a->n_experts, H, k, a->norm_topk,
                    s);
         cuda_moe_group(c->groups, c->expert_idx, T, k, e0, E, s);
@@ -211,8 +215,7 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     attend(c, w, T, map, runs, n_runs, roped);
     cuda_mm(c, x, c->att, w->wo, w->t_wo, NULL, T, H, qd, residual);
     cuda_all_reduce(c, x, (size_t)T * H);
-    if (w->router) { /* the normed rows feed the router, the experts and the shared expert */
-        cuda_rmsnorm(c->xn, x, w->mlp_norm, T, H, eps, s);
+    if (w->router) {
         moe_forward(c, w, x, T, residual);
     } else {
         mlp_in(c, c->gate, c->up, x, w->mlp_norm, w->w_gate, w->t_gate, w->w_up, w->t_up, T, c->shard.ffn, H);

@@ -1,8 +1,8 @@
 /* test_cuda's checks of the decode variants that are off until a GPU times
  * them: the tensor-core GEMV for 3-8 tokens (POLAR_CUDA_MMA_GEMV) against
  * the f64 reference; the q/k/v GEMV with RoPE and the K/V store in its
- * epilogue (POLAR_CUDA_FUSED_ROPE) and the one-block router with top-k and
- * grouping (POLAR_CUDA_FUSED_ROUTE) against the launches they replace, bit
+ * epilogue (POLAR_CUDA_FUSED_ROPE) and the one-block MLP norm, router, top-k
+ * and grouping (POLAR_CUDA_FUSED_ROUTE) against the launches they replace, bit
  * for bit. Included by test_cuda.c after cuda_kernel_checks.h (to_dev,
  * rand_weights, the paged tables). */
 #ifndef POLAR_TEST_CUDA_GEMV_CHECKS_H
@@ -148,55 +148,65 @@ static void kernel_qkv_rope(void) {
 /* cuda_route_group against cuda_route then cuda_moe_group: the same
  * logits, picks, weights and groups bit for bit, for 1, 3 and 8 tokens, 60
  * experts top 4 (renormalised or not) and 128 top 8, every expert or a
- * rank's share (e0 > 0: slots of other experts left out); more than 8
- * tokens refused with nothing written. */
+ * rank's share (e0 > 0: slots of other experts left out); with the MLP
+ * norm too, against cuda_rmsnorm before them (the normed rows bit for bit
+ * as well); more than 8 tokens refused with nothing written. */
 static void kernel_route_group(void) {
     static const int shapes[][4] = {{60, 4, 256, 0}, {60, 4, 256, 1}, {128, 8, 128, 0}}; /* E, k, H, norm */
     static const int tokens[] = {1, 3, 8};
     for (int sh = 0; sh < 3; sh++) {
         int E = shapes[sh][0], k = shapes[sh][1], H = shapes[sh][2], norm = shapes[sh][3];
         bf16 *router = rand_weights((size_t)E * H, H), *drouter = to_dev(router, (size_t)E * H * 2);
+        bf16 *mlp_norm = rand_weights((size_t)H, 1), *dnorm = to_dev(mlp_norm, (size_t)H * 2);
         for (int ti = 0; ti < 3; ti++) {
             int T = tokens[ti];
             float *x = rand_floats((size_t)T * H, 1), *dx = to_dev(x, (size_t)T * H * 4);
-            for (int part = 0; part < 2; part++) { /* every expert; experts E/3 .. E/3 + E/2 (a rank's) */
-                int e0 = part ? E / 3 : 0, El = part ? E / 2 : E;
+            for (int part = 0; part < 4; part++) { /* every expert; experts E/3 .. E/3 + E/2 (a rank's); each with the norm */
+                int e0 = part % 2 ? E / 3 : 0, El = part % 2 ? E / 2 : E, normed = part >= 2;
                 size_t ng = cuda_moe_group_ints(T, k, El);
                 int *gi[2], *gg[2];
-                float *gw[2], *gl[2];
+                float *gw[2], *gl[2], *gx[2];
                 for (int fused = 0; fused < 2; fused++) {
                     int *didx = NULL, *dgroups = NULL;
-                    float *dw = dev_floats((size_t)T * k), *dl = dev_floats((size_t)T * E);
+                    float *dw = dev_floats((size_t)T * k), *dl = dev_floats((size_t)T * E), *dxn = dx;
                     cudaMalloc((void **)&didx, (size_t)T * k * sizeof(int));
                     cudaMalloc((void **)&dgroups, ng * sizeof(int));
                     cudaMemset(dgroups, 0xff, ng * sizeof(int)); /* unwritten ints read as -1 on both sides */
+                    if (normed) dxn = dev_floats((size_t)T * H);
                     if (fused) {
-                        CHECK(cuda_route_group(dgroups, didx, dw, dl, dx, drouter, T, E, H, k, norm, e0, El, NULL),
+                        CHECK(cuda_route_group(dgroups, didx, dw, dl, dxn, dx, normed ? dnorm : NULL, 1e-5f, drouter, T,
+                                               E, H, k, norm, e0, El, NULL),
                               "T %d refused", T);
                     } else {
-                        cuda_route(didx, dw, dl, dx, drouter, T, E, H, k, norm, NULL);
+                        if (normed) cuda_rmsnorm(dxn, dx, dnorm, T, H, 1e-5f, NULL);
+                        cuda_route(didx, dw, dl, dxn, drouter, T, E, H, k, norm, NULL);
                         cuda_moe_group(dgroups, didx, T, k, e0, El, NULL);
                     }
                     gi[fused] = malloc((size_t)T * k * sizeof(int)), gg[fused] = malloc(ng * sizeof(int));
                     cudaMemcpy(gi[fused], didx, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost);
                     cudaMemcpy(gg[fused], dgroups, ng * sizeof(int), cudaMemcpyDeviceToHost);
                     gw[fused] = from_dev(dw, (size_t)T * k), gl[fused] = from_dev(dl, (size_t)T * E);
+                    gx[fused] = from_dev(dxn, (size_t)T * H);
                     cudaFree(didx), cudaFree(dgroups), cudaFree(dw), cudaFree(dl);
+                    if (normed) cudaFree(dxn);
                 }
                 CHECK(!memcmp(gl[0], gl[1], (size_t)T * E * 4) && !memcmp(gi[0], gi[1], (size_t)T * k * sizeof(int)) &&
-                          !memcmp(gw[0], gw[1], (size_t)T * k * 4) && !memcmp(gg[0], gg[1], ng * sizeof(int)),
-                      "E %d k %d T %d experts %d..%d: the fused router's logits, picks, weights or groups differ", E, k,
-                      T, e0, e0 + El - 1);
+                          !memcmp(gw[0], gw[1], (size_t)T * k * 4) && !memcmp(gg[0], gg[1], ng * sizeof(int)) &&
+                          !memcmp(gx[0], gx[1], (size_t)T * H * 4),
+                      "E %d k %d T %d experts %d..%d%s: the fused router's normed rows, logits, picks, weights or "
+                      "groups differ",
+                      E, k, T, e0, e0 + El - 1, normed ? ", MLP norm" : "");
                 CHECK(gg[1][0] >= 1 && gg[1][0] <= El, "E %d T %d: %d experts chosen", E, T, gg[1][0]);
-                for (int f = 0; f < 2; f++) free(gi[f]), free(gg[f]), free(gw[f]), free(gl[f]);
+                for (int f = 0; f < 2; f++) free(gi[f]), free(gg[f]), free(gw[f]), free(gl[f]), free(gx[f]);
             }
             free(x), cudaFree(dx);
         }
         int *dg = NULL;
         cudaMalloc((void **)&dg, 64);
-        CHECK(!cuda_route_group(dg, dg, NULL, NULL, NULL, drouter, 9, E, H, k, norm, 0, E, NULL), "T 9 taken");
+        CHECK(!cuda_route_group(dg, dg, NULL, NULL, NULL, NULL, NULL, 0.0f, drouter, 9, E, H, k, norm, 0, E, NULL),
+              "T 9 taken");
         cudaFree(dg);
-        free(router), cudaFree(drouter);
+        free(router), cudaFree(drouter), free(mlp_norm), cudaFree(dnorm);
     }
 }
 

@@ -656,7 +656,7 @@ static void batch_tp_refused(void) {
 #define SHARED_EXPERT_KERNELS 2 /* qwen2_moe: the shared expert's gate/up SwiGLU GEMV and down GEMV */
 #define FUSED_MERGE_SAVES 1  /* POLAR_CUDA_FUSED_MERGE=1: the attention merged by its last split block */
 #define FUSED_ROPE_SAVES 1   /* POLAR_CUDA_FUSED_ROPE=1: RoPE and the KV store in the q/k/v GEMV (no q/k norms) */
-#define FUSED_ROUTE_SAVES 2  /* POLAR_CUDA_FUSED_ROUTE=1: router GEMV, top-k and grouping in one block */
+#define FUSED_ROUTE_SAVES 3  /* POLAR_CUDA_FUSED_ROUTE=1: MLP norm, router GEMV, top-k and grouping in one block */
 
 /* The kernel nodes (and into *copies the memcpy and memset nodes) of a
  * batch-1 decode step of program spec on m: a 3-token prompt, then 4

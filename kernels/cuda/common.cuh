@@ -108,6 +108,15 @@ static __device__ __forceinline__ float block_sum(float v) {
     return r;
 }
 
+// One row's RMSNorm by the whole block: o = w * (x / rms(x)). Its sum's
+// order depends on blockDim, so launches that must agree use the same.
+static __device__ __forceinline__ void rmsnorm_row(float *o, const float *xr, const uint16_t *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = bf(w[i]) * (xr[i] * inv);
+}
+
 // acc[r][t] += this lane's share of w_r[j..j+8) . xs[t][j..j+8) for the R
 // rows' 16-byte chunks p[r]. With NORM the inputs are normed on the fly:
 // ss[t] gathers x^2 and each x is scaled by its norm weight (nw, 8 bf16) as

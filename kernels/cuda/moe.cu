@@ -163,12 +163,18 @@ extern "C" void cuda_moe_group(int *groups, const int *idx, int T, int k, int e0
 // warp per token routes, then warp 0 groups: one launch for three. A
 // decode step's router is E x H, a few hundred KB: one multiprocessor reads
 // it in a few microseconds, about what the two launches cost.
+// With mlp_norm, the block first writes x = RMSNorm(resid) itself (the
+// rmsnorm kernel's operations at its 256 threads: the same bits), one
+// launch fewer again.
 __global__ void __launch_bounds__(256) route_group_kernel(int *groups, int *idx, float *weight, float *logits,
-                                                          const float *x, const bf16_bits *w, int T, int E, int H,
-                                                          int k, int norm, int e0, int E_local) {
+                                                          float *x, const float *resid, const bf16_bits *mlp_norm,
+                                                          float eps, const bf16_bits *w, int T, int E, int H, int k,
+                                                          int norm, int e0, int E_local) {
     await_previous_kernel();
     extern __shared__ int route_cursor[]; // [E_local], for group_slots
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    for (int t = 0; mlp_norm && t < T; t++) rmsnorm_row(x + (size_t)t * H, resid + (size_t)t * H, mlp_norm, H, eps);
+    __syncthreads(); // the normed rows, written to global memory by the block, seen by it
     for (int r = warp; r < E; r += warps) {
         const float *xs[MAX_TOKENS_PER_PASS];
         float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
@@ -184,12 +190,12 @@ __global__ void __launch_bounds__(256) route_group_kernel(int *groups, int *idx,
     if (warp == 0) group_slots(groups, idx, T * k, e0, E_local, route_cursor, lane);
 }
 
-extern "C" int cuda_route_group(int *groups, int *idx, float *weight, float *logits, const float *x,
-                                const bf16_bits *w_router, int T, int E, int H, int k, int norm, int e0, int E_local,
-                                const cuda_queue *queue) {
+extern "C" int cuda_route_group(int *groups, int *idx, float *weight, float *logits, float *x, const float *resid,
+                                const bf16_bits *mlp_norm, float eps, const bf16_bits *w_router, int T, int E, int H,
+                                int k, int norm, int e0, int E_local, const cuda_queue *queue) {
     if (T < 1 || T > MAX_TOKENS_PER_PASS) return 0;
-    launch(queue, 1, 256, (size_t)E_local * sizeof(int), route_group_kernel, groups, idx, weight, logits, x, w_router,
-           T, E, H, k, norm, e0, E_local);
+    launch(queue, 1, 256, (size_t)E_local * sizeof(int), route_group_kernel, groups, idx, weight, logits, x, resid,
+           mlp_norm, eps, w_router, T, E, H, k, norm, e0, E_local);
     return 1;
 }
 

@@ -28,12 +28,7 @@ extern "C" void cuda_embed(float *x, const bf16_bits *table, const int *tokens, 
 
 __global__ void rmsnorm_kernel(float *out, const float *x, const bf16_bits *w, int n, float eps) {
     await_previous_kernel();
-    const float *xr = x + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = bf(w[i]) * (xr[i] * inv);
+    rmsnorm_row(out + (size_t)blockIdx.x * n, x + (size_t)blockIdx.x * n, w, n, eps);
 }
 
 extern "C" void cuda_rmsnorm(float *out, const float *x, const bf16_bits *w, int T, int n, float eps,

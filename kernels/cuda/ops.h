@@ -192,9 +192,11 @@ size_t cuda_moe_group_ints(int T, int k, int E);
 void cuda_moe_group(int *groups, const int *idx, int T, int k, int e0, int E, const cuda_queue *queue);
 /* cuda_route then cuda_moe_group for a pass of up to 8 tokens as one launch
  * of one block (the same logits, picks and groups); 0 (nothing launched)
- * for more tokens. */
-int cuda_route_group(int *groups, int *idx, float *weight, float *logits, const float *x, const bf16_bits *w_router,
-                     int T, int E, int H, int k, int norm, int e0, int E_local, const cuda_queue *queue);
+ * for more tokens. With mlp_norm (else NULL, resid unused), it first writes
+ * x = cuda_rmsnorm(resid, mlp_norm) itself, the same bits. */
+int cuda_route_group(int *groups, int *idx, float *weight, float *logits, float *x, const float *resid,
+                     const bf16_bits *mlp_norm, float eps, const bf16_bits *w_router, int T, int E, int H, int k,
+                     int norm, int e0, int E_local, const cuda_queue *queue);
 
 /* Expert GEMV over the grouped slots, each chosen expert's rows read once
  * per 8 of its slots: for slot s = t*k + j routed to expert e,
