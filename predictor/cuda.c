@@ -142,6 +142,7 @@ polar_status pred_cuda_logits(const polar_predictor *p, const float *h, int T, f
         e = cudaMemcpyAsync(c->host_out + D, c->args.op, D * 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
+    c->args.q_ready = 1; /* the layer queries stay in the workspace for the next calls */
     memcpy(seg, c->host_out, D * sizeof(float));
     memcpy(op, c->host_out + D, D * 3 * sizeof(float));
     return POLAR_OK;

@@ -11,6 +11,10 @@
 
 #include "polar.h"
 
+/* The larger of a running maximum and a new difference, NaN if either is:
+ * fmaxf drops a NaN, so a result gone NaN would pass a bound. */
+static inline float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
+
 static int h_failures; /* failures in the current case */
 static int h_failed_cases;
 

@@ -8,7 +8,7 @@
 
 static float max_diff(const float *a, const float *b, int n) {
     float d = 0;
-    for (int i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
+    for (int i = 0; i < n; i++) d = nan_max(d, fabsf(a[i] - b[i]));
     return d;
 }
 

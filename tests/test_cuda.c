@@ -255,7 +255,7 @@ static void greedy_stop(void) {
         CHECK(polar_session_pos(s[0]) == polar_session_pos(s[1]), "stop at %d: position %d (cpu) vs %d (gpu)", first,
               polar_session_pos(s[0]), polar_session_pos(s[1]));
         float d = 0;
-        for (int i = 0; i < 256; i++) d = fmaxf(d, fabsf(polar_logits(s[0])[i] - polar_logits(s[1])[i]));
+        for (int i = 0; i < 256; i++) d = nan_max(d, fabsf(polar_logits(s[0])[i] - polar_logits(s[1])[i]));
         CHECK(d < TOL_ROUNDED, "stop at %d: logits after generate differ by %g", first, d);
     }
     for (int i = 0; i < 2; i++) polar_session_free(s[i]);
@@ -305,8 +305,9 @@ static void shared_weights(void) {
  * kernel's tiles (d 120: 40 heads of 3, attention without float4; ff 200;
  * dq 1000; heads of 80, whose channel quads do not divide the warp; heads of
  * 128, one key group, and of 32, four) or at its limits (T 512, dq 896 as
- * Qwen2.5-0.5B's, heads of 16: 8 key groups). Every other shape again with
- * POLAR_CUDA_PRED_WIDE=1: the same bits; a value but 0 or 1 refused. */
+ * Qwen2.5-0.5B's, heads of 16: 8 key groups). A second call (the layer
+ * queries kept from the first) gives the same bits; every other shape again
+ * with POLAR_CUDA_PRED_WIDE=1: the same bits; a value but 0 or 1 refused. */
 static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
@@ -333,11 +334,14 @@ static void predictor_fused(void) {
         CHECK_OK(polar_predictor_use_device(p, POLAR_DEVICE_CUDA, &err));
         CHECK_OK(polar_predict_logits(p, h, T, seg[1], op[1], &err));
         float d = 0;
-        for (int i = 0; i < D; i++) d = fmaxf(d, fabsf(seg[0][i] - seg[1][i]));
-        for (int i = 0; i < 3 * D; i++) d = fmaxf(d, fabsf(op[0][i] - op[1][i]));
+        for (int i = 0; i < D; i++) d = nan_max(d, fabsf(seg[0][i] - seg[1][i]));
+        for (int i = 0; i < 3 * D; i++) d = nan_max(d, fabsf(op[0][i] - op[1][i]));
         CHECK(d < 1e-4f, "D %d T %d: fused kernel vs CPU: %g", D, T, d);
         printf("  predictor D %d T %d dq %d d %d ff %d heads %d: max |logit diff| %.2e\n", D, T, dq, sh->d, sh->ff,
                sh->heads ? sh->heads : 4, d);
+        CHECK_OK(polar_predict_logits(p, h, T, seg[0], op[0], &err)); /* the layer queries kept from the first */
+        CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
+              "D %d T %d: a second call changed the logits", D, T);
         if (c % 2 == 0) { /* 128 columns a step: each thread's sums in the same order, so the same bits */
             polar_predictor *wide = NULL;
             setenv("POLAR_CUDA_PRED_WIDE", "1", 1);
@@ -637,7 +641,7 @@ static void gpu_cache_consistency(void) {
         CHECK_OK(polar_decode_step(a, seq[n++], &err));
         polar_session_reset(b);
         for (int i = 0; i < n; i += piece) CHECK_OK(polar_prefill(b, seq + i, n - i < piece ? n - i : piece, NULL, &err));
-        for (int i = 0; i < 256; i++) worst = fmaxf(worst, fabsf(polar_logits(a)[i] - polar_logits(b)[i]));
+        for (int i = 0; i < 256; i++) worst = nan_max(worst, fabsf(polar_logits(a)[i] - polar_logits(b)[i]));
     }
     CHECK(worst < 1e-4f, "GPU cached vs recomputed: %g", worst);
     polar_session_free(a);

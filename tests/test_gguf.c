@@ -36,7 +36,7 @@ static void check_twin(const polar_arch *a, const char *label) {
         float want[256], got[256], d = 0;
         prompt_logits(m, "0,1-2x2,3", want);
         prompt_logits(g, "0,1-2x2,3", got);
-        for (int v = 0; v < 256; v++) d = fmaxf(d, fabsf(want[v] - got[v]));
+        for (int v = 0; v < 256; v++) d = nan_max(d, fabsf(want[v] - got[v]));
         /* rope_freqs round-trips llama3's inv_freq through a division in f32. */
         CHECK(d < 1e-4f, "%s: GGUF logits differ from safetensors by %g", label, d);
         for (int l = 0; l < a->n_layers; l++)

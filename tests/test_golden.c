@@ -66,7 +66,7 @@ static void check_arch(const char *arch) {
         CHECK_OK(polar_prefill(s, prompt, T, logits, &err));
         const float *want = logit_t->data;
         float maxdiff = 0;
-        for (size_t i = 0; i < (size_t)T * V; i++) maxdiff = fmaxf(maxdiff, fabsf(logits[i] - want[i]));
+        for (size_t i = 0; i < (size_t)T * V; i++) maxdiff = nan_max(maxdiff, fabsf(logits[i] - want[i]));
         CHECK(maxdiff <= LOGIT_TOL, "%s %s: max abs logit diff %g > %g", arch, programs[p], maxdiff, LOGIT_TOL);
         int out[N_GREEDY];
         polar_gen_opts go = {.max_new = N_GREEDY, .ignore_eos = 1};
@@ -190,7 +190,7 @@ static void kv_bf16(void) {
                 float *logits = malloc((size_t)T * V * sizeof(float));
                 CHECK_OK(polar_prefill(g, pt->data, T, logits, &err));
                 const float *want = logit_t->data;
-                for (size_t i = 0; i < (size_t)T * V; i++) worst = fmaxf(worst, fabsf(logits[i] - want[i]));
+                for (size_t i = 0; i < (size_t)T * V; i++) worst = nan_max(worst, fabsf(logits[i] - want[i]));
                 free(logits);
             }
             polar_session_free(g);

@@ -35,8 +35,8 @@ static void predictor_matches_pytorch(void) {
         CHECK_OK(polar_predict_logits(p, h, T, seg, op, &err));
         const float *ws = st_find(&exp, "seg")->data, *wo = st_find(&exp, "op")->data;
         float d = 0;
-        for (int i = 0; i < D; i++) d = fmaxf(d, fabsf(seg[i] - ws[i]));
-        for (int i = 0; i < 3 * D; i++) d = fmaxf(d, fabsf(op[i] - wo[i]));
+        for (int i = 0; i < D; i++) d = nan_max(d, fabsf(seg[i] - ws[i]));
+        for (int i = 0; i < 3 * D; i++) d = nan_max(d, fabsf(op[i] - wo[i]));
         CHECK(d <= LOGIT_TOL, "D %d T %d: max |logit diff| %g", D, T, d);
         /* The same programs, in the same order, from the same logits. */
         const unsigned char *b = exp.map;

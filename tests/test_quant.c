@@ -112,7 +112,7 @@ static void q8_0_gguf_model(void) {
         float *lq = malloc((size_t)a.vocab * 4), *lb = malloc((size_t)a.vocab * 4), d = 0, mx = 0;
         prompt_logits(q, "0-1,2-3", lq);
         prompt_logits(b, "0-1,2-3", lb);
-        for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lq[v] - lb[v])), mx = fmaxf(mx, fabsf(lb[v]));
+        for (int v = 0; v < a.vocab; v++) d = nan_max(d, fabsf(lq[v] - lb[v])), mx = fmaxf(mx, fabsf(lb[v]));
         /* int8 activations: about 1% of a logit's scale through 4 layers */
         CHECK(d <= 0.05f * mx, "quantized logits differ by %g (max |logit| %g)", d, mx);
         printf("  random llama, Q8_0: max |logit diff| %.3g of max |logit| %.3g\n", d, mx);
@@ -183,7 +183,7 @@ static void k_quant_gguf_model(void) {
             float *lgq = malloc((size_t)a.vocab * 4), *lgb = malloc((size_t)a.vocab * 4), d = 0, mx = 0;
             prompt_logits(q, "0-3,1", lgq);
             prompt_logits(b, "0-3,1", lgb);
-            for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
+            for (int v = 0; v < a.vocab; v++) d = nan_max(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
             CHECK(d <= 0.05f * mx, "%s: quantized logits differ by %g (max |logit| %g)", mixes[f].name, d, mx);
             printf("  random llama, %s: max |logit diff| %.3g of max |logit| %.3g\n", mixes[f].name, d, mx);
             free(lgq);
@@ -265,7 +265,7 @@ static void iq4_gguf_model(void) {
         float d = 0, mx = 0;
         double num = 0, den = 0;
         for (int v = 0; v < a.vocab; v++) {
-            d = fmaxf(d, fabsf(lq[v] - lb16[v])), mx = fmaxf(mx, fabsf(lb16[v]));
+            d = nan_max(d, fabsf(lq[v] - lb16[v])), mx = fmaxf(mx, fabsf(lb16[v]));
             num += (lb16[v] - lm[v]) * (lb16[v] - lm[v]), den += (double)lm[v] * lm[v];
         }
         CHECK(d <= 0.05f * mx, "IQ4 blocks' logits differ from the bf16 load's by %g (max |logit| %g)", d, mx);
@@ -369,7 +369,7 @@ static void moe_gguf_model(void) {
             float d = 0, mx = 0;
             prompt_logits(q, programs[p], lgq);
             prompt_logits(b, programs[p], lgb);
-            for (int v = 0; v < a.vocab; v++) d = fmaxf(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
+            for (int v = 0; v < a.vocab; v++) d = nan_max(d, fabsf(lgq[v] - lgb[v])), mx = fmaxf(mx, fabsf(lgb[v]));
             CHECK(d <= 0.05f * mx, "file %d %s: quantized logits differ by %g (max |logit| %g)", f, programs[p], d, mx);
             printf("  random qwen2_moe, %s experts of %d rows, %-8s max |logit diff| %.3g of max |logit| %.3g\n",
                    cpu_wtype_name(files[f].gate), F, programs[p], d, mx);
@@ -416,7 +416,7 @@ static void compare_prompt(polar_model *q, polar_model *b, const st_tensor *ids,
         for (int step = 0; step < STEPS; step++) {
             const float *lq = polar_logits(sq), *lb = polar_logits(sb);
             float d = 0;
-            for (int v = 0; v < V; v++) d = fmaxf(d, fabsf(lq[v] - lb[v]));
+            for (int v = 0; v < V; v++) d = nan_max(d, fabsf(lq[v] - lb[v]));
             worst = fmaxf(worst, d);
             int tq = polar_argmax(lq, V), tb = polar_argmax(lb, V);
             if (tq == tb) {

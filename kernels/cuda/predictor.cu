@@ -199,9 +199,10 @@ template <int TK>
 __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cuda_args a) {
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
-    // the token projection; the layer queries (independent of it)
+    // the token projection; the layer queries (independent of it and of
+    // the input: kept from the first call)
     linear<TK>(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
-    linear<TK>(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
+    if (!a.q_ready) linear<TK>(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
     grid.sync();
     // the tokens' keys and values: rows d..3d of in_w, one [T, 2d] product
     linear<TK>(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);

@@ -30,7 +30,8 @@ typedef struct {
     const float *seg_w, *seg_b, *op_w, *op_b;
     const float *h;          /* [T, dq] token states */
     float *tok;              /* [T, d] */
-    float *q;                /* [D, d] the cross-attention's queries */
+    float *q;                /* [D, d] the cross-attention's queries (the same every call) */
+    int q_ready;             /* q holds them: a call has completed */
     float *kv;               /* [T, 2d] its keys | values */
     float *qkv;              /* [D, 3d] an encoder layer's queries | keys | values */
     float *att, *x, *y;      /* [D, d] */
