@@ -154,6 +154,7 @@ static void kernel_qkv_rope(void) {
 static void kernel_route_group(void) {
     static const int shapes[][4] = {{60, 4, 256, 0}, {60, 4, 256, 1}, {128, 8, 128, 0}}; /* E, k, H, norm */
     static const int tokens[] = {1, 3, 8};
+    rng = 0x5DEECE66D2545F49ull; /* the same inputs whatever ran before */
     for (int sh = 0; sh < 3; sh++) {
         int E = shapes[sh][0], k = shapes[sh][1], H = shapes[sh][2], norm = shapes[sh][3];
         bf16 *router = rand_weights((size_t)E * H, H), *drouter = to_dev(router, (size_t)E * H * 2);
@@ -196,7 +197,8 @@ static void kernel_route_group(void) {
                       "E %d k %d T %d experts %d..%d%s: the fused router's normed rows, logits, picks, weights or "
                       "groups differ",
                       E, k, T, e0, e0 + El - 1, normed ? ", MLP norm" : "");
-                CHECK(gg[1][0] >= 1 && gg[1][0] <= El, "E %d T %d: %d experts chosen", E, T, gg[1][0]);
+                /* a rank's share may hold none of a token's picks */
+                CHECK(gg[1][0] >= (El == E) && gg[1][0] <= El, "E %d T %d: %d experts chosen", E, T, gg[1][0]);
                 for (int f = 0; f < 2; f++) free(gi[f]), free(gg[f]), free(gw[f]), free(gl[f]), free(gx[f]);
             }
             free(x), cudaFree(dx);
