@@ -1,6 +1,7 @@
 #!/bin/sh
 # polar against llama.cpp on the CPU, same GGUF, same thread count, in one run:
-# prefill and decode tokens/s of both and polar's ratio. Not part of make test.
+# prefill and decode tokens/s of both, polar's ratio, and polar's decode bytes as a fraction
+# of the read bandwidth polar bench measures beside it. Not part of make test.
 #
 #   sh bench/compare_llamacpp.sh [--sweep] [--shapes llama-3.2-1b,llama-3.2-3b] [--types q4_k_m,q5_k_m,q6_k,q8_0,iq4_xs]
 #                                [--levels avx2,avx2vnni,avx512,avx512vnni,neon] [--cache DIR]
@@ -128,9 +129,9 @@ if [ -n "$SWEEP" ]; then
         "GGML_NATIVE build, any other against a build with its instructions only"
     echo "$THREADS threads, prompt $PROMPT, gen $GEN, median of $REPS alternating runs, KV polar $KV / llama.cpp f16;" \
         "build: llama.cpp's; ratio: polar / llama.cpp; files in $CACHE"
-    printf '%-59s | %-26s | %s\n' '' 'decode tokens/s' 'prefill tokens/s'
-    printf '%-28s %-8s %-10s %-10s | %9s %9s %6s | %9s %9s %6s\n' model type level build \
-        llama.cpp polar ratio llama.cpp polar ratio
+    printf '%-59s | %-32s | %s\n' '' 'decode tokens/s' 'prefill tokens/s'
+    printf '%-28s %-8s %-10s %-10s | %9s %9s %6s %5s | %9s %9s %6s\n' model type level build \
+        llama.cpp polar ratio read llama.cpp polar ratio
     FAILED=0
     while IFS= read -r file; do
         name=$(basename "$file" .gguf)
@@ -147,7 +148,7 @@ with open(sys.argv[2], "a") as f:
 r = {x["phase"]: x for x in row["result"]}
 d, p = r["decode"], r["prefill"]
 print(f"{row['shape']:28} {row['type']:8} {row['level']:10} {row['llama_cpp_build']:10} | "
-      f"{d['llama_cpp_tok_s']:9.1f} {d['polar_tok_s']:9.1f} {d['ratio']:6.2f} | "
+      f"{d['llama_cpp_tok_s']:9.1f} {d['polar_tok_s']:9.1f} {d['ratio']:6.2f} {d['polar_fraction_of_read']:5.0%} | "
       f"{p['llama_cpp_tok_s']:9.1f} {p['polar_tok_s']:9.1f} {p['ratio']:6.2f}", flush=True)
 PY
             else
@@ -250,6 +251,8 @@ for i in range(reps):
     level, res = run["cpu_kernels"], run["runs"][0]
     polar["prefill"].append(res["prefill_tok_s"])
     polar["decode"].append(res["decode_tok_s"])
+    polar.setdefault("read", []).append(res["fraction_of_read"])
+    polar.setdefault("read_gbps", []).append(run["read_gbps"])
 med = lambda v: statistics.median(v)
 rows = []
 print(f"CPU: {cpu} ({flags.strip()}), {threads} threads, {os.path.basename(model)}, "
@@ -260,6 +263,12 @@ for kind in ("prefill", "decode"):
     l, p = med(llama[kind]), med(polar[kind])
     rows.append({"phase": kind, "llama_cpp_tok_s": l, "polar_tok_s": p, "ratio": p / l})
     print(f"{kind:10} {l:16.1f} {p:12.1f} {p / l:18.2f}")
+# a decode step only reads: its bytes over the machine's read bandwidth, measured by each polar run
+# (each run's own; the machine's read bandwidth may change between runs: this VM's moved 36 <-> 56 GB/s)
+rows[-1]["polar_fraction_of_read"] = med(polar["read"])
+rows[-1]["polar_read_gbps_runs"] = polar["read_gbps"]
+print(f"polar decode at {med(polar['read']):.1%} of read bandwidth (median; read GB/s by run: "
+      f"{', '.join(f'{g:.1f}' for g in polar['read_gbps'])})")
 if json_out:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(json_out, "a") as f:
