@@ -42,12 +42,21 @@ static int blocks_gemm(cuda_state *c, float *y, const float *x, cuda_wmat w, con
     return 1;
 }
 
-/* cuda_mm for the next product of the same x: c->xb holds it rounded
- * already (one conversion for q, k and v, or gate and up). */
-static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias,
-                            int T, int rows, int cols, int accumulate) {
+/* c->xb = x rounded to bf16 (the tensor-core GEMMs' input), once for the
+ * products of one x: *rounded says whether c->xb holds it already. The MMA
+ * GEMV rounds its inputs itself, so in that mode no product converts. */
+static void round_once(cuda_state *c, const float *x, int T, int cols, int *rounded) {
+    if (!*rounded) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
+    *rounded = 1;
+}
+
+/* cuda_mm for one of several products of the same x (q, k and v, or gate
+ * and up), *rounded shared by them (0 before the first). */
+static void cuda_mm_of(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias, int T,
+                       int rows, int cols, int accumulate, int *rounded) {
     if (t != CPU_W_BF16) {
         cuda_wmat m = wmat(c, w, t, cols), none = {0};
+        if (T > c->gemv_tokens) round_once(c, x, T, cols, rounded);
         if (T > c->gemv_tokens && !c->blocks_chunked_gemm)
             cuda_gemm_blocks(y, rows, c->xb, m, none, bias, T, rows, cols, accumulate, &c->queue);
         else if (T <= c->gemv_tokens || !blocks_gemm(c, y, x, m, bias, T, rows, cols, accumulate))
@@ -58,6 +67,7 @@ static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 
         if (c->mma_gemv && T <= CUDA_DECODE_TOKENS &&
             cuda_matmul_mma(y, rows, x, w, bias, T, rows, cols, accumulate, &c->queue))
             return;
+        round_once(c, x, T, cols, rounded);
         if (!bias && cuda_gemm_run(c->gemm, y, rows, c->xb, w, T, rows, cols, accumulate, c->queue.stream)) return;
         if (bias && cuda_gemm_run(c->gemm, c->acc, rows, c->xb, w, T, rows, cols, 0, c->queue.stream)) {
             cuda_bias_residual(y, c->acc, bias, T, rows, accumulate, &c->queue);
@@ -69,8 +79,8 @@ static void cuda_mm_rounded(cuda_state *c, float *y, const float *x, const bf16 
 
 void cuda_mm(cuda_state *c, float *y, const float *x, const bf16 *w, cpu_wtype t, const bf16 *bias, int T, int rows,
              int cols, int accumulate) {
-    if (T > c->gemv_tokens) cuda_to_bf16(c->xb, x, (long)T * cols, &c->queue);
-    cuda_mm_rounded(c, y, x, w, t, bias, T, rows, cols, accumulate);
+    int rounded = 0;
+    cuda_mm_of(c, y, x, w, t, bias, T, rows, cols, accumulate, &rounded);
 }
 
 /* act[T, F] = silu(xn . gate^T) * (xn . up^T), xn = x or, with norm, x's
@@ -98,8 +108,9 @@ static void mlp_in(cuda_state *c, float *act, float *up, const float *x, const b
                          &c->queue);
         return;
     }
-    cuda_mm(c, act, x, w_gate, t_gate, NULL, T, F, cols, 0);
-    cuda_mm_rounded(c, up, x, w_up, t_up, NULL, T, F, cols, 0); /* the same x, already rounded */
+    int rounded = 0;
+    cuda_mm_of(c, act, x, w_gate, t_gate, NULL, T, F, cols, 0, &rounded);
+    cuda_mm_of(c, up, x, w_up, t_up, NULL, T, F, cols, 0, &rounded);
     cuda_swiglu(act, up, T * F, &c->queue);
 }
 
@@ -208,9 +219,10 @@ void cuda_layer_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
                                wmat(c, w->wv, w->t_wv, H), w->bq, w->bk, w->bv, w->attn_norm, eps, T, qd, kvd, H, s);
     } else {
         cuda_rmsnorm(c->xn, x, w->attn_norm, T, H, eps, s);
-        cuda_mm(c, c->q, c->xn, w->wq, w->t_wq, w->bq, T, qd, H, 0);
-        cuda_mm_rounded(c, c->k, c->xn, w->wk, w->t_wk, w->bk, T, kvd, H, 0); /* the same xn, already rounded */
-        cuda_mm_rounded(c, c->v, c->xn, w->wv, w->t_wv, w->bv, T, kvd, H, 0);
+        int rounded = 0;
+        cuda_mm_of(c, c->q, c->xn, w->wq, w->t_wq, w->bq, T, qd, H, 0, &rounded);
+        cuda_mm_of(c, c->k, c->xn, w->wk, w->t_wk, w->bk, T, kvd, H, 0, &rounded);
+        cuda_mm_of(c, c->v, c->xn, w->wv, w->t_wv, w->bv, T, kvd, H, 0, &rounded);
     }
     attend(c, w, T, map, runs, n_runs, roped);
     cuda_mm(c, x, c->att, w->wo, w->t_wo, NULL, T, H, qd, residual);

@@ -659,12 +659,12 @@ static void batch_tp_refused(void) {
 #define FUSED_ROUTE_SAVES 3  /* POLAR_CUDA_FUSED_ROUTE=1: MLP norm, router GEMV, top-k and grouping in one block */
 
 /* The kernel nodes (and into *copies the memcpy and memset nodes) of a
- * batch-1 decode step of program spec on m: a 3-token prompt, then 4
- * decode steps, the first call by call, the second captured, then replays,
- * every graph step's counts alike. */
-static int decode_kernels(const polar_model *m, int D, const char *spec, int *copies) {
+ * decode step of n_seqs sequences (1 to 4) of program spec on m: 3-token
+ * prompts, then 4 decode steps, the first call by call, the second
+ * captured, then replays, every graph step's counts alike. */
+static int decode_kernels_of(const polar_model *m, int D, const char *spec, int n_seqs, int *copies) {
     polar_error err;
-    polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .max_seqs = 1, .max_ctx = 16, .max_program_len = 8,
+    polar_batch_opts o = {.device = POLAR_DEVICE_CUDA, .max_seqs = n_seqs, .max_ctx = 16, .max_program_len = 8,
                           .step_tokens = 16};
     polar_gen_opts g = {.max_new = 5, .ignore_eos = 1};
     polar_batch *b = NULL;
@@ -673,7 +673,10 @@ static int decode_kernels(const polar_model *m, int D, const char *spec, int *co
     *copies = -1;
     CHECK_OK(polar_program_parse(spec, D, 0, &p, &err));
     CHECK_OK(polar_batch_create(m, &o, &b, &err));
-    if (b) CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err));
+    for (int i = 0; b && i < n_seqs; i++) {
+        prompt[0] = 5 + i; /* distinct prompts */
+        CHECK_OK(polar_batch_add(b, &p, prompt, 3, &g, &id, &err));
+    }
     for (int step = 0; b && polar_batch_running(b) && step < 10; step++) {
         polar_batch_stats st;
         int c, k;
@@ -692,6 +695,10 @@ static int decode_kernels(const polar_model *m, int D, const char *spec, int *co
     polar_batch_free(b);
     polar_program_free(&p);
     return kernels;
+}
+
+static int decode_kernels(const polar_model *m, int D, const char *spec, int *copies) {
+    return decode_kernels_of(m, D, spec, 1, copies);
 }
 
 /* Kernels per layer of each kind, from programs of one layer and of that
@@ -751,6 +758,43 @@ static void batch_launch_count(void) {
     }
 }
 
+/* A decode step of 4 sequences (passes of more than CUDA_GEMV_TOKENS
+ * tokens) with POLAR_CUDA_MMA_GEMV=1: no product converts its input to
+ * bf16 (the tensor-core GEMV rounds it itself), so a dense layer is its
+ * norms, the seven products, the q/k norm + RoPE + KV store, attention,
+ * merge and SwiGLU; with the switch off the same layer runs cuBLASLt's
+ * GEMMs behind four conversions (q/k/v's input, o's, gate/up's, down's). */
+#define MMA_DENSE_KERNELS 13 /* attention RMSNorm, q, k, v, q/k norm + RoPE + KV store, split-K attention, merge, o,
+                              * MLP RMSNorm, gate, up, SwiGLU, down */
+#define MMA_SAVED_CONVERSIONS 4
+static void batch_mma_launch_count(void) {
+    char *was = getenv("POLAR_CUDA_MMA_GEMV") ? strdup(getenv("POLAR_CUDA_MMA_GEMV")) : NULL;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info);
+    int per_layer[2] = {-1, -1};
+    for (int mma = 0; m && mma < 2; mma++) {
+        setenv("POLAR_CUDA_MMA_GEMV", mma ? "1" : "0", 1); /* read as a batch is made */
+        int D = info.arch.n_layers, c1, c3;
+        int k1 = decode_kernels_of(m, D, "0", 4, &c1), k3 = decode_kernels_of(m, D, "0x3", 4, &c3);
+        per_layer[mma] = (k3 - k1) / 2;
+        CHECK(k3 - k1 == 2 * per_layer[mma] && c1 == 0 && c3 == 0, "MMA %d: %d and %d kernels, %d and %d copies", mma,
+              k1, k3, c1, c3);
+        printf("  llama layer 0, 4 sequences%s: %d kernels a layer\n", mma ? ", POLAR_CUDA_MMA_GEMV=1" : "",
+               per_layer[mma]);
+    }
+    if (m) {
+        CHECK(per_layer[1] == MMA_DENSE_KERNELS, "tensor-core GEMV: %d kernels a layer, not %d", per_layer[1],
+              MMA_DENSE_KERNELS);
+        CHECK(per_layer[0] == per_layer[1] + MMA_SAVED_CONVERSIONS,
+              "cuBLASLt: %d kernels a layer, not the tensor-core GEMV's %d + %d conversions", per_layer[0],
+              per_layer[1], MMA_SAVED_CONVERSIONS);
+    }
+    polar_model_free(m);
+    if (was) setenv("POLAR_CUDA_MMA_GEMV", was, 1);
+    else unsetenv("POLAR_CUDA_MMA_GEMV");
+    free(was);
+}
+
 int main(int argc, char **argv) {
     /* [--quick] [names...]: a smaller set; only the named cases */
     int first = 1;
@@ -777,6 +821,7 @@ int main(int argc, char **argv) {
     RUN_IF(batch_prefix_cache);
     RUN_IF(batch_run_ahead);
     RUN_IF(batch_launch_count);
+    RUN_IF(batch_mma_launch_count);
     /* make test runs these once, in forward order, by name: they add no
      * kernel that the thread orders could show wrong */
     if (!quick || h_n_only) {
