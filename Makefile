@@ -385,11 +385,12 @@ test-cuda-race: deps
 # libFuzzer targets (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_json fuzz_safetensors fuzz_program fuzz_gguf fuzz_tokenizer_json fuzz_tokenize fuzz_dataset fuzz_predictor \
-                fuzz_logprobs
+                fuzz_logprobs fuzz_labels
 FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loader/gguf_arch.c runtime/error.c \
             runtime/program.c tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c \
             tokenizer/load.c tokenizer/chat.c eval/dataset.c eval/answer.c eval/prompt.c \
-            kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c eval/logprobs.c
+            kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c eval/logprobs.c search/labels.c \
+            predictor/codec.c runtime/sample.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz: clang with libFuzzer is needed (apt-get install clang)"; exit 1; }

@@ -191,8 +191,9 @@ int cmd_train(int argc, char **argv) {
         polar_free(default_model);
         return fail_status(cmd, &err);
     }
-    fprintf(stderr, "labels: %d questions, %d with examples; %d valid programs taken (%d over --max-paths left out), "
-            "%d not expressible as segments\n", l.lines, l.n, l.programs, l.capped, l.rejected);
+    fprintf(stderr, "labels: %d questions (%d lines, %d of them a question asked before: pooled, %d programs found "
+            "again), %d with examples; %d valid programs taken (%d over --max-paths left out), %d not expressible as "
+            "segments\n", l.lines - l.merged, l.lines, l.merged, l.duplicates, l.n, l.programs, l.capped, l.rejected);
     if ((rc = encode_all(cmd, encoder, own_encoder ? default_program : NULL, cache, &l, &f))) goto done;
     /* the last sixth of the questions validate (the reference: 1250 of 1500) */
     int q_val = l.n / 6, q_tr = l.n - q_val;

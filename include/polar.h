@@ -862,7 +862,9 @@ typedef struct {
     int n_layers;                /* D */
     polar_label_question *q;     /* questions with at least one example, in file order */
     int n, cap;
-    int lines;                   /* questions read */
+    int lines;                   /* lines read */
+    int merged;                  /* lines whose question an earlier line asked: their programs pooled with its */
+    int duplicates;              /* valid programs a question held already (counted, taken once) */
     int no_examples;             /* questions that gave none (no valid program, or all rejected) */
     int programs;                /* valid programs taken (after the max_paths choice) */
     int rejected;                /* ... that the segment form cannot express (skipped) */
@@ -870,7 +872,9 @@ typedef struct {
 } polar_train_labels;
 
 /* Read `polar search` JSONL files (fields question, final_valid_transitions)
- * into examples as the reference does: per question at most max_paths (50)
+ * into examples as the reference does, the lines of one question text (in
+ * any of the files) pooled into one question with each program once: per
+ * question at most max_paths (50)
  * valid programs, a seeded choice; each in segment form (rejects counted and
  * skipped); weight 1, or orig_weight (0.3) for the base program 0..D-1 when
  * the question has a shorter valid program. A torn last line is ignored. */

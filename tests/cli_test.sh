@@ -335,7 +335,7 @@ done
 printf '{"question":"torn' >>"$L"
 if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -o "$D/trained.safetensors" \
     --log "$D/train.jsonl" >"$D/out" 2>"$D/err" && [ "$(grep -c '"val_loss"' "$D/train.jsonl")" -eq 2 ] &&
-    grep -q "labels: 7 questions, 7 with examples; 14 valid programs" "$D/err"; then
+    grep -q "labels: 7 questions (7 lines, 0 of them a question asked before: pooled, 0 programs found again), 7 with examples; 14 valid programs" "$D/err"; then
     echo "PASS cli_train"
 else
     echo "FAIL cli_train: $(head -c 300 "$D/err") $(head -c 300 "$D/train.jsonl")"

@@ -507,7 +507,8 @@ static void bad_batches(void) {
 
 /* Labels -> examples: the base program weighted 0.3 only beside a shorter
  * valid program, at most max_paths per question, rejects counted, questions
- * without examples and a torn last line left out. */
+ * without examples and a torn last line left out; the lines of one question
+ * in two files pooled, each program once. */
 static void labels_to_examples(void) {
     char path[128];
     snprintf(path, sizeof path, "/tmp/polar-labels-%d.jsonl", (int)getpid());
@@ -539,6 +540,29 @@ static void labels_to_examples(void) {
           "the same seed, the same choice");
     polar_train_labels_free(&l2);
     polar_train_labels_free(&l);
+    /* a second file asking a and c again: pooled into the first file's
+     * questions, a's base program found again taken once, c now with one */
+    char path2[160];
+    snprintf(path2, sizeof path2, "%s.2", path);
+    if ((f = fopen(path2, "w"))) {
+        fputs("{\"question\":\"c\",\"final_valid_transitions\":[[0,1,2,3,5]]}\n", f);
+        fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,2,3,4,5],[0,0,1,2,3,4,5]]}\n", f);
+        fputs("{\"question\":\"f\",\"final_valid_transitions\":[[0,1,2,3,4,5]]}\n", f);
+        fclose(f);
+        const char *both[2] = {path, path2};
+        CHECK_OK(polar_train_labels_load(both, 2, 6, 3, 0.3f, 1, &l, &err));
+        CHECK(l.lines == 7 && l.merged == 2 && l.duplicates == 1 && l.n == 5 && l.no_examples == 0,
+              "two files: %d lines, %d merged, %d duplicates, %d questions, %d without examples", l.lines, l.merged,
+              l.duplicates, l.n, l.no_examples);
+        if (l.n == 5) {
+            CHECK(!strcmp(l.q[0].question, "a") && l.q[0].n == 3, "a pooled: %d examples, not 3", l.q[0].n);
+            CHECK(l.q[0].weight[0] == 0.3f && l.q[0].weight[2] == 1.0f, "a: base 0.3 (shorter program), repeat 1");
+            CHECK(!strcmp(l.q[2].question, "c") && l.q[2].n == 1, "c: the second file's program, in c's place");
+            CHECK(!strcmp(l.q[4].question, "f") && l.q[4].weight[0] == 1.0f, "f last, its base program weight 1");
+        }
+        polar_train_labels_free(&l);
+        unlink(path2);
+    }
     f = fopen(path, "w");
     fputs("{\"question\":\"a\",\"final_valid_transitions\":[[0,1,9]]}\n", f);
     fclose(f);
