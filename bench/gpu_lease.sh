@@ -129,8 +129,9 @@ step rope 80 env COMMIT="$COMMIT" OUTFILE="$R/rope.jsonl" sh -c '
     done; done; done'
 
 # Issue 42 item 5: the MoE layer's norm, router, top-k and grouping in one block
-# (POLAR_CUDA_FUSED_ROUTE=1, three launches an MoE layer fewer, the same bits;
-# emulation only until this run), alternated, Qwen1.5-MoE preset decode.
+# and the shared expert inside the experts' launches (POLAR_CUDA_FUSED_ROUTE=1,
+# five launches a Qwen1.5-MoE layer fewer, the same bits; emulation only until
+# this run), alternated, Qwen1.5-MoE preset decode.
 step route 70 env COMMIT="$COMMIT" OUTFILE="$R/route.jsonl" sh -c '
     for rep in 1 2; do for v in 0 1; do
         POLAR_CUDA_FUSED_ROUTE=$v ./build-cuda/polar bench --device cuda --json --preset qwen1.5-moe-a2.7b \

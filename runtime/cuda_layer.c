@@ -137,6 +137,7 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
     /* more than c->gemv_tokens tokens on tensor cores (bf16 inputs), fewer on the GEMV; experts kept as blocks
      * unpacked into the tensor cores' tiles */
     cuda_wmat none = {0};
+    int shared_done = 0;
     if (!w->exp_gate_up && T > c->gemv_tokens) {
         cuda_to_bf16(c->xb, c->xn, (long)T * H, s);
         cuda_expert_gemm_blocks(c->expert_act, c->xb, wmat(c, w->exp_gate, w->t_exp_gate, H),
@@ -155,10 +156,18 @@ static void moe_forward(cuda_state *c, const layer_weights *w, float *x, int T, 
         cuda_to_bf16(c->xb, c->expert_act, (long)T * k * F, s);
         cuda_expert_gemm(c->expert_out, c->xb, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
     } else {
-        cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1, s);
-        cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0, s);
+        /* with the fused route, a bf16 shared expert rides in the same two launches (its own last blockIdx.y) */
+        int ride = c->fused_route && w->sh_gate && T <= c->gemv_tokens && w->t_sh_gate == CPU_W_BF16 &&
+                   w->t_sh_up == CPU_W_BF16 && w->t_sh_down == CPU_W_BF16;
+        cuda_shared_gemv sh_in = {w->sh_gate, w->sh_up, c->xn, c->gate, S, H};
+        cuda_shared_gemv sh_down = {w->sh_down, NULL, c->gate, c->shared_out, H, S};
+        cuda_expert_matmul(c->expert_act, c->xn, w->exp_gate_up, c->groups, T, k, E, 2 * F, H, 0, 1,
+                           ride ? &sh_in : NULL, s);
+        cuda_expert_matmul(c->expert_out, c->expert_act, w->exp_down, c->groups, T, k, E, H, F, 1, 0,
+                           ride ? &sh_down : NULL, s);
+        shared_done = ride;
     }
-    if (w->sh_gate) {
+    if (w->sh_gate && !shared_done) {
         mlp_in(c, c->gate, c->up, c->xn, NULL, w->sh_gate, w->t_sh_gate, w->sh_up, w->t_sh_up, T, S, H);
         cuda_mm(c, c->shared_out, c->gate, w->sh_down, w->t_sh_down, NULL, T, H, S, 0);
     }

@@ -2,8 +2,8 @@
  * them: the tensor-core GEMV for 3-8 tokens (POLAR_CUDA_MMA_GEMV) against
  * the f64 reference; the q/k/v GEMV with RoPE and the K/V store in its
  * epilogue (POLAR_CUDA_FUSED_ROPE) and the one-block MLP norm, router, top-k
- * and grouping (POLAR_CUDA_FUSED_ROUTE) against the launches they replace, bit
- * for bit. Included by test_cuda.c after cuda_kernel_checks.h (to_dev,
+ * and grouping with the shared expert inside the experts' launches
+ * (POLAR_CUDA_FUSED_ROUTE) against the launches they replace, bit for bit. Included by test_cuda.c after cuda_kernel_checks.h (to_dev,
  * rand_weights, the paged tables). */
 #ifndef POLAR_TEST_CUDA_GEMV_CHECKS_H
 #define POLAR_TEST_CUDA_GEMV_CHECKS_H
@@ -209,6 +209,62 @@ static void kernel_route_group(void) {
               "T 9 taken");
         cudaFree(dg);
         free(router), cudaFree(drouter), free(mlp_norm), cudaFree(dnorm);
+    }
+}
+
+/* The shared expert inside the experts' launches (POLAR_CUDA_FUSED_ROUTE=1
+ * with a bf16 shared expert) against its own GEMVs (cuda_matmul_swiglu,
+ * cuda_matmul), bit for bit on random weights whose sums round, and the
+ * routed experts' outputs unchanged by the extra blocks: Qwen1.5-MoE's
+ * shape reduced (60 experts top 4, the shared expert 4 experts wide), a
+ * tensor-parallel rank's narrower share (S < F, S not a multiple of a
+ * block's 8 rows), T 1, 2 and 8. */
+static void kernel_shared_in_experts(void) {
+    static const int shapes[][5] = {{60, 4, 256, 96, 384}, {60, 4, 256, 96, 37}}; /* E, k, H, F, S */
+    static const int tokens[] = {1, 2, 8};
+    rng = 0x2545F4914F6CDD1Dull; /* the same inputs whatever ran before */
+    for (int si = 0; si < 2; si++) {
+        int E = shapes[si][0], k = shapes[si][1], H = shapes[si][2], F = shapes[si][3], S = shapes[si][4];
+        bf16 *router = rand_weights((size_t)E * H, H), *gu = rand_weights((size_t)E * 2 * F * H, H),
+             *down = rand_weights((size_t)E * H * F, F), *sg = rand_weights((size_t)S * H, H),
+             *su = rand_weights((size_t)S * H, H), *sd = rand_weights((size_t)H * S, S);
+        bf16 *drouter = to_dev(router, (size_t)E * H * 2), *dgu = to_dev(gu, (size_t)E * 2 * F * H * 2),
+             *ddown = to_dev(down, (size_t)E * H * F * 2), *dsg = to_dev(sg, (size_t)S * H * 2),
+             *dsu = to_dev(su, (size_t)S * H * 2), *dsd = to_dev(sd, (size_t)H * S * 2);
+        for (int ti = 0; ti < 3; ti++) {
+            int T = tokens[ti];
+            float *x = rand_floats((size_t)T * H, 1), *dx = to_dev(x, (size_t)T * H * 4);
+            float *dw = dev_floats((size_t)T * k), *dl = dev_floats((size_t)T * E);
+            int *didx = NULL, *dgroups = NULL;
+            cudaMalloc((void **)&didx, (size_t)T * k * sizeof(int));
+            cudaMalloc((void **)&dgroups, cuda_moe_group_ints(T, k, E) * sizeof(int));
+            cuda_route(didx, dw, dl, dx, drouter, T, E, H, k, 0, NULL);
+            cuda_moe_group(dgroups, didx, T, k, 0, E, NULL);
+            float *act[2], *out[2], *sact[2], *sout[2]; /* [0]: apart, [1]: inside */
+            for (int in = 0; in < 2; in++) {
+                float *dact = dev_floats((size_t)T * k * F), *dy = dev_floats((size_t)T * k * H);
+                float *dsact = dev_floats((size_t)T * S), *dsout = dev_floats((size_t)T * H);
+                cuda_shared_gemv a = {dsg, dsu, dx, dsact, S, H}, b = {dsd, NULL, dsact, dsout, H, S};
+                cuda_expert_matmul(dact, dx, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, in ? &a : NULL, NULL);
+                if (!in) cuda_matmul_swiglu(dsact, dx, NULL, 0.0f, dsg, dsu, T, S, H, NULL);
+                cuda_expert_matmul(dy, dact, ddown, dgroups, T, k, E, H, F, 1, 0, in ? &b : NULL, NULL);
+                if (!in) cuda_matmul(dsout, dsact, dsd, NULL, T, H, S, 0, NULL);
+                act[in] = from_dev(dact, (size_t)T * k * F), out[in] = from_dev(dy, (size_t)T * k * H);
+                sact[in] = from_dev(dsact, (size_t)T * S), sout[in] = from_dev(dsout, (size_t)T * H);
+                cudaFree(dact), cudaFree(dy), cudaFree(dsact), cudaFree(dsout);
+            }
+            int nonzero = 0;
+            for (size_t i = 0; i < (size_t)T * H; i++) nonzero += sout[0][i] != 0.0f;
+            CHECK(!memcmp(act[0], act[1], (size_t)T * k * F * 4) && !memcmp(out[0], out[1], (size_t)T * k * H * 4),
+                  "S %d T %d: the routed experts' outputs changed with the shared expert inside", S, T);
+            CHECK(!memcmp(sact[0], sact[1], (size_t)T * S * 4) && !memcmp(sout[0], sout[1], (size_t)T * H * 4),
+                  "S %d T %d: the shared expert inside the experts' launches is not its GEMVs' bits", S, T);
+            CHECK(nonzero > T * H / 2, "S %d T %d: %d of the shared expert's %d outputs nonzero", S, T, nonzero, T * H);
+            for (int in = 0; in < 2; in++) free(act[in]), free(out[in]), free(sact[in]), free(sout[in]);
+            free(x), cudaFree(dx), cudaFree(dw), cudaFree(dl), cudaFree(didx), cudaFree(dgroups);
+        }
+        free(router), free(gu), free(down), free(sg), free(su), free(sd);
+        cudaFree(drouter), cudaFree(dgu), cudaFree(ddown), cudaFree(dsg), cudaFree(dsu), cudaFree(dsd);
     }
 }
 

@@ -645,8 +645,8 @@ static void expert_parallel(const float *dx, const float *dw, const int *didx, c
         int e0 = p ? E / 2 : 0, n = p ? E - E / 2 : E / 2;
         cudaMemset(dpart, 0xff, (size_t)T * H * 4); /* NaN: the combine must write every element, reading none */
         cuda_moe_group(dgroups, didx, T, k, e0, n, NULL);
-        cuda_expert_matmul(dact, dx, dgu + (size_t)e0 * 2 * F * H, dgroups, T, k, n, 2 * F, H, 0, 1, NULL);
-        cuda_expert_matmul(dy, dact, ddown + (size_t)e0 * H * F, dgroups, T, k, n, H, F, 1, 0, NULL);
+        cuda_expert_matmul(dact, dx, dgu + (size_t)e0 * 2 * F * H, dgroups, T, k, n, 2 * F, H, 0, 1, NULL, NULL);
+        cuda_expert_matmul(dy, dact, ddown + (size_t)e0 * H * F, dgroups, T, k, n, H, F, 1, 0, NULL, NULL);
         cuda_moe_combine(dpart, dy, dw, didx, e0, n, NULL, dx, NULL, T, k, H, 0, NULL);
         float *part = from_dev(dpart, (size_t)T * H);
         for (size_t i = 0; i < (size_t)T * H; i++) sum[i] += part[i];
@@ -692,8 +692,8 @@ static void kernel_moe(void) {
             cudaMemset(dout, 0, (size_t)T * H * 4);
             cuda_route(didx, dw, dlogits, dx, drouter, T, E, H, k, sidx & 1, NULL);
             cuda_moe_group(dgroups, didx, T, k, 0, E, NULL);
-            cuda_expert_matmul(dact, dx, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL);
-            cuda_expert_matmul(dy, dact, ddown, dgroups, T, k, E, H, F, 1, 0, NULL);
+            cuda_expert_matmul(dact, dx, dgu, dgroups, T, k, E, 2 * F, H, 0, 1, NULL, NULL);
+            cuda_expert_matmul(dy, dact, ddown, dgroups, T, k, E, H, F, 1, 0, NULL, NULL);
             cuda_moe_combine(dout, dy, dw, didx, 0, E, NULL, dx, NULL, T, k, H, 1, NULL);
             int *got_idx = malloc((size_t)T * k * sizeof(int));
             cudaMemcpy(got_idx, didx, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost);

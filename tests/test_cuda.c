@@ -686,6 +686,7 @@ int main(int argc, char **argv) {
     RUN_IF(kernel_mma_gemv);
     RUN_IF(kernel_qkv_rope);
     RUN_IF(kernel_route_group);
+    RUN_IF(kernel_shared_in_experts);
     RUN_IF(kernel_rmsnorm_swiglu_argmax);
     RUN_IF(kernel_fused_gemv);
     RUN_IF(kernel_prefill_ops);

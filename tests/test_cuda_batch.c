@@ -657,6 +657,7 @@ static void batch_tp_refused(void) {
 #define FUSED_MERGE_SAVES 1  /* POLAR_CUDA_FUSED_MERGE=1: the attention merged by its last split block */
 #define FUSED_ROPE_SAVES 1   /* POLAR_CUDA_FUSED_ROPE=1: RoPE and the KV store in the q/k/v GEMV (no q/k norms) */
 #define FUSED_ROUTE_SAVES 3  /* POLAR_CUDA_FUSED_ROUTE=1: MLP norm, router GEMV, top-k and grouping in one block */
+#define FUSED_SHARED_SAVES 2 /* ... and the shared expert's two GEMVs inside the experts' two launches */
 
 /* The kernel nodes (and into *copies the memcpy and memset nodes) of a
  * decode step of n_seqs sequences (1 to 4) of program spec on m: 3-token
@@ -710,12 +711,12 @@ static int decode_kernels(const polar_model *m, int D, const char *spec, int *co
 static void batch_launch_count(void) {
     static const struct {
         const char *arch, *layer;
-        int want, qk_norm, moe;
+        int want, qk_norm, moe, shared;
         const char *what;
-    } cases[] = {{"llama", "0", DENSE_KERNELS, 0, 0, "dense"},
-                 {"qwen2_moe", "0", DENSE_KERNELS, 0, 0, "dense, q/k/v bias"},
-                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, 0, 1, "MoE + shared expert"},
-                 {"qwen3_moe", "0", MOE_KERNELS, 1, 1, "MoE, q/k norm"}};
+    } cases[] = {{"llama", "0", DENSE_KERNELS, 0, 0, 0, "dense"},
+                 {"qwen2_moe", "0", DENSE_KERNELS, 0, 0, 0, "dense, q/k/v bias"},
+                 {"qwen2_moe", "1", MOE_KERNELS + SHARED_EXPERT_KERNELS, 0, 1, 1, "MoE + shared expert"},
+                 {"qwen3_moe", "0", MOE_KERNELS, 1, 1, 0, "MoE, q/k norm"}};
     static const char *vars[] = {"POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE", "POLAR_CUDA_FUSED_ROUTE"};
     static const char *hows[] = {"", ", fused merge", ", fused RoPE", ", fused route"};
     enum { N_VARS = sizeof vars / sizeof vars[0] };
@@ -727,7 +728,8 @@ static void batch_launch_count(void) {
         const char *arch = cases[i % n].arch, *spec = cases[i % n].layer, *what = cases[i % n].what;
         int want = cases[i % n].want - (variant == 1 ? FUSED_MERGE_SAVES : 0) -
                    (variant == 2 && !cases[i % n].qk_norm ? FUSED_ROPE_SAVES : 0) -
-                   (variant == 3 && cases[i % n].moe ? FUSED_ROUTE_SAVES : 0);
+                   (variant == 3 && cases[i % n].moe ? FUSED_ROUTE_SAVES : 0) -
+                   (variant == 3 && cases[i % n].shared ? FUSED_SHARED_SAVES : 0);
         const char *how = hows[variant];
         for (int v = 0; v < N_VARS; v++) setenv(vars[v], variant == v + 1 ? "1" : "0", 1); /* read as a batch is made */
         polar_model_info info;

@@ -205,54 +205,68 @@ extern "C" int cuda_route_group(int *groups, int *idx, float *weight, float *log
 // warp one output row of it, the row read once per pass of up to 8 of the
 // expert's slots. Without swiglu: y[s, rows] = x_s . W[e]^T. With swiglu
 // (W[e] is the [2F, cols] gate-then-up block, F = rows / 2):
-// y[s, F] = silu(x_s . gate_r) * (x_s . up_r).
+// y[s, F] = silu(x_s . gate_r) * (x_s . up_r). With a shared expert
+// (sh.gate set) the grid's last blockIdx.y is its own: the same product
+// over every token (sh.x rows, its gate and up apart), into sh.y. Its rows
+// come out with the bits of the dense GEMVs (cuda_matmul_swiglu,
+// cuda_matmul): a lane sums its columns in the same order whatever the
+// loads in flight.
 
+template <bool SHARED>
 __global__ void expert_gemv_kernel(float *y, const float *x, const bf16_bits *w, const int *groups, int E, int k,
-                                   int rows, int cols, int x_per_slot, int swiglu) {
+                                   int rows, int cols, int x_per_slot, int swiglu, cuda_shared_gemv sh, int T) {
     await_previous_kernel();
-    if ((int)blockIdx.y >= groups[0]) return;
+    bool shared = SHARED && blockIdx.y == gridDim.y - 1;
+    if (!shared && (int)blockIdx.y >= groups[0]) return;
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
-    int r = blockIdx.x * warps + threadIdx.x / WARP, out_rows = swiglu ? rows / 2 : rows;
+    int r = blockIdx.x * warps + threadIdx.x / WARP, out_rows = shared ? sh.rows : swiglu ? rows / 2 : rows;
     if (r >= out_rows) return;
-    int e = groups[1 + blockIdx.y], begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
+    int begin = 0, end = T, n_cols = shared ? sh.cols : cols;
     const int *slots = groups + 2 + 2 * E;
-    const bf16_bits *we = w + (size_t)e * rows * cols;
+    const uint16_t *row[2];
+    if (shared) {
+        row[0] = sh.gate + (size_t)r * n_cols, row[1] = sh.up ? sh.up + (size_t)r * n_cols : NULL;
+    } else {
+        int e = groups[1 + blockIdx.y];
+        begin = groups[1 + E + blockIdx.y], end = groups[2 + E + blockIdx.y];
+        const bf16_bits *we = w + (size_t)e * rows * cols;
+        row[0] = we + (size_t)r * cols, row[1] = swiglu ? we + (size_t)(out_rows + r) * cols : NULL;
+    }
     for (int b = begin; b < end; b += MAX_TOKENS_PER_PASS) {
         int n = end - b < MAX_TOKENS_PER_PASS ? end - b : MAX_TOKENS_PER_PASS;
         const float *xs[MAX_TOKENS_PER_PASS];
-        float g[MAX_TOKENS_PER_PASS], u[MAX_TOKENS_PER_PASS];
+        float gu[2][MAX_TOKENS_PER_PASS];
 #pragma unroll
         for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) {
-            int s = slots[b + (i < n ? i : 0)];
-            xs[i] = x + (size_t)(x_per_slot ? s : s / k) * cols;
-            g[i] = u[i] = 0.0f;
+            int item = b + (i < n ? i : 0), s = shared ? 0 : slots[item];
+            xs[i] = shared ? sh.x + (size_t)item * n_cols : x + (size_t)(x_per_slot ? s : s / k) * cols;
+            gu[0][i] = gu[1][i] = 0.0f;
         }
-        if (swiglu) {
-            float gu[2][MAX_TOKENS_PER_PASS];
-#pragma unroll
-            for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) gu[0][i] = gu[1][i] = 0.0f;
-            const uint16_t *rows2[2] = {we + (size_t)r * cols, we + (size_t)(out_rows + r) * cols};
-            rows_dots<2, 2, false>(gu, NULL, rows2, NULL, xs, n, cols, lane);
-#pragma unroll
-            for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) g[i] = gu[0][i], u[i] = gu[1][i];
-        } else {
-            row_dots(g, we + (size_t)r * cols, xs, n, cols, lane);
-        }
+        if (row[1]) rows_dots<2, 2, false>(gu, NULL, row, NULL, xs, n, n_cols, lane);
+        else row_dots(gu[0], row[0], xs, n, n_cols, lane);
+        float *dst = shared ? sh.y : y;
 #pragma unroll
         for (int i = 0; i < MAX_TOKENS_PER_PASS; i++) {
             if (i >= n) break;
-            float gv = warp_sum(g[i]), uv = swiglu ? warp_sum(u[i]) : 0.0f;
-            if (lane == 0) y[(size_t)slots[b + i] * out_rows + r] = swiglu ? silu_mul(gv, uv) : gv;
+            float gv = warp_sum(gu[0][i]), uv = row[1] ? warp_sum(gu[1][i]) : 0.0f;
+            int o = shared ? b + i : slots[b + i]; // the output row: the shared expert's token, or the slot
+            if (lane == 0) dst[(size_t)o * out_rows + r] = row[1] ? silu_mul(gv, uv) : gv;
         }
     }
 }
 
 extern "C" void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k,
-                                   int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue) {
+                                   int E, int rows, int cols, int x_per_slot, int swiglu, const cuda_shared_gemv *sh,
+                                   const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     int out_rows = swiglu ? rows / 2 : rows, chosen = T * k < E ? T * k : E;
-    dim3 grid((out_rows + warps - 1) / warps, chosen);
-    launch(queue, grid, threads, 0, expert_gemv_kernel, y, x, w, groups, E, k, rows, cols, x_per_slot, swiglu);
+    cuda_shared_gemv none = {};
+    if (!sh) sh = &none;
+    int grid_rows = sh->gate && sh->rows > out_rows ? sh->rows : out_rows;
+    dim3 grid((grid_rows + warps - 1) / warps, chosen + (sh->gate ? 1 : 0));
+    // a kernel of its own with the shared expert, so the routed-only one keeps its 80 registers on sm_90 (84)
+    launch(queue, grid, threads, 0, sh->gate ? expert_gemv_kernel<true> : expert_gemv_kernel<false>, y, x, w, groups, E,
+           k, rows, cols, x_per_slot, swiglu, *sh, T);
 }
 
 // ------------------------------------------------------- expert GEMM (prefill)

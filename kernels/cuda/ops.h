@@ -198,13 +198,26 @@ int cuda_route_group(int *groups, int *idx, float *weight, float *logits, float 
                      const bf16_bits *mlp_norm, float eps, const bf16_bits *w_router, int T, int E, int H, int k,
                      int norm, int e0, int E_local, const cuda_queue *queue);
 
+/* A shared expert's product run inside cuda_expert_matmul's launch: with
+ * up, y[t, rows] = silu(x_t . gate_r) * (x_t . up_r) (gate and up each
+ * [rows, cols]); without, y[t, rows] = x_t . gate_r; over all T tokens. */
+typedef struct {
+    const bf16_bits *gate, *up; /* NULL gate: none */
+    const float *x;             /* [T, cols] */
+    float *y;                   /* [T, rows] */
+    int rows, cols;
+} cuda_shared_gemv;
+
 /* Expert GEMV over the grouped slots, each chosen expert's rows read once
  * per 8 of its slots: for slot s = t*k + j routed to expert e,
  * y[s, rows] = x_s . W[e]^T where W is [E, rows, cols] and x_s is x[t]
  * (x_per_slot = 0) or x[s] (1). With swiglu, W[e] is the gate-then-up block
- * and y[s, rows/2] = silu(gate) * up. */
+ * and y[s, rows/2] = silu(gate) * up. sh (or NULL): a shared expert's
+ * product in the same launch (the same bits as cuda_matmul_swiglu /
+ * cuda_matmul of it). */
 void cuda_expert_matmul(float *y, const float *x, const bf16_bits *w, const int *groups, int T, int k, int E,
-                        int rows, int cols, int x_per_slot, int swiglu, const cuda_queue *queue);
+                        int rows, int cols, int x_per_slot, int swiglu, const cuda_shared_gemv *sh,
+                        const cuda_queue *queue);
 
 /* The same on tensor cores for a prefill chunk: inputs xb in bf16 (rows as
  * x above), f32 accumulation. Returns 0 (launching nothing) unless cols and
