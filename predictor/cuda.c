@@ -76,8 +76,14 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     const char *wide = getenv("POLAR_CUDA_PRED_WIDE"); /* off until a GPU times it */
     if (wide && strcmp(wide, "0") && strcmp(wide, "1"))
         return polar_fail(err, POLAR_ERR_ARG, "predictor: cuda: POLAR_CUDA_PRED_WIDE=%s: 0 or 1", wide);
-    int grid, tile_k = wide && !strcmp(wide, "1") ? 128 : 32;
-    if (!cuda_predictor_grid(tile_k, &grid, why, sizeof why))
+    const char *ring = getenv("POLAR_CUDA_PRED_ASYNC"); /* off until a GPU times it */
+    if (ring && strcmp(ring, "0") && strcmp(ring, "1"))
+        return polar_fail(err, POLAR_ERR_ARG, "predictor: cuda: POLAR_CUDA_PRED_ASYNC=%s: 0 or 1", ring);
+    int grid, tile_k = wide && !strcmp(wide, "1") ? 128 : 32, async = ring && !strcmp(ring, "1");
+    if (async && tile_k != 32)
+        return polar_fail(err, POLAR_ERR_ARG,
+                          "predictor: cuda: POLAR_CUDA_PRED_WIDE=1 and POLAR_CUDA_PRED_ASYNC=1: one or the other");
+    if (!cuda_predictor_grid(tile_k, async, &grid, why, sizeof why))
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: cuda: %s", why);
     pred_cuda *c = calloc(1, sizeof *c);
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
@@ -103,7 +109,7 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
         return polar_fail(err, POLAR_ERR_IO, "predictor: cuda: %s", cudaGetErrorString(e));
     }
     pred_cuda_args *a = &c->args;
-    a->D = p->D, a->d = p->d, a->dq = p->dq, a->heads = p->heads, a->ff = p->ff, a->tile_k = tile_k;
+    a->D = p->D, a->d = p->d, a->dq = p->dq, a->heads = p->heads, a->ff = p->ff, a->tile_k = tile_k, a->async = async;
     a->q_proj_w = dev(p, c, p->q_proj_w), a->q_proj_b = dev(p, c, p->q_proj_b), a->layer_emb = dev(p, c, p->layer_emb);
     a->cross = (pred_cuda_mha){dev(p, c, p->cross.in_w), dev(p, c, p->cross.in_b), dev(p, c, p->cross.out_w),
                                dev(p, c, p->cross.out_b)};

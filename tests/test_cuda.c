@@ -307,7 +307,8 @@ static void shared_weights(void) {
  * 128, one key group, and of 32, four) or at its limits (T 512, dq 896 as
  * Qwen2.5-0.5B's, heads of 16: 8 key groups). A second call (the layer
  * queries kept from the first) gives the same bits; every other shape again
- * with POLAR_CUDA_PRED_WIDE=1: the same bits; a value but 0 or 1 refused. */
+ * with POLAR_CUDA_PRED_WIDE=1 and every shape with POLAR_CUDA_PRED_ASYNC=1:
+ * the same bits; a value but 0 or 1 refused, and the two together. */
 static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
@@ -342,22 +343,36 @@ static void predictor_fused(void) {
         CHECK_OK(polar_predict_logits(p, h, T, seg[0], op[0], &err)); /* the layer queries kept from the first */
         CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
               "D %d T %d: a second call changed the logits", D, T);
-        if (c % 2 == 0) { /* 128 columns a step: each thread's sums in the same order, so the same bits */
-            polar_predictor *wide = NULL;
-            setenv("POLAR_CUDA_PRED_WIDE", "1", 1);
-            CHECK_OK(polar_predictor_load(path, &wide, &err));
-            if (wide) CHECK_OK(polar_predictor_use_device(wide, POLAR_DEVICE_CUDA, &err));
-            if (wide) CHECK_OK(polar_predict_logits(wide, h, T, seg[0], op[0], &err));
+        /* 128 columns a step (every other shape), or the cp.async ring (every shape: its pieces and zero fill at
+         * every width): each thread's sums in the same order, so the same bits */
+        static const char *const variants[2] = {"POLAR_CUDA_PRED_WIDE", "POLAR_CUDA_PRED_ASYNC"};
+        for (int v = c % 2; v < 2; v++) {
+            polar_predictor *other = NULL;
+            setenv(variants[v], "1", 1);
+            CHECK_OK(polar_predictor_load(path, &other, &err));
+            if (other) CHECK_OK(polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err));
+            if (other) CHECK_OK(polar_predict_logits(other, h, T, seg[0], op[0], &err));
             CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
-                  "D %d T %d: POLAR_CUDA_PRED_WIDE=1 changed the logits", D, T);
-            polar_predictor_free(wide);
-            setenv("POLAR_CUDA_PRED_WIDE", "2", 1);
-            CHECK_OK(polar_predictor_load(path, &wide, &err));
-            CHECK(wide && polar_predictor_use_device(wide, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
-                      strstr(err.msg, "POLAR_CUDA_PRED_WIDE=2: 0 or 1"),
-                  "POLAR_CUDA_PRED_WIDE=2 not refused");
-            polar_predictor_free(wide);
-            unsetenv("POLAR_CUDA_PRED_WIDE");
+                  "D %d T %d: %s=1 changed the logits", D, T, variants[v]);
+            polar_predictor_free(other);
+            if (c == 0) { /* a value but 0 or 1 refused, and the two together */
+                char want[64];
+                setenv(variants[v], "2", 1);
+                snprintf(want, sizeof want, "%s=2: 0 or 1", variants[v]);
+                CHECK_OK(polar_predictor_load(path, &other, &err));
+                CHECK(other && polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
+                          strstr(err.msg, want),
+                      "%s=2 not refused", variants[v]);
+                polar_predictor_free(other);
+                setenv(variants[0], "1", 1), setenv(variants[1], "1", 1);
+                CHECK_OK(polar_predictor_load(path, &other, &err));
+                CHECK(other && polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
+                          strstr(err.msg, "one or the other"),
+                      "POLAR_CUDA_PRED_WIDE=1 with POLAR_CUDA_PRED_ASYNC=1 not refused");
+                polar_predictor_free(other);
+                unsetenv(variants[1 - v]);
+            }
+            unsetenv(variants[v]);
         }
         free(h);
         polar_predictor_free(p);

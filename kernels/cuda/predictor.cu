@@ -8,14 +8,20 @@
 // in flight while this one is multiplied): a weight row is read once per 16
 // inputs and an input once per 32 rows. TK 32, or 128 with
 // POLAR_CUDA_PRED_WIDE=1: a quarter of the steps, each a load round trip
-// the multiply-adds of 32 columns do not hide (untimed: a GPU decides). Attention is a warp per (query,
+// the multiply-adds of 32 columns do not hide (untimed: a GPU decides); or
+// TK 32 with POLAR_CUDA_PRED_ASYNC=1: PRED_STAGES chunks in flight at once,
+// copied by cp.async straight into a ring of shared-memory stages (no
+// register round trip, three chunks' loads behind the one multiplied).
+// Every variant sums each output in the same order: the same bits. Attention is a warp per (query,
 // head) with its probabilities in shared memory. The grid is at most two
 // blocks per multiprocessor (launch bounds hold the registers to 128 for
 // that): up to T 256 no stage has more tiles, and a grid sync costs more the
 // more blocks it waits for.
 #include <cooperative_groups.h>
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "predictor_cuda.h"
@@ -26,9 +32,37 @@ namespace cg = cooperative_groups;
 #define LN_EPS 1e-5f
 #define TILE_IN 16   // inputs (tokens or layer positions) per tile
 #define TILE_ROWS 32 // output rows per tile
+#define PRED_STAGES 4 // chunks in flight with POLAR_CUDA_PRED_ASYNC=1
 #define WARPS (PRED_CUDA_THREADS / WARP)
 
 static_assert(PRED_CUDA_THREADS == 256, "linear's thread layout: 16 inputs x 16 row pairs");
+
+// acc0 (acc1) += a chunk's TK columns of input xr against weight row w0
+// (w1), in column order: the one multiply loop of every linear variant.
+template <int TK>
+static __device__ __forceinline__ void chunk_dots(const float *xr, const float *w0r, const float *w1r, float *acc0,
+                                                  float *acc1) {
+#pragma unroll
+    for (int k = 0; k < TK; k += 4) {
+        float4 a = *(const float4 *)&xr[k];
+        float4 w0 = *(const float4 *)&w0r[k], w1 = *(const float4 *)&w1r[k];
+        *acc0 += a.x * w0.x, *acc0 += a.y * w0.y, *acc0 += a.z * w0.z, *acc0 += a.w * w0.w;
+        *acc1 += a.x * w1.x, *acc1 += a.y * w1.y, *acc1 += a.z * w1.z, *acc1 += a.w * w1.w;
+    }
+}
+
+// Outputs (t, r) and (t, r + 16) of a tile: the sums plus bias, relu'd.
+static __device__ __forceinline__ void store_pair(float *y, const float *b, int n, int rows, int relu, int t, int r,
+                                                  float acc0, float acc1) {
+    float acc[2] = {acc0, acc1};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int ri = r + 16 * i;
+        if (t >= n || ri >= rows) continue;
+        float v = acc[i] + (b ? b[ri] : 0.0f);
+        y[(size_t)t * rows + ri] = relu ? fmaxf(v, 0.0f) : v;
+    }
+}
 
 // y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). Tiles go
 // to blocks from block `skew` on, so two linears of one stage share the grid.
@@ -72,24 +106,66 @@ static __device__ void linear(float *y, const float *x, const float *w, const fl
             for (int i = 0; i < TILE_ROWS / PER; i++) ws[xi + PER * i][kc] = wv[i];
             __syncthreads();
             if (k0 + TK < cols) fetch(k0 + TK);
-#pragma unroll
-            for (int k = 0; k < TK; k += 4) {
-                float4 a = *(const float4 *)&xs[ty][k];
-                float4 w0 = *(const float4 *)&ws[tx][k], w1 = *(const float4 *)&ws[tx + 16][k];
-                acc0 += a.x * w0.x, acc0 += a.y * w0.y, acc0 += a.z * w0.z, acc0 += a.w * w0.w;
-                acc1 += a.x * w1.x, acc1 += a.y * w1.y, acc1 += a.z * w1.z, acc1 += a.w * w1.w;
-            }
+            chunk_dots<TK>(xs[ty], ws[tx], ws[tx + 16], &acc0, &acc1);
             __syncthreads();
         }
-        int t = t0 + ty;
-        float acc[2] = {acc0, acc1};
+        store_pair(y, b, n, rows, relu, t0 + ty, r0 + tx, acc0, acc1);
+    }
+}
+
+// A chunk of stage: 16 bytes of src from element c of row `row` (zeros
+// past nrows or cols) into dst, by cp.async where a whole aligned piece
+// exists, else a float at a time (cp.async each, or a zero stored).
+static __device__ __forceinline__ void stage_piece(float *dst, const float *src, int row, int nrows, int c, int cols,
+                                                   int vec) {
+    if (row < nrows && vec && c + 4 <= cols) {
+        __pipeline_memcpy_async(dst, src + (size_t)row * cols + c, 16);
+        return;
+    }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int r = r0 + tx + 16 * i;
-            if (t >= n || r >= rows) continue;
-            float v = acc[i] + (b ? b[r] : 0.0f);
-            y[(size_t)t * rows + r] = relu ? fmaxf(v, 0.0f) : v;
+    for (int j = 0; j < 4; j++) {
+        if (row < nrows && c + j < cols) __pipeline_memcpy_async(dst + j, src + (size_t)row * cols + c + j, 4);
+        else dst[j] = 0.0f;
+    }
+}
+
+// linear<32> with the chunks in a ring of PRED_STAGES shared-memory stages
+// filled by cp.async: chunk k + PRED_STAGES - 1 is requested as chunk k is
+// multiplied (POLAR_CUDA_PRED_ASYNC=1). The same sums in the same order.
+static __device__ void linear_async(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
+                                    int relu, int skew) {
+    constexpr int TK = 32, PIECES = TK / 4; // 16-byte pieces a chunk row
+    __shared__ __align__(16) float xs[PRED_STAGES][TILE_IN][TK];
+    __shared__ __align__(16) float ws[PRED_STAGES][TILE_ROWS][TK + 4];
+    static_assert(TILE_ROWS * PIECES == PRED_CUDA_THREADS, "a weight piece a thread, an input piece every other");
+    int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    int row_tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, tiles = (n + TILE_IN - 1) / TILE_IN * row_tiles;
+    int first = (int)((blockIdx.x + gridDim.x - (unsigned)skew % gridDim.x) % gridDim.x);
+    // 16-byte pieces need 16-byte aligned rows
+    int vec_w = cols % 4 == 0 && (uintptr_t)w % 16 == 0, vec_x = cols % 4 == 0 && (uintptr_t)x % 16 == 0;
+    int steps = (cols + TK - 1) / TK, pr = tid / PIECES, pc = tid % PIECES * 4;
+    for (int tile = first; tile < tiles; tile += gridDim.x) {
+        int t0 = tile / row_tiles * TILE_IN, r0 = tile % row_tiles * TILE_ROWS;
+        auto request = [&](int step) { // chunk step into stage step % PRED_STAGES, as one group
+            if (step < steps) {
+                int st = step % PRED_STAGES, c = step * TK + pc;
+                stage_piece(&ws[st][pr][pc], w, r0 + pr, rows, c, cols, vec_w);
+                if (pr < TILE_IN) stage_piece(&xs[st][pr][pc], x, t0 + pr, n, c, cols, vec_x);
+            }
+            __pipeline_commit();
+        };
+        for (int s = 0; s < PRED_STAGES - 1; s++) request(s);
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (int step = 0; step < steps; step++) {
+            __pipeline_wait_prior(PRED_STAGES - 2); // this thread's pieces of chunk step have landed
+            __syncthreads();                        // everyone's; and chunk step - 1's stage is free
+            request(step + PRED_STAGES - 1);
+            int st = step % PRED_STAGES;
+            chunk_dots<TK>(xs[st][ty], ws[st][tx], ws[st][tx + 16], &acc0, &acc1);
         }
+        __pipeline_wait_prior(0);
+        __syncthreads(); // the next tile's first requests overwrite stages still being read
+        store_pair(y, b, n, rows, relu, t0 + ty, r0 + tx, acc0, acc1);
     }
 }
 
@@ -195,51 +271,64 @@ static __device__ int tiles_of(int n, int rows) {
     return (n + TILE_IN - 1) / TILE_IN * ((rows + TILE_ROWS - 1) / TILE_ROWS);
 }
 
-template <int TK>
+// The linear of the variant the kernel was built for.
+template <int TK, int ASYNC>
+static __device__ __forceinline__ void lin(float *y, const float *x, const float *w, const float *b, int n, int rows,
+                                           int cols, int relu, int skew) {
+    if constexpr (ASYNC) linear_async(y, x, w, b, n, rows, cols, relu, skew);
+    else linear<TK>(y, x, w, b, n, rows, cols, relu, skew);
+}
+
+template <int TK, int ASYNC>
 __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cuda_args a) {
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
     // the token projection; the layer queries (independent of it and of
     // the input: kept from the first call)
-    linear<TK>(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
-    if (!a.q_ready) linear<TK>(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
+    lin<TK, ASYNC>(a.tok, a.h, a.q_proj_w, a.q_proj_b, T, d, a.dq, 0, 0);
+    if (!a.q_ready) lin<TK, ASYNC>(a.q, a.layer_emb, a.cross.in_w, a.cross.in_b, D, d, d, 0, tiles_of(T, d));
     grid.sync();
     // the tokens' keys and values: rows d..3d of in_w, one [T, 2d] product
-    linear<TK>(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);
+    lin<TK, ASYNC>(a.kv, a.tok, a.cross.in_w + (size_t)d * d, a.cross.in_b + d, T, 2 * d, d, 0, 0);
     grid.sync();
     attention(a.att, a.q, d, a.kv, a.kv + d, 2 * d, D, T, d, a.heads);
     grid.sync();
-    linear<TK>(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
+    lin<TK, ASYNC>(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
     grid.sync();
     for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
         const pred_cuda_block *b = &a.blocks[blk];
-        linear<TK>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
+        lin<TK, ASYNC>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
         grid.sync();
         attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
         grid.sync();
-        linear<TK>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
+        lin<TK, ASYNC>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
         grid.sync();
-        linear<TK>(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
+        lin<TK, ASYNC>(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
         grid.sync();
-        linear<TK>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
+        lin<TK, ASYNC>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
         grid.sync();
         add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
         grid.sync();
     }
-    linear<TK>(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
-    linear<TK>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
+    lin<TK, ASYNC>(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
+    lin<TK, ASYNC>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
 }
 
-extern "C" int cuda_predictor_grid(int tk, int *blocks, char *why, size_t why_size) {
+// The kernel of a variant: tile_k 32 or 128, or the cp.async ring (async).
+static const void *predictor_variant(int tile_k, int async) {
+    return async ? (const void *)predictor_kernel<32, 1>
+                 : tile_k == 128 ? (const void *)predictor_kernel<128, 0> : (const void *)predictor_kernel<32, 0>;
+}
+
+extern "C" int cuda_predictor_grid(int tk, int async, int *blocks, char *why, size_t why_size) {
     int device, sms, coop = 0, per_sm = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e == cudaSuccess)
-        e = tk == 128 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel<128>, PRED_CUDA_THREADS, 0)
-                      : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_kernel<32>, PRED_CUDA_THREADS, 0);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_variant(tk, async), PRED_CUDA_THREADS, 0);
     if (e != cudaSuccess) {
         snprintf(why, why_size, "%s", cudaGetErrorString(e));
         return 0;
@@ -260,6 +349,8 @@ extern "C" int cuda_predictor_launch(const pred_cuda_args *args, int blocks, voi
     void *params[] = {&copy};
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(blocks), block(PRED_CUDA_THREADS);
-    return (int)(args->tile_k == 128 ? cudaLaunchCooperativeKernel((void *)predictor_kernel<128>, grid, block, params, 0, s)
-                                     : cudaLaunchCooperativeKernel((void *)predictor_kernel<32>, grid, block, params, 0, s));
+    if (args->async) return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 1>, grid, block, params, 0, s);
+    if (args->tile_k == 128)
+        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<128, 0>, grid, block, params, 0, s);
+    return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 0>, grid, block, params, 0, s);
 }
