@@ -177,25 +177,25 @@ typedef struct {
 
 INLINE __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* Byte b (0..15) of each lane's bytes, the lanes' 4-byte words w[b / 4]. */
-INLINE __m256i lane_byte(const __m256i *w, int b) {
-    return _mm256_and_si256(_mm256_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm256_set1_epi32(0xFF));
+/* Bits k..k+n-1 of each 32-bit lane of w, moved to bits o..o+n-1 (k >= o). */
+INLINE __m256i lane_bits(__m256i w, int k, int n, int o) {
+    return _mm256_and_si256(_mm256_srli_epi32(w, k - o), _mm256_set1_epi32(((1 << n) - 1) << o));
 }
 
 /* Q4_K / Q5_K units: 32-block j's 6-bit scale and min (cpu_k4_scale_min)
  * of rows 8h..8h+7, a lane (row) at a time, from the rows' 12 scale bytes
- * (lane r of the three vectors at 2112). */
+ * (lane r of the three vectors at 2112, bytes 0-3, 4-7, 8-11): each 4- or
+ * 6-bit piece by one shift and one mask, already in its final place. */
 INLINE void k4_scale_min(const uint8_t *b, int j, int h, __m256i *sc, __m256i *mn) {
-    __m256i s[3], six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(0xF);
+    __m256i s[3];
     for (int i = 0; i < 3; i++) s[i] = _mm256_loadu_si256((const __m256i *)(b + 2112 + 64 * i + 32 * h));
-    if (j < 4) {
-        *sc = _mm256_and_si256(lane_byte(s, j), six);
-        *mn = _mm256_and_si256(lane_byte(s, j + 4), six);
-    } else {
-        *sc = _mm256_or_si256(_mm256_and_si256(lane_byte(s, j + 4), four),
-                              _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j - 4), 6), 4));
-        *mn = _mm256_or_si256(_mm256_srli_epi32(lane_byte(s, j + 4), 4),
-                              _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(s, j), 6), 4));
+    if (j < 4) { /* bytes j and j + 4, low six bits */
+        *sc = lane_bits(s[0], 8 * j, 6, 0);
+        *mn = lane_bits(s[1], 8 * j, 6, 0);
+    } else { /* byte j + 4's nibbles, the top two bits of bytes j - 4 (scale) and j (min) above them */
+        int k = 8 * (j - 4);
+        *sc = _mm256_or_si256(lane_bits(s[2], k, 4, 0), lane_bits(s[0], k + 6, 2, 4));
+        *mn = _mm256_or_si256(lane_bits(s[2], k + 4, 4, 0), lane_bits(s[1], k + 6, 2, 4));
     }
 }
 

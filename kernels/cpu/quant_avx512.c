@@ -202,9 +202,14 @@ INLINE int x16_wide_tile(cpu_wtype t) { return t == CPU_W_Q5_K_X16; }
 
 INLINE __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* Byte b (0..15) of each lane's bytes, the lanes' 4-byte words w[b / 4]. */
-INLINE __m512i lane_byte(const __m512i *w, int b) {
-    return _mm512_and_si512(_mm512_srl_epi32(w[b / 4], _mm_cvtsi32_si128(8 * (b % 4))), _mm512_set1_epi32(0xFF));
+/* Bits k..k+n-1 of each 32-bit lane of w, moved to bits o..o+n-1 (k >= o). */
+INLINE __m512i lane_bits(__m512i w, int k, int n, int o) {
+    return _mm512_and_si512(_mm512_srli_epi32(w, k - o), _mm512_set1_epi32(((1 << n) - 1) << o));
+}
+
+/* Byte b (0..15) of each lane's bytes (the lanes' 4-byte words w[b / 4]) as a signed int32. */
+INLINE __m512i lane_int8(const __m512i *w, int b) {
+    return _mm512_srai_epi32(_mm512_slli_epi32(w[b / 4], 24 - 8 * (b % 4)), 24);
 }
 
 /* 32-block k of the group starting at g (units of ub bytes). */
@@ -280,22 +285,22 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
         int j = k % 8, shift = 4 * (j % 2);
         for (int v = 0; v < 8; v++) /* the block pair's qs: low nibbles the even block, high the odd */
             o->u[v] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(b + 512 * (j / 2) + 64 * v), shift), low4);
-        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth */
-            __m512i qh = _mm512_srl_epi16(_mm512_loadu_si512(b + 2304 + 64 * v), _mm_cvtsi32_si128(j));
-            o->u[v] = _mm512_or_si512(o->u[v], _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(1)), 4));
+        for (int v = 0; v < 8 && t == CPU_W_Q5_K_X16; v++) { /* Q5_K: bit j of each qh byte is the fifth: to bit 4 */
+            __m512i qh = _mm512_loadu_si512(b + 2304 + 64 * v);
+            qh = j == 4 ? qh : j < 4 ? _mm512_slli_epi16(qh, 4 - j) : _mm512_srli_epi16(qh, j - 4);
+            o->u[v] = _mm512_or_si512(o->u[v], _mm512_and_si512(qh, _mm512_set1_epi8(0x10)));
         }
         __m512i s[3];
         for (int i = 0; i < 3; i++) s[i] = _mm512_loadu_si512(b + 2112 + 64 * i);
-        /* cpu_k4_scale_min, a lane at a time */
-        __m512i sc, mn, six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(0xF);
-        if (j < 4) {
-            sc = _mm512_and_si512(lane_byte(s, j), six);
-            mn = _mm512_and_si512(lane_byte(s, j + 4), six);
-        } else {
-            __m512i top_sc = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(s, j - 4), 6), 4);
-            __m512i top_mn = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(s, j), 6), 4);
-            sc = _mm512_or_si512(_mm512_and_si512(lane_byte(s, j + 4), four), top_sc);
-            mn = _mm512_or_si512(_mm512_srli_epi32(lane_byte(s, j + 4), 4), top_mn);
+        /* cpu_k4_scale_min, a lane at a time: each 4- or 6-bit piece by one shift and one mask */
+        __m512i sc, mn;
+        if (j < 4) { /* bytes j and j + 4, low six bits */
+            sc = lane_bits(s[0], 8 * j, 6, 0);
+            mn = lane_bits(s[1], 8 * j, 6, 0);
+        } else { /* byte j + 4's nibbles, the top two bits of bytes j - 4 (scale) and j (min) above them */
+            int sh = 8 * (j - 4);
+            sc = _mm512_or_si512(lane_bits(s[2], sh, 4, 0), lane_bits(s[0], sh + 6, 2, 4));
+            mn = _mm512_or_si512(lane_bits(s[2], sh + 4, 4, 0), lane_bits(s[1], sh + 6, 2, 4));
         }
         /* as quant_x86.h: d * sc, and the offset -dmin * mn */
         o->a[0] = o->a[1] = _mm512_mul_ps(load_f16x16(b + 2048), _mm512_cvtepi32_ps(sc));
@@ -307,19 +312,19 @@ INLINE void x16_load(cpu_wtype t, const uint8_t *g, int k, x16_block *o) {
     default: { /* Q6_K */
         int j = k % 8;
         const uint8_t *n = b + 384 * j;
-        __m512i h0 = _mm512_loadu_si512(n + 256), h1 = _mm512_loadu_si512(n + 320), three = _mm512_set1_epi8(3);
-        for (int q = 0; q < 4; q++) {
+        __m512i h0 = _mm512_loadu_si512(n + 256), h1 = _mm512_loadu_si512(n + 320), high = _mm512_set1_epi8(0x30);
+        for (int q = 0; q < 4; q++) { /* bits 2q, 2q + 1 of h0/h1's bytes to bits 4, 5: one shift, one mask */
             __m512i p = _mm512_loadu_si512(n + 64 * q);
-            __m512i hi0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h0, 2 * q), three), 4);
-            __m512i hi1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h1, 2 * q), three), 4);
-            o->u[q] = _mm512_or_si512(_mm512_and_si512(p, low4), hi0);
-            o->u[q + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), low4), hi1);
+            __m512i hi0 = q == 2 ? h0 : q < 2 ? _mm512_slli_epi16(h0, 4 - 2 * q) : _mm512_srli_epi16(h0, 2);
+            __m512i hi1 = q == 2 ? h1 : q < 2 ? _mm512_slli_epi16(h1, 4 - 2 * q) : _mm512_srli_epi16(h1, 2);
+            o->u[q] = _mm512_or_si512(_mm512_and_si512(p, low4), _mm512_and_si512(hi0, high));
+            o->u[q + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), low4), _mm512_and_si512(hi1, high));
         }
         __m512i s[4];
         for (int i = 0; i < 4; i++) s[i] = _mm512_loadu_si512(b + 3072 + 64 * i);
         __m512 d = load_f16x16(b + 3328);
         for (int h = 0; h < 2; h++) { /* int8 scales 2j and 2j + 1, sign-extended; d * sc as quant_x86.h */
-            __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(lane_byte(s, 2 * j + h), 24), 24);
+            __m512i sc = lane_int8(s, 2 * j + h);
             o->a[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
         }
         o->z = 32;
