@@ -142,19 +142,21 @@ step route 70 env COMMIT="$COMMIT" OUTFILE="$R/route.jsonl" sh -c '
 # Issue 42 item 6: the predictor's linears staging 128 columns a step
 # (POLAR_CUDA_PRED_WIDE=1: a quarter of the load round trips, spills on
 # sm_90; the same bits) and 32 columns through a 4-stage cp.async ring
-# (POLAR_CUDA_PRED_ASYNC=1) against 32, alternated; all with the
+# (POLAR_CUDA_PRED_ASYNC=1), and the LayerNorms fused into the linears after
+# them (POLAR_CUDA_PRED_FUSE_NORM=1: 14 grid syncs, not 18) against 32, alternated; all with the
 # encoder's states written straight into the predictor's input (since
 # 2026-11-27: no pageable copies; the 0.42 ms of 2026-11-26 included them).
 # A D = 16 hash predictor, a Qwen3-Embedding-0.6B-shaped encoder, 256-token questions.
-step predictor 120 env COMMIT="$COMMIT" OUTFILE="$R/predictor.jsonl" sh -c '
+step predictor 150 env COMMIT="$COMMIT" OUTFILE="$R/predictor.jsonl" sh -c '
     W=/tmp/polar-pred && mkdir -p $W && ./build-cuda/tests/mkpredictor 16 1024 $W/pred16.safetensors &&
         ./build-cuda/polar mkmodel --preset qwen3-embedding-0.6b --out $W/encoder >/dev/null &&
         gzip -dc tests/golden/tokenizer/qwen.tokenizer.json.gz >$W/encoder/tokenizer.json || exit 1
-    for rep in 1 2; do for v in 0 1 2; do
-        POLAR_CUDA_PRED_WIDE=$((v == 1)) POLAR_CUDA_PRED_ASYNC=$((v == 2)) ./build-cuda/polar bench --device cuda --json \
+    for rep in 1 2; do for v in 0 1 2 3; do
+        POLAR_CUDA_PRED_WIDE=$((v == 1)) POLAR_CUDA_PRED_ASYNC=$((v == 2)) POLAR_CUDA_PRED_FUSE_NORM=$((v == 3)) \
+            ./build-cuda/polar bench --device cuda --json \
             --preset llama-3.2-1b --prompt-len 16 --gen 1 --reps 1 --predictor $W/pred16.safetensors --encoder $W/encoder \
             --question-len 256 >/tmp/polar-pred.json || exit 1
-        sed "s/^/{\"commit\":\"$COMMIT\",\"pred_wide\":$((v == 1)),\"pred_async\":$((v == 2)),\"result\":/; s/\$/}/" \
+        sed "s/^/{\"commit\":\"$COMMIT\",\"pred_wide\":$((v == 1)),\"pred_async\":$((v == 2)),\"pred_fuse_norm\":$((v == 3)),\"result\":/; s/\$/}/" \
             /tmp/polar-pred.json >>"$OUTFILE"
     done; done'
 

@@ -79,18 +79,25 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     const char *ring = getenv("POLAR_CUDA_PRED_ASYNC"); /* off until a GPU times it */
     if (ring && strcmp(ring, "0") && strcmp(ring, "1"))
         return polar_fail(err, POLAR_ERR_ARG, "predictor: cuda: POLAR_CUDA_PRED_ASYNC=%s: 0 or 1", ring);
+    const char *fuse = getenv("POLAR_CUDA_PRED_FUSE_NORM"); /* off until a GPU times it */
+    if (fuse && strcmp(fuse, "0") && strcmp(fuse, "1"))
+        return polar_fail(err, POLAR_ERR_ARG, "predictor: cuda: POLAR_CUDA_PRED_FUSE_NORM=%s: 0 or 1", fuse);
     int grid, tile_k = wide && !strcmp(wide, "1") ? 128 : 32, async = ring && !strcmp(ring, "1");
+    int fuse_norm = fuse && !strcmp(fuse, "1");
     if (async && tile_k != 32)
         return polar_fail(err, POLAR_ERR_ARG,
                           "predictor: cuda: POLAR_CUDA_PRED_WIDE=1 and POLAR_CUDA_PRED_ASYNC=1: one or the other");
-    if (!cuda_predictor_grid(tile_k, async, &grid, why, sizeof why))
+    if (async && fuse_norm) /* the normed inputs are staged through registers, not copied by cp.async */
+        return polar_fail(err, POLAR_ERR_ARG,
+                          "predictor: cuda: POLAR_CUDA_PRED_ASYNC=1 and POLAR_CUDA_PRED_FUSE_NORM=1: one or the other");
+    if (!cuda_predictor_grid(tile_k, async, fuse_norm, &grid, why, sizeof why))
         return polar_fail(err, POLAR_ERR_UNSUPPORTED, "predictor: cuda: %s", why);
     pred_cuda *c = calloc(1, sizeof *c);
     if (!c) return polar_fail(err, POLAR_ERR_NOMEM, "out of memory");
     c->grid = grid;
     /* the workspaces, each rounded to 4 floats: the kernel reads rows as float4 */
     size_t D = (size_t)p->D, d = (size_t)p->d, T = PRED_MAX_TOKENS;
-    size_t sizes[] = {T * p->dq, T * d, D * d, T * 2 * d, D * 3 * d, D * d, D * d, D * d, D * p->ff, D, D * 3};
+    size_t sizes[] = {T * p->dq, T * d, D * d, T * 2 * d, D * 3 * d, D * d, D * d, D * d, D * d, D * p->ff, D, D * 3};
     enum { N_WORK = sizeof sizes / sizeof sizes[0] };
     size_t work = 0;
     for (int i = 0; i < N_WORK; i++) work += sizes[i] = (sizes[i] + 3) / 4 * 4;
@@ -110,6 +117,7 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     }
     pred_cuda_args *a = &c->args;
     a->D = p->D, a->d = p->d, a->dq = p->dq, a->heads = p->heads, a->ff = p->ff, a->tile_k = tile_k, a->async = async;
+    a->fuse_norm = fuse_norm;
     a->q_proj_w = dev(p, c, p->q_proj_w), a->q_proj_b = dev(p, c, p->q_proj_b), a->layer_emb = dev(p, c, p->layer_emb);
     a->cross = (pred_cuda_mha){dev(p, c, p->cross.in_w), dev(p, c, p->cross.in_b), dev(p, c, p->cross.out_w),
                                dev(p, c, p->cross.out_b)};
@@ -122,7 +130,7 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     }
     a->seg_w = dev(p, c, p->seg_w), a->seg_b = dev(p, c, p->seg_b), a->op_w = dev(p, c, p->op_w);
     a->op_b = dev(p, c, p->op_b);
-    float *h, **bufs[N_WORK] = {&h, &a->tok, &a->q, &a->kv, &a->qkv, &a->att, &a->x, &a->y, &a->hid, &a->seg, &a->op};
+    float *h, **bufs[N_WORK] = {&h, &a->tok, &a->q, &a->kv, &a->qkv, &a->att, &a->x, &a->x2, &a->y, &a->hid, &a->seg, &a->op};
     float *w = c->work;
     for (int i = 0; i < N_WORK; i++) *bufs[i] = w, w += sizes[i];
     a->h = h;

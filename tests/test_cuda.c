@@ -307,8 +307,10 @@ static void shared_weights(void) {
  * 128, one key group, and of 32, four) or at its limits (T 512, dq 896 as
  * Qwen2.5-0.5B's, heads of 16: 8 key groups). A second call (the layer
  * queries kept from the first) gives the same bits; every other shape again
- * with POLAR_CUDA_PRED_WIDE=1 and every shape with POLAR_CUDA_PRED_ASYNC=1:
- * the same bits; a value but 0 or 1 refused, and the two together. */
+ * with POLAR_CUDA_PRED_WIDE=1, every shape with POLAR_CUDA_PRED_ASYNC=1 and
+ * with POLAR_CUDA_PRED_FUSE_NORM=1 (and with both FUSE_NORM and WIDE on every
+ * other): the same bits, twice; a value but 0 or 1 refused, and ASYNC with
+ * either of the others. */
 static void predictor_fused(void) {
     static const struct {
         pred_shape sh;
@@ -344,35 +346,54 @@ static void predictor_fused(void) {
         CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
               "D %d T %d: a second call changed the logits", D, T);
         /* 128 columns a step (every other shape), or the cp.async ring (every shape: its pieces and zero fill at
-         * every width): each thread's sums in the same order, so the same bits */
-        static const char *const variants[2] = {"POLAR_CUDA_PRED_WIDE", "POLAR_CUDA_PRED_ASYNC"};
-        for (int v = c % 2; v < 2; v++) {
+         * every width), or the LayerNorms inside the linears after them (every shape, alone and with 128 columns
+         * on every other): each thread's sums and each norm's operations in the same order, so the same bits */
+        static const struct {
+            const char *env[2];
+        } variants[] = {{{"POLAR_CUDA_PRED_WIDE"}},
+                        {{"POLAR_CUDA_PRED_ASYNC"}},
+                        {{"POLAR_CUDA_PRED_FUSE_NORM"}},
+                        {{"POLAR_CUDA_PRED_FUSE_NORM", "POLAR_CUDA_PRED_WIDE"}}};
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+            if ((v == 0 || v == 3) && c % 2) continue;
             polar_predictor *other = NULL;
-            setenv(variants[v], "1", 1);
+            for (int e = 0; e < 2 && variants[v].env[e]; e++) setenv(variants[v].env[e], "1", 1);
             CHECK_OK(polar_predictor_load(path, &other, &err));
             if (other) CHECK_OK(polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err));
-            if (other) CHECK_OK(polar_predict_logits(other, h, T, seg[0], op[0], &err));
-            CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) && !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
-                  "D %d T %d: %s=1 changed the logits", D, T, variants[v]);
+            for (int call = 0; call < 2 && other; call++) { /* the second with the layer queries kept */
+                memset(seg[0], 0xff, sizeof seg[0]), memset(op[0], 0xff, sizeof op[0]);
+                CHECK_OK(polar_predict_logits(other, h, T, seg[0], op[0], &err));
+                CHECK(!memcmp(seg[0], seg[1], (size_t)D * sizeof(float)) &&
+                          !memcmp(op[0], op[1], (size_t)D * 3 * sizeof(float)),
+                      "D %d T %d: %s=1%s changed the logits (call %d)", D, T, variants[v].env[0],
+                      variants[v].env[1] ? " with WIDE" : "", call);
+            }
             polar_predictor_free(other);
-            if (c == 0) { /* a value but 0 or 1 refused, and the two together */
+            for (int e = 0; e < 2 && variants[v].env[e]; e++) unsetenv(variants[v].env[e]);
+        }
+        if (c == 0) { /* a value but 0 or 1 refused, and the cp.async ring with either of the others */
+            static const char *const names[3] = {"POLAR_CUDA_PRED_WIDE", "POLAR_CUDA_PRED_FUSE_NORM",
+                                                 "POLAR_CUDA_PRED_ASYNC"};
+            for (int v = 0; v < 3; v++) {
+                polar_predictor *other = NULL;
                 char want[64];
-                setenv(variants[v], "2", 1);
-                snprintf(want, sizeof want, "%s=2: 0 or 1", variants[v]);
+                setenv(names[v], "2", 1);
+                snprintf(want, sizeof want, "%s=2: 0 or 1", names[v]);
                 CHECK_OK(polar_predictor_load(path, &other, &err));
                 CHECK(other && polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
                           strstr(err.msg, want),
-                      "%s=2 not refused", variants[v]);
+                      "%s=2 not refused", names[v]);
                 polar_predictor_free(other);
-                setenv(variants[0], "1", 1), setenv(variants[1], "1", 1);
+                unsetenv(names[v]);
+                if (v == 2) continue;
+                setenv(names[v], "1", 1), setenv(names[2], "1", 1);
                 CHECK_OK(polar_predictor_load(path, &other, &err));
                 CHECK(other && polar_predictor_use_device(other, POLAR_DEVICE_CUDA, &err) == POLAR_ERR_ARG &&
                           strstr(err.msg, "one or the other"),
-                      "POLAR_CUDA_PRED_WIDE=1 with POLAR_CUDA_PRED_ASYNC=1 not refused");
+                      "%s=1 with POLAR_CUDA_PRED_ASYNC=1 not refused", names[v]);
                 polar_predictor_free(other);
-                unsetenv(variants[1 - v]);
+                unsetenv(names[v]), unsetenv(names[2]);
             }
-            unsetenv(variants[v]);
         }
         free(h);
         polar_predictor_free(p);

@@ -12,6 +12,9 @@
 // TK 32 with POLAR_CUDA_PRED_ASYNC=1: PRED_STAGES chunks in flight at once,
 // copied by cp.async straight into a ring of shared-memory stages (no
 // register round trip, three chunks' loads behind the one multiplied).
+// With POLAR_CUDA_PRED_FUSE_NORM=1 (TK 32 or 128) the encoder layers'
+// LayerNorms run inside the linears that read them (ln_input): 14 grid syncs
+// a call instead of 18.
 // Every variant sums each output in the same order: the same bits. Attention is a warp per (query,
 // head) with its probabilities in shared memory. The grid is at most two
 // blocks per multiprocessor (launch bounds hold the registers to 128 for
@@ -36,6 +39,31 @@ namespace cg = cooperative_groups;
 #define WARPS (PRED_CUDA_THREADS / WARP)
 
 static_assert(PRED_CUDA_THREADS == 256, "linear's thread layout: 16 inputs x 16 row pairs");
+
+// A linear's input given as LayerNorm(x + y) (w, b its weights), computed
+// as the linear stages it; out (may be null) receives the normed rows.
+struct ln_input {
+    const float *y, *w, *b;
+    float *out;
+};
+
+// Mean and 1 / std of row x + y (d values), by one warp: every lane gets them.
+static __device__ __forceinline__ void ln_row_stats(const float *xr, const float *yr, int d, float *mean_out,
+                                                    float *inv_out) {
+    int lane = threadIdx.x % WARP;
+    float mean = 0.0f;
+    for (int c = lane; c < d; c += WARP) mean += xr[c] + yr[c];
+    mean = warp_sum(mean) / (float)d;
+    float var = 0.0f;
+    for (int c = lane; c < d; c += WARP) var += (xr[c] + yr[c] - mean) * (xr[c] + yr[c] - mean);
+    float inv = 1.0f / sqrtf(warp_sum(var) / (float)d + LN_EPS);
+    *mean_out = mean, *inv_out = inv;
+}
+
+// One normed value, the same expression wherever it is computed (same bits).
+static __device__ __forceinline__ float ln_value(float x, float y, float mean, float inv, float w, float b) {
+    return (x + y - mean) * inv * w + b;
+}
 
 // acc0 (acc1) += a chunk's TK columns of input xr against weight row w0
 // (w1), in column order: the one multiply loop of every linear variant.
@@ -64,21 +92,57 @@ static __device__ __forceinline__ void store_pair(float *y, const float *b, int 
     }
 }
 
+// A linear's shared staging, one per TK (the normed and plain linears of a
+// kernel share it: two copies would pass the 48 KB of static shared memory).
+template <int TK>
+struct linear_smem {
+    __align__(16) float xs[TILE_IN][TK];
+    __align__(16) float ws[TILE_ROWS][TK + 4]; // +4: rows tx and tx + 1 start 4 banks apart
+    float ln_mean[TILE_IN], ln_inv[TILE_IN];   // the normed input rows' statistics
+    ln_input ln;                               // what the normed linears norm (a shared value: the plain
+                                               // linears' calls keep their registers)
+};
+
+template <int TK>
+static __device__ __forceinline__ linear_smem<TK> &linear_shared() {
+    __shared__ linear_smem<TK> sm;
+    return sm;
+}
+
+// The input the next linear<TK, 1> calls norm, for the whole block.
+template <int TK>
+static __device__ void normed_input(const float *y, const float *w, const float *b, float *out) {
+    __syncthreads(); // a linear before may still read the last one
+    if (threadIdx.x == 0) linear_shared<TK>().ln = ln_input{y, w, b, out};
+    __syncthreads();
+}
+
 // y[n, rows] = x[n, cols] . W[rows, cols]^T + b  (relu: max(0, .)). Tiles go
 // to blocks from block `skew` on, so two linears of one stage share the grid.
 // Each thread owns input ty and rows tx, tx + 16 of its tile and sums the
 // columns in order (the same bits for every TK).
-template <int TK>
+template <int TK, int LN = 0>
 static __device__ void linear(float *y, const float *x, const float *w, const float *b, int n, int rows, int cols,
                               int relu, int skew) {
     constexpr int PER = PRED_CUDA_THREADS / TK; // threads a column: inputs and rows xi + PER i
-    __shared__ __align__(16) float xs[TILE_IN][TK];
-    __shared__ __align__(16) float ws[TILE_ROWS][TK + 4]; // +4: rows tx and tx + 1 start 4 banks apart
+    linear_smem<TK> &sm = linear_shared<TK>();
+    auto &xs = sm.xs;
+    auto &ws = sm.ws;
+    float *ln_mean = sm.ln_mean, *ln_inv = sm.ln_inv;
+    const ln_input *ln = &sm.ln; // LN: set by normed_input
     int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     int row_tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, tiles = (n + TILE_IN - 1) / TILE_IN * row_tiles;
     int first = (int)((blockIdx.x + gridDim.x - (unsigned)skew % gridDim.x) % gridDim.x);
     for (int tile = first; tile < tiles; tile += gridDim.x) {
         int t0 = tile / row_tiles * TILE_IN, r0 = tile % row_tiles * TILE_ROWS;
+        if constexpr (LN) { // the tile's input rows' statistics, a warp a row as add_layer_norm
+            for (int i = tid / WARP; i < TILE_IN && t0 + i < n; i += WARPS) {
+                float mean, inv;
+                ln_row_stats(x + (size_t)(t0 + i) * cols, ln->y + (size_t)(t0 + i) * cols, cols, &mean, &inv);
+                if (tid % WARP == 0) ln_mean[i] = mean, ln_inv[i] = inv;
+            }
+            __syncthreads();
+        }
         // this thread's staging: TILE_IN / PER input values and TILE_ROWS /
         // PER weight values per step, a warp reading 32 consecutive columns
         // of one row (128 bytes)
@@ -89,7 +153,15 @@ static __device__ void linear(float *y, const float *x, const float *w, const fl
 #pragma unroll
             for (int i = 0; i < TILE_IN / PER; i++) {
                 int t = t0 + xi + PER * i;
-                xv[i] = t < n && c < cols ? x[(size_t)t * cols + c] : 0.0f;
+                if constexpr (!LN) {
+                    xv[i] = t < n && c < cols ? x[(size_t)t * cols + c] : 0.0f;
+                } else if (t < n && c < cols) { // normed; the first row tile also keeps the rows for the residual
+                    size_t at = (size_t)t * cols + c;
+                    xv[i] = ln_value(x[at], ln->y[at], ln_mean[xi + PER * i], ln_inv[xi + PER * i], ln->w[c], ln->b[c]);
+                    if (ln->out && r0 == 0) ln->out[at] = xv[i];
+                } else {
+                    xv[i] = 0.0f;
+                }
             }
 #pragma unroll
             for (int i = 0; i < TILE_ROWS / PER; i++) {
@@ -255,14 +327,10 @@ static __device__ void add_layer_norm(float *x, const float *y, const float *w, 
     for (long r = warp; r < rows; r += warps) {
         float *xr = x + (size_t)r * d;
         const float *yr = y + (size_t)r * d;
-        float mean = 0.0f;
-        for (int c = lane; c < d; c += WARP) mean += xr[c] + yr[c];
-        mean = warp_sum(mean) / (float)d;
-        float var = 0.0f;
-        for (int c = lane; c < d; c += WARP) var += (xr[c] + yr[c] - mean) * (xr[c] + yr[c] - mean);
-        float inv = 1.0f / sqrtf(warp_sum(var) / (float)d + LN_EPS);
+        float mean, inv;
+        ln_row_stats(xr, yr, d, &mean, &inv);
         __syncwarp();
-        for (int c = lane; c < d; c += WARP) xr[c] = (xr[c] + yr[c] - mean) * inv * w[c] + b[c];
+        for (int c = lane; c < d; c += WARP) xr[c] = ln_value(xr[c], yr[c], mean, inv, w[c], b[c]);
     }
 }
 
@@ -279,8 +347,49 @@ static __device__ __forceinline__ void lin(float *y, const float *x, const float
     else linear<TK>(y, x, w, b, n, rows, cols, relu, skew);
 }
 
-template <int TK, int ASYNC>
+// The two encoder layers and the heads with POLAR_CUDA_PRED_FUSE_NORM=1:
+// each LayerNorm is left pending (x + y, its weights) for the linears that
+// read it next, which norm their inputs as they stage them and write the
+// normed rows into the other residual buffer (the rows they read stay as
+// they are while the stage runs). Two grid syncs a layer fewer; the same
+// operations on every value, so the same bits.
+template <int TK>
+static __device__ void encoder_fused_norms(const pred_cuda_args &a, cg::grid_group &grid) {
+    int D = a.D, d = a.d;
+    float *x = a.x, *spare = a.x2;
+    const float *norm_w = nullptr, *norm_b = nullptr; // the pending norm's weights (none before the first layer)
+    for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
+        const pred_cuda_block *b = &a.blocks[blk];
+        if (norm_w) {
+            normed_input<TK>(a.y, norm_w, norm_b, spare);
+            linear<TK, 1>(a.qkv, x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
+            float *t = x;
+            x = spare, spare = t;
+        } else {
+            linear<TK>(a.qkv, x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
+        }
+        grid.sync();
+        attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
+        grid.sync();
+        linear<TK>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
+        grid.sync();
+        normed_input<TK>(a.y, b->norm1_w, b->norm1_b, spare);
+        linear<TK, 1>(a.hid, x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
+        float *t = x;
+        x = spare, spare = t;
+        grid.sync();
+        linear<TK>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
+        grid.sync();
+        norm_w = b->norm2_w, norm_b = b->norm2_b;
+    }
+    normed_input<TK>(a.y, norm_w, norm_b, nullptr); // both heads norm the last rows themselves
+    linear<TK, 1>(a.seg, x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
+    linear<TK, 1>(a.op, x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
+}
+
+template <int TK, int ASYNC, int NORM>
 __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cuda_args a) {
+    static_assert(!(ASYNC && NORM), "the normed inputs are staged through registers");
     cg::grid_group grid = cg::this_grid();
     int D = a.D, d = a.d, T = a.T;
     // the token projection; the layer queries (independent of it and of
@@ -295,6 +404,10 @@ __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cu
     grid.sync();
     lin<TK, ASYNC>(a.x, a.att, a.cross.out_w, a.cross.out_b, D, d, d, 0, 0);
     grid.sync();
+    if constexpr (NORM) {
+        encoder_fused_norms<TK>(a, grid);
+        return;
+    }
     for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
         const pred_cuda_block *b = &a.blocks[blk];
         lin<TK, ASYNC>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
@@ -316,19 +429,22 @@ __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cu
     lin<TK, ASYNC>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
 }
 
-// The kernel of a variant: tile_k 32 or 128, or the cp.async ring (async).
-static const void *predictor_variant(int tile_k, int async) {
-    return async ? (const void *)predictor_kernel<32, 1>
-                 : tile_k == 128 ? (const void *)predictor_kernel<128, 0> : (const void *)predictor_kernel<32, 0>;
+// The kernel of a variant: tile_k 32 or 128, or the cp.async ring (async), the norms fused or not.
+static const void *predictor_variant(int tile_k, int async, int fuse_norm) {
+    if (async) return (const void *)predictor_kernel<32, 1, 0>;
+    if (fuse_norm)
+        return tile_k == 128 ? (const void *)predictor_kernel<128, 0, 1> : (const void *)predictor_kernel<32, 0, 1>;
+    return tile_k == 128 ? (const void *)predictor_kernel<128, 0, 0> : (const void *)predictor_kernel<32, 0, 0>;
 }
 
-extern "C" int cuda_predictor_grid(int tk, int async, int *blocks, char *why, size_t why_size) {
+extern "C" int cuda_predictor_grid(int tk, int async, int fuse_norm, int *blocks, char *why, size_t why_size) {
     int device, sms, coop = 0, per_sm = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_variant(tk, async), PRED_CUDA_THREADS, 0);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, predictor_variant(tk, async, fuse_norm),
+                                                          PRED_CUDA_THREADS, 0);
     if (e != cudaSuccess) {
         snprintf(why, why_size, "%s", cudaGetErrorString(e));
         return 0;
@@ -349,8 +465,14 @@ extern "C" int cuda_predictor_launch(const pred_cuda_args *args, int blocks, voi
     void *params[] = {&copy};
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(blocks), block(PRED_CUDA_THREADS);
-    if (args->async) return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 1>, grid, block, params, 0, s);
+    // each variant named (the emulation unpacks params with the kernel's own types)
+    if (args->async)
+        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 1, 0>, grid, block, params, 0, s);
+    if (args->fuse_norm && args->tile_k == 128)
+        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<128, 0, 1>, grid, block, params, 0, s);
+    if (args->fuse_norm)
+        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 0, 1>, grid, block, params, 0, s);
     if (args->tile_k == 128)
-        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<128, 0>, grid, block, params, 0, s);
-    return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 0>, grid, block, params, 0, s);
+        return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<128, 0, 0>, grid, block, params, 0, s);
+    return (int)cudaLaunchCooperativeKernel((void *)predictor_kernel<32, 0, 0>, grid, block, params, 0, s);
 }

@@ -25,6 +25,7 @@ typedef struct {
     int D, d, dq, heads, ff, T;
     int tile_k;              /* columns a linear stages a step: 32, or 128 (POLAR_CUDA_PRED_WIDE=1) */
     int async;               /* tile_k 32 through a ring of cp.async stages (POLAR_CUDA_PRED_ASYNC=1) */
+    int fuse_norm;           /* LayerNorms inside the linears that read them (POLAR_CUDA_PRED_FUSE_NORM=1) */
     const float *q_proj_w, *q_proj_b, *layer_emb;
     pred_cuda_mha cross;
     pred_cuda_block blocks[PRED_CUDA_BLOCKS];
@@ -36,6 +37,7 @@ typedef struct {
     float *kv;               /* [T, 2d] its keys | values */
     float *qkv;              /* [D, 3d] an encoder layer's queries | keys | values */
     float *att, *x, *y;      /* [D, d] */
+    float *x2;               /* [D, d] the residual's other buffer (fuse_norm) */
     float *hid;              /* [D, ff] */
     float *seg, *op;         /* [D], [D, 3] outputs */
 } pred_cuda_args;
@@ -43,11 +45,11 @@ typedef struct {
 #define PRED_CUDA_THREADS 256
 #define PRED_CUDA_MAX_KEYS 512 /* keys of one attention (T, or D): probabilities in shared memory */
 
-/* The cooperative grid for the current device and the kernel of tile_k (and async):
+/* The cooperative grid for the current device and the kernel of tile_k (and async, fuse_norm):
  * *blocks = every block that can be resident at once. 0 with the reason in
  * why when the device cannot run the fused kernel (no cooperative launch, no
  * room on a multiprocessor). */
-int cuda_predictor_grid(int tile_k, int async, int *blocks, char *why, size_t why_size);
+int cuda_predictor_grid(int tile_k, int async, int fuse_norm, int *blocks, char *why, size_t why_size);
 /* One cooperative launch of the whole network over that grid; the cudaError_t. */
 int cuda_predictor_launch(const pred_cuda_args *args, int blocks, void *stream);
 
