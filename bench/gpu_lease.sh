@@ -128,6 +128,18 @@ step rope 80 env COMMIT="$COMMIT" OUTFILE="$R/rope.jsonl" sh -c '
         sed "s/^/{\"commit\":\"$COMMIT\",\"fused_rope\":$v,\"result\":/; s/\$/}/" /tmp/polar-rope.json >>"$OUTFILE"
     done; done; done'
 
+# Issue 42 item 2: the bf16 GEMVs' loads as a ring (POLAR_CUDA_GEMV_RING=1:
+# U loads a lane in flight to a row's end, the same bits; emulation only
+# until this run) against groups of U, alternated: the 3B preset (3072
+# columns: a decode step's q/k/v, o and gate/up had 4 of 12 steps one load
+# at a time) and the 1B (2048: no such tail), ctx 128.
+step ring 80 env COMMIT="$COMMIT" OUTFILE="$R/ring.jsonl" sh -c '
+    for rep in 1 2; do for v in 0 1; do for preset in llama-3.2-3b llama-3.2-1b; do
+        POLAR_CUDA_GEMV_RING=$v ./build-cuda/polar bench --device cuda --json --preset $preset \
+            --prompt-len 128 --gen 32 --reps 2 >/tmp/polar-ring.json || exit 1
+        sed "s/^/{\"commit\":\"$COMMIT\",\"gemv_ring\":$v,\"result\":/; s/\$/}/" /tmp/polar-ring.json >>"$OUTFILE"
+    done; done; done'
+
 # Issue 42 item 5: the MoE layer's norm, router, top-k and grouping in one block
 # and the shared expert inside the experts' launches (POLAR_CUDA_FUSED_ROUTE=1,
 # five launches a Qwen1.5-MoE layer fewer, the same bits; emulation only until
@@ -196,6 +208,8 @@ grep -o '"fused_route":[0-9]*\|"decode_ms_per_token":[0-9.]*\|"launches_per_step
     paste -d' ' - - - | sed 's/^/  route: /'
 grep -o '"mma":[0-9]*\|"batch":[0-9]*,"programs":"[a-z]*"\|"decode_ms_per_step":[0-9.]*' "$R/mma.jsonl" 2>/dev/null |
     paste -d' ' - - - | sed 's/^/  mma: /'
-grep -o '"pred_wide":[0-9]*\|"predictor_device":"[a-z]*"\|"encoder_median_ms":[0-9.]*\|"predictor_median_ms":[0-9.]*' \
-    "$R/predictor.jsonl" 2>/dev/null | paste -d' ' - - - - | sed 's/^/  predictor: /'
+grep -o '"pred_wide":[0-9]*\|"pred_async":[0-9]*\|"pred_fuse_norm":[0-9]*\|"predictor_device":"[a-z]*"\|"encoder_median_ms":[0-9.]*\|"predictor_median_ms":[0-9.]*' \
+    "$R/predictor.jsonl" 2>/dev/null | paste -d' ' - - - - - - | sed 's/^/  predictor: /'
+grep -o '"gemv_ring":[0-9]*\|"model":"[^"]*"\|"decode_ms_per_token":[0-9.]*\|"fraction_of_copy":[0-9.]*' "$R/ring.jsonl" \
+    2>/dev/null | paste -d' ' - - - - | sed 's/^/  ring: /'
 echo "total $(($(date +%s) - start)) s"

@@ -303,7 +303,7 @@ static float *blocks_matmul_on(const cuda_wmat *w, const float *dx, int T, int r
  * emulation lands a copy only when its thread waits, so a read before the
  * wait or across lanes without the warp barrier gives other bits. */
 static void kernel_blocks_staged(void) {
-    const cuda_queue staged = {NULL, 0, 0, 1};
+    const cuda_queue staged = {.stage_rows = 1};
     static const int tokens[] = {1, 3, 9};
     for (int i = 0; i < N_KEPT; i++) {
         cpu_wtype t = kept_types[i];

@@ -86,10 +86,12 @@ static void kernel_read_sum(void) {
     CHECK(gbps > 0, "read bandwidth %g GB/s", gbps);
 }
 
-/* Shapes of the presets' projections: q/o (hidden x hidden), kv, MLP, head rows. */
+/* Shapes of the presets' projections: q/o (hidden x hidden), kv, MLP, head
+ * rows, and rows whose lanes end on different steps (1408, 2568 columns).
+ * Each again with the loads as a ring (POLAR_CUDA_GEMV_RING): the same bits. */
 static void kernel_matmul(void) {
-    static const int shapes[][2] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {3072, 3072},
-                                    {11008, 2048}, {4096, 4096}, {12288, 4096}, {100, 72}, {33, 100}};
+    static const int shapes[][2] = {{3072, 3072}, {160, 1408}, {33, 100}, {2048, 2048}, {512, 2048}, {8192, 2048},
+                                    {2048, 8192}, {11008, 2048}, {4096, 4096}, {12288, 4096}, {100, 72}, {96, 2568}};
     int n_shapes = quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int sidx = 0; sidx < n_shapes; sidx++) {
         int rows = shapes[sidx][0], cols = shapes[sidx][1];
@@ -102,11 +104,18 @@ static void kernel_matmul(void) {
             cpu_matmul(y, x, w, b, T, rows, cols, 1, 2);
             bf16 *dw = to_dev(w, nw * 2), *db = to_dev(b, (size_t)rows * 2);
             float *dx = to_dev(x, (size_t)T * cols * 4), *dy = to_dev(g, (size_t)T * rows * 4);
+            float *dy_ring = to_dev(g, (size_t)T * rows * 4);
             cuda_matmul(dy, dx, dw, db, T, rows, cols, 1, NULL);
             cudaMemcpy(g, dy, (size_t)T * rows * 4, cudaMemcpyDeviceToHost);
             float d = max_rel(g, y, (size_t)T * rows);
             CHECK(d < 1e-4f, "matmul %dx%d T=%d: relative error %g", rows, cols, T, d);
-            cudaFree(dw), cudaFree(db), cudaFree(dx), cudaFree(dy);
+            const cuda_queue ring = {.ring = 1};
+            cuda_matmul(dy_ring, dx, dw, db, T, rows, cols, 1, &ring);
+            float *got_ring = from_dev(dy_ring, (size_t)T * rows);
+            CHECK(!memcmp(got_ring, g, (size_t)T * rows * 4), "matmul %dx%d T=%d: the ring changed the bits", rows,
+                  cols, T);
+            free(got_ring);
+            cudaFree(dw), cudaFree(db), cudaFree(dx), cudaFree(dy), cudaFree(dy_ring);
             free(w), free(b), free(x), free(y), free(g);
         }
     }
@@ -202,7 +211,8 @@ static void kernel_rmsnorm_swiglu_argmax(void) {
  * epilogue) against cpu_matmul + cpu_swiglu, T across the 8-token passes;
  * each also with the RMSNorm applied on the fly, against cpu_rmsnorm first
  * (the residual rows at a scale of 3, as a model's are not normed). Columns
- * 60 take the scalar path (not a multiple of 8). */
+ * 60 take the scalar path (not a multiple of 8). Both again with the loads
+ * as a ring (POLAR_CUDA_GEMV_RING): the same bits. */
 static void kernel_fused_gemv(void) {
     static const int shapes[][3] = {{3072, 1024, 3072}, {2048, 256, 2048}, {96, 40, 72}, {64, 24, 60}};
     for (int sidx = 0; sidx < (quick ? 1 : 4); sidx++) {
@@ -231,11 +241,21 @@ static void kernel_fused_gemv(void) {
                 float *dx = to_dev(x, (size_t)T * cols * 4);
                 cuda_matmul_qkv(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], db[0], db[1], db[2], dnw, eps, T, qr, kr,
                                 cols, NULL);
+                float *got_qkv[3];
                 for (int i = 0; i < 3; i++) {
-                    float *got = from_dev(dy[i], (size_t)T * rows[i]), d = max_rel(got, want[i], (size_t)T * rows[i]);
+                    float *got = got_qkv[i] = from_dev(dy[i], (size_t)T * rows[i]);
+                    float d = max_rel(got, want[i], (size_t)T * rows[i]);
                     CHECK(d < 1e-4f, "qkv part %d %dx%d T=%d normed %d: relative error %g", i, rows[i], cols, T,
                           normed, d);
-                    free(got);
+                }
+                const cuda_queue ring = {.ring = 1};
+                cuda_matmul_qkv(dy[0], dy[1], dy[2], dx, dw[0], dw[1], dw[2], db[0], db[1], db[2], dnw, eps, T, qr, kr,
+                                cols, &ring);
+                for (int i = 0; i < 3; i++) {
+                    float *got = from_dev(dy[i], (size_t)T * rows[i]);
+                    CHECK(!memcmp(got, got_qkv[i], (size_t)T * rows[i] * 4),
+                          "qkv part %d %dx%d T=%d normed %d: the ring changed the bits", i, rows[i], cols, T, normed);
+                    free(got), free(got_qkv[i]);
                 }
                 /* gate/up: F rows each */
                 bf16 *wg = rand_weights((size_t)F * cols, cols), *wu = rand_weights((size_t)F * cols, cols);
@@ -247,6 +267,11 @@ static void kernel_fused_gemv(void) {
                 cuda_matmul_swiglu(dact, dx, dnw, eps, dwg, dwu, T, F, cols, NULL);
                 float *got = from_dev(dact, (size_t)T * F), d = max_rel(got, g, (size_t)T * F);
                 CHECK(d < 1e-4f, "gate/up swiglu %dx%d T=%d normed %d: relative error %g", F, cols, T, normed, d);
+                cuda_matmul_swiglu(dact, dx, dnw, eps, dwg, dwu, T, F, cols, &ring);
+                float *got_ring = from_dev(dact, (size_t)T * F);
+                CHECK(!memcmp(got_ring, got, (size_t)T * F * 4), "gate/up swiglu %dx%d T=%d normed %d: the ring changed the bits",
+                      F, cols, T, normed);
+                free(got_ring);
                 free(got), free(g), free(u), free(wg), free(wu), free(x), free(xn), free(nw);
                 cudaFree(dact), cudaFree(dwg), cudaFree(dwu), cudaFree(dx), cudaFree(dnw);
                 for (int i = 0; i < 3; i++) free(w[i]), free(b[i]), free(want[i]), cudaFree(dw[i]), cudaFree(db[i]),

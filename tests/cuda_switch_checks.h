@@ -14,10 +14,11 @@
  * its last block: one launch, the merge's operations unchanged),
  * POLAR_CUDA_FUSED_ROPE=1 (RoPE and the K/V store in the q/k/v GEMV's
  * epilogue: one launch, the same operations), POLAR_CUDA_FUSED_ROUTE=1 (the
- * MoE router, top-k and grouping by one block). */
+ * MoE router, top-k and grouping by one block), POLAR_CUDA_GEMV_RING=1 (the
+ * bf16 GEMVs' loads as a ring: the same steps in the same order). */
 static void timing_switches(void) {
     static const char *vars[] = {"POLAR_CUDA_PREFETCH", "POLAR_CUDA_FUSED_MERGE", "POLAR_CUDA_FUSED_ROPE",
-                                 "POLAR_CUDA_FUSED_ROUTE"};
+                                 "POLAR_CUDA_FUSED_ROUTE", "POLAR_CUDA_GEMV_RING"};
     enum { N_VARS = sizeof vars / sizeof vars[0] };
     static const char *archs[] = {"llama", "qwen2_moe"};
     for (int a = 0; a < 2; a++) {
@@ -63,6 +64,7 @@ static void timing_switches(void) {
     if (m) { /* the values the variants of cuda_state_create take: 0 or 1 */
         env_refused(m, "POLAR_CUDA_FUSED_ROPE", "2");
         env_refused(m, "POLAR_CUDA_FUSED_ROUTE", "yes");
+        env_refused(m, "POLAR_CUDA_GEMV_RING", "8");
     }
     polar_model_free(m);
 }

@@ -153,14 +153,41 @@ static __device__ __forceinline__ void dot8(float (*acc)[MAX_TOKENS_PER_PASS], f
 // by how many bytes are in flight, not by arithmetic); every row is read
 // once for all n inputs. With NORM (norm: the RMSNorm weights, cols of
 // them) the inputs are the residual rows, normed as dot8 says, and ss[t]
-// holds this lane's share of sum x^2.
-template <int R, int U, bool NORM>
+// holds this lane's share of sum x^2. RING (POLAR_CUDA_GEMV_RING=1): the U
+// loads are a ring, step s + U requested as step s is multiplied, so U stay
+// in flight to the row's end (the groups of U wait for their slowest load
+// between groups, and the steps past the last whole group went one at a
+// time: 4 of 12 at 3072 columns in a decode step). The same steps in the
+// same order either way: the same bits.
+template <int R, int U, bool NORM, bool RING = false>
 static __device__ __forceinline__ void rows_dots(float (*acc)[MAX_TOKENS_PER_PASS], float *ss,
                                                  const uint16_t *const *wr, const uint16_t *norm,
                                                  const float *const xs[MAX_TOKENS_PER_PASS], int n, int cols,
                                                  int lane) {
     const uint4 no_norm = {0, 0, 0, 0};
-    if ((cols & 7) == 0) {
+    if (RING && (cols & 7) == 0) {
+        const int step = WARP * 8, j0 = lane * 8, steps = j0 < cols ? (cols - j0 + step - 1) / step : 0;
+        uint4 p[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (u < steps)
+#pragma unroll
+                for (int r = 0; r < R; r++) p[u][r] = __ldcs((const uint4 *)(wr[r] + j0 + u * step));
+        for (int s0 = 0; s0 < steps; s0 += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int s = s0 + u, j = j0 + s * step;
+                if (s >= steps) break;
+                uint4 cur[R];
+#pragma unroll
+                for (int r = 0; r < R; r++) cur[r] = p[u][r];
+                if (s + U < steps)
+#pragma unroll
+                    for (int r = 0; r < R; r++) p[u][r] = __ldcs((const uint4 *)(wr[r] + j + U * step));
+                dot8<R, NORM>(acc, ss, cur, NORM ? *(const uint4 *)(norm + j) : no_norm, xs, n, j);
+            }
+        }
+    } else if ((cols & 7) == 0) {
         const int step = WARP * 8;
         int j = lane * 8;
         for (; j + (U - 1) * step < cols; j += U * step) {

@@ -58,8 +58,9 @@ struct gemv_parts {
 // warp sums x^2 over the row it reads anyway), so a decode step needs no
 // launch, and no pass over x, for the norm. Its sums take registers, so its
 // several-token variant keeps 2 steps in flight, not 4 (80 registers on
-// sm_90: three blocks a multiprocessor, as without the norm).
-template <bool ONE, bool NORM>
+// sm_90: three blocks a multiprocessor, as without the norm). RING: the
+// row's loads as a ring (rows_dots).
+template <bool ONE, bool NORM, bool RING>
 __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float *x, const bf16_bits *norm, float eps,
                                                    int T, int cols, int accumulate, int prefetch) {
     int warps = blockDim.x / WARP, lane = threadIdx.x % WARP;
@@ -74,7 +75,8 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_parts parts, const float
     float acc[MAX_TOKENS_PER_PASS], ss[MAX_TOKENS_PER_PASS];
     int n = pass_inputs<ONE>(xs, acc, ss, x, t0, T, cols);
     const uint16_t *wr = part.w + (size_t)r * cols;
-    rows_dots<1, ONE ? 8 : NORM ? 2 : 4, NORM>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &wr, norm, xs, n, cols, lane);
+    rows_dots<1, ONE ? 8 : NORM ? 2 : 4, NORM, RING>((float (*)[MAX_TOKENS_PER_PASS])acc, ss, &wr, norm, xs, n, cols,
+                                                    lane);
     store_row<NORM>(part.y, part.rows, r, t0, n, acc, ss, part.bias ? bf(part.bias[r]) : 0.0f, cols, eps, accumulate,
                     lane);
 }
@@ -83,8 +85,11 @@ static void gemv(gemv_parts parts, const float *x, const bf16_bits *norm, float 
                  const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((parts.rows + warps - 1) / warps, passes(T));
-    auto kernel = norm ? (T == 1 ? gemv_kernel<true, true> : gemv_kernel<false, true>)
-                       : (T == 1 ? gemv_kernel<true, false> : gemv_kernel<false, false>);
+    auto kernel = queue && queue->ring
+                      ? norm ? (T == 1 ? gemv_kernel<true, true, true> : gemv_kernel<false, true, true>)
+                             : (T == 1 ? gemv_kernel<true, false, true> : gemv_kernel<false, false, true>)
+                  : norm ? (T == 1 ? gemv_kernel<true, true, false> : gemv_kernel<false, true, false>)
+                         : (T == 1 ? gemv_kernel<true, false, false> : gemv_kernel<false, false, false>);
     launch(queue, grid, threads, 0, kernel, parts, x, norm, eps, T, cols, accumulate, queue ? queue->prefetch : 0);
 }
 
@@ -104,8 +109,8 @@ extern "C" void cuda_matmul_qkv(float *q, float *k, float *v, const float *x, co
 
 // act[t, r] = silu(x_t . gate_r) * (x_t . up_r): a warp streams row r of
 // both, their loads interleaved; blockIdx.y is the pass of 8 tokens. ONE and
-// NORM: as in gemv_kernel.
-template <bool ONE, bool NORM>
+// NORM, RING: as in gemv_kernel.
+template <bool ONE, bool NORM, bool RING>
 __global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const float *x, const bf16_bits *norm, float eps,
                                                           const bf16_bits *w_gate, const bf16_bits *w_up, int T,
                                                           int F, int cols, int prefetch) {
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(256) gemv_swiglu_kernel(float *act, const floa
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) gu[1][t] = 0.0f;
     const uint16_t *rows[2] = {w_gate + (size_t)r * cols, w_up + (size_t)r * cols};
-    rows_dots<2, ONE ? 4 : 2, NORM>(gu, ss, rows, norm, xs, n, cols, lane);
+    rows_dots<2, ONE ? 4 : 2, NORM, RING>(gu, ss, rows, norm, xs, n, cols, lane);
 #pragma unroll
     for (int t = 0; t < MAX_TOKENS_PER_PASS; t++) {
         if (t >= n) break;
@@ -141,8 +146,11 @@ extern "C" void cuda_matmul_swiglu(float *act, const float *x, const bf16_bits *
                                    const cuda_queue *queue) {
     const int threads = 256, warps = threads / WARP;
     dim3 grid((F + warps - 1) / warps, passes(T));
-    auto kernel = norm ? (T == 1 ? gemv_swiglu_kernel<true, true> : gemv_swiglu_kernel<false, true>)
-                       : (T == 1 ? gemv_swiglu_kernel<true, false> : gemv_swiglu_kernel<false, false>);
+    auto kernel = queue && queue->ring
+                      ? norm ? (T == 1 ? gemv_swiglu_kernel<true, true, true> : gemv_swiglu_kernel<false, true, true>)
+                             : (T == 1 ? gemv_swiglu_kernel<true, false, true> : gemv_swiglu_kernel<false, false, true>)
+                  : norm ? (T == 1 ? gemv_swiglu_kernel<true, true, false> : gemv_swiglu_kernel<false, true, false>)
+                         : (T == 1 ? gemv_swiglu_kernel<true, false, false> : gemv_swiglu_kernel<false, false, false>);
     launch(queue, grid, threads, 0, kernel, act, x, norm, eps, w_gate, w_up, T, F, cols, queue ? queue->prefetch : 0);
 }
 

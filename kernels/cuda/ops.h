@@ -24,12 +24,15 @@ typedef uint16_t bf16_bits;
  * stage_rows: the block GEMVs copy each warp's weight rows into shared
  * memory (cp.async) right after that wait, so the rows' memory latency
  * passes while the block quantizes its inputs instead of after
- * (POLAR_CUDA_BLOCKS_STAGE=1; off until measured on a GPU). */
+ * (POLAR_CUDA_BLOCKS_STAGE=1; off until measured on a GPU); ring: the bf16
+ * GEMVs (alone, q/k/v, gate/up) keep their U loads a lane in flight to a
+ * row's end (POLAR_CUDA_GEMV_RING=1; the same bits; off until measured). */
 typedef struct {
     void *stream;
     int overlap;
     int prefetch;
     int stage_rows;
+    int ring;
 } cuda_queue;
 
 /* Token rows of a batch's paged KV pool: CPU_KV_BLOCK of kernels/cpu/ops.h. */

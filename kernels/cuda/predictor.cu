@@ -406,27 +406,27 @@ __global__ void __launch_bounds__(PRED_CUDA_THREADS, 2) predictor_kernel(pred_cu
     grid.sync();
     if constexpr (NORM) {
         encoder_fused_norms<TK>(a, grid);
-        return;
+    } else {
+        for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
+            const pred_cuda_block *b = &a.blocks[blk];
+            lin<TK, ASYNC>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
+            grid.sync();
+            attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
+            grid.sync();
+            lin<TK, ASYNC>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
+            grid.sync();
+            add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
+            grid.sync();
+            lin<TK, ASYNC>(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
+            grid.sync();
+            lin<TK, ASYNC>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
+            grid.sync();
+            add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
+            grid.sync();
+        }
+        lin<TK, ASYNC>(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
+        lin<TK, ASYNC>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
     }
-    for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
-        const pred_cuda_block *b = &a.blocks[blk];
-        lin<TK, ASYNC>(a.qkv, a.x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
-        grid.sync();
-        attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
-        grid.sync();
-        lin<TK, ASYNC>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
-        grid.sync();
-        add_layer_norm(a.x, a.y, b->norm1_w, b->norm1_b, D, d);
-        grid.sync();
-        lin<TK, ASYNC>(a.hid, a.x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
-        grid.sync();
-        lin<TK, ASYNC>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
-        grid.sync();
-        add_layer_norm(a.x, a.y, b->norm2_w, b->norm2_b, D, d);
-        grid.sync();
-    }
-    lin<TK, ASYNC>(a.seg, a.x, a.seg_w, a.seg_b, D, 1, d, 0, 0);
-    lin<TK, ASYNC>(a.op, a.x, a.op_w, a.op_b, D, 3, d, 0, tiles_of(D, 1));
 }
 
 // The kernel of a variant: tile_k 32 or 128, or the cp.async ring (async), the norms fused or not.
