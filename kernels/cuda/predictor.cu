@@ -357,26 +357,25 @@ template <int TK>
 static __device__ void encoder_fused_norms(const pred_cuda_args &a, cg::grid_group &grid) {
     int D = a.D, d = a.d;
     float *x = a.x, *spare = a.x2;
+    // out = linear(LayerNorm(x + y)); the normed rows become x
+    auto normed_linear = [&](float *out, const float *w, const float *bias, int rows, int relu, const float *nw,
+                             const float *nb) {
+        normed_input<TK>(a.y, nw, nb, spare);
+        linear<TK, 1>(out, x, w, bias, D, rows, d, relu, 0);
+        float *t = x;
+        x = spare, spare = t;
+    };
     const float *norm_w = nullptr, *norm_b = nullptr; // the pending norm's weights (none before the first layer)
     for (int blk = 0; blk < PRED_CUDA_BLOCKS; blk++) {
         const pred_cuda_block *b = &a.blocks[blk];
-        if (norm_w) {
-            normed_input<TK>(a.y, norm_w, norm_b, spare);
-            linear<TK, 1>(a.qkv, x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
-            float *t = x;
-            x = spare, spare = t;
-        } else {
-            linear<TK>(a.qkv, x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
-        }
+        if (norm_w) normed_linear(a.qkv, b->attn.in_w, b->attn.in_b, 3 * d, 0, norm_w, norm_b);
+        else linear<TK>(a.qkv, x, b->attn.in_w, b->attn.in_b, D, 3 * d, d, 0, 0);
         grid.sync();
         attention(a.att, a.qkv, 3 * d, a.qkv + d, a.qkv + 2 * d, 3 * d, D, D, d, a.heads);
         grid.sync();
         linear<TK>(a.y, a.att, b->attn.out_w, b->attn.out_b, D, d, d, 0, 0);
         grid.sync();
-        normed_input<TK>(a.y, b->norm1_w, b->norm1_b, spare);
-        linear<TK, 1>(a.hid, x, b->lin1_w, b->lin1_b, D, a.ff, d, 1, 0);
-        float *t = x;
-        x = spare, spare = t;
+        normed_linear(a.hid, b->lin1_w, b->lin1_b, a.ff, 1, b->norm1_w, b->norm1_b);
         grid.sync();
         linear<TK>(a.y, a.hid, b->lin2_w, b->lin2_b, D, d, a.ff, 0, 0);
         grid.sync();
