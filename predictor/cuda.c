@@ -130,7 +130,8 @@ polar_status polar_predictor_use_device(polar_predictor *p, polar_device device,
     }
     a->seg_w = dev(p, c, p->seg_w), a->seg_b = dev(p, c, p->seg_b), a->op_w = dev(p, c, p->op_w);
     a->op_b = dev(p, c, p->op_b);
-    float *h, **bufs[N_WORK] = {&h, &a->tok, &a->q, &a->kv, &a->qkv, &a->att, &a->x, &a->x2, &a->y, &a->hid, &a->seg, &a->op};
+    float *h, **bufs[N_WORK] = {&h,      &a->tok, &a->q,   &a->kv,  &a->qkv, &a->att,
+                               &a->x,   &a->x2,  &a->y,   &a->hid, &a->seg, &a->op};
     float *w = c->work;
     for (int i = 0; i < N_WORK; i++) *bufs[i] = w, w += sizes[i];
     a->h = h;

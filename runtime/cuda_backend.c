@@ -125,7 +125,7 @@ polar_status cuda_state_create(const polar_model *m, const cuda_state_shape *sha
     static const char *const switches[] = {"POLAR_CUDA_FUSED_ROPE", "POLAR_CUDA_FUSED_ROUTE", "POLAR_CUDA_MMA_GEMV",
                                            "POLAR_CUDA_BLOCKS_STAGE", "POLAR_CUDA_GEMV_RING"};
     int *flags[] = {&c->fused_rope, &c->fused_route, &c->mma_gemv, &c->queue.stage_rows, &c->queue.ring};
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)(sizeof switches / sizeof switches[0]); i++) {
         const char *v = getenv(switches[i]);
         if (v && strcmp(v, "0") && strcmp(v, "1")) {
             cuda_state_free(c);
