@@ -56,6 +56,9 @@ typedef struct {
     double mean_layers_top1, mean_layers_all;
     int depth_count[4 * 256 + 1]; /* runs per executed-layer count */
     int unique_depths, max_depth;
+    /* questions whose top program / whole ranked list no earlier question
+     * had: 1 each when a predictor ranks every question alike */
+    int distinct_top, distinct_lists;
 } eval_metrics;
 
 void eval_compute(const eval_records *rs, eval_metrics *m);

@@ -29,6 +29,29 @@ static int consensus(const eval_run_view *runs, int k) {
     return best;
 }
 
+/* Whether questions a and b ran the same programs: the first `depth` of
+ * them in rank order, or (depth -1) the whole list. */
+static int same_programs(const eval_question *a, const eval_question *b, int depth) {
+    if (depth < 0 && a->n_runs != b->n_runs) return 0;
+    int n = depth < 0 ? a->n_runs : depth;
+    if (n > a->n_runs || n > b->n_runs) return a->n_runs == b->n_runs;
+    for (int i = 0; i < n; i++)
+        if (strcmp(a->runs[i].program, b->runs[i].program)) return 0;
+    return 1;
+}
+
+/* How many questions have a top program (depth 1) or a ranked list (-1)
+ * that no earlier question had: quadratic, but over a few thousand lines. */
+static int count_distinct(const eval_records *rs, int depth) {
+    int n = 0;
+    for (int q = 0; q < rs->n; q++) {
+        int seen = 0;
+        for (int p = 0; !seen && p < q; p++) seen = same_programs(&rs->q[p], &rs->q[q], depth);
+        n += !seen;
+    }
+    return n;
+}
+
 void eval_compute(const eval_records *rs, eval_metrics *m) {
     memset(m, 0, sizeof *m);
     m->questions = rs->n;
@@ -75,6 +98,7 @@ void eval_compute(const eval_records *rs, eval_metrics *m) {
         m->mean_layers_top1 = (double)layers_top1 / rs->n;
     }
     m->mean_layers_all = n_all ? (double)layers_all / n_all : 0;
+    m->distinct_top = count_distinct(rs, 1), m->distinct_lists = count_distinct(rs, -1);
 }
 
 static int add_curve(sbuf *b, const char *key, const double *v, int k_max) {
@@ -95,6 +119,8 @@ static int summary_json(const eval_records *rs, const eval_metrics *m, sbuf *b) 
              add_curve(b, "base_sampling_consensus_at_k", m->sample_consensus_at, m->samples_max) &&
              sbuf_add(b, ",\"mean_executed_layers_top1\":%.3f,\"mean_executed_layers\":%.3f,\"unique_depths\":%d",
                       m->mean_layers_top1, m->mean_layers_all, m->unique_depths) &&
+             sbuf_add(b, ",\"distinct_top_programs\":%d,\"distinct_program_lists\":%d", m->distinct_top,
+                      m->distinct_lists) &&
              sbuf_add(b, ",\"depth_histogram\":{");
     int first = 1;
     for (int d = 0; ok && d <= m->max_depth; d++)
@@ -135,8 +161,11 @@ static int summary_table(const eval_metrics *m, sbuf *b) {
         }
         ok = sbuf_add(b, "%4d %10s %10s %12s %14s %16s\n", k, a, p, c, sp, sc);
     }
-    return ok && sbuf_add(b, "mean executed layers: %.2f (top program), %.2f (all); %d distinct depths\n",
-                          m->mean_layers_top1, m->mean_layers_all, m->unique_depths);
+    return ok &&
+           sbuf_add(b, "mean executed layers: %.2f (top program), %.2f (all); %d distinct depths\n",
+                    m->mean_layers_top1, m->mean_layers_all, m->unique_depths) &&
+           sbuf_add(b, "programs: %d distinct top program(s), %d distinct ranked list(s) over %d questions\n",
+                    m->distinct_top, m->distinct_lists, m->questions);
 }
 
 polar_status polar_eval_summary(const char *results_path, char **json, char **table, polar_error *err) {

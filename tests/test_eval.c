@@ -78,6 +78,7 @@ static void summary_metrics(void) {
     CHECK(strstr(json, "\"depth_histogram\":{\"28\":4,\"29\":4,\"30\":4}") && strstr(json, "\"unique_depths\":3"),
           "depths: %s", json);
     CHECK(strstr(table, "4 questions, 3 program(s) each, 2 base sample(s)"), "table: %s", table);
+    CHECK(strstr(json, "\"distinct_top_programs\":1,\"distinct_program_lists\":1"), "one list for all: %s", json);
     polar_free(json), polar_free(table);
     char svg[256];
     snprintf(svg, sizeof svg, "%s/plot.svg", tmp_dir);
@@ -86,6 +87,32 @@ static void summary_metrics(void) {
     char buf[64] = "";
     CHECK(g && fgets(buf, sizeof buf, g) && !strncmp(buf, "<svg ", 5), "plot: %s", buf);
     if (g) fclose(g);
+}
+
+/* A predictor's lists told apart: q0 and q3 alike, q1 the same top program
+ * in another list, q2 another top program, q4 q0's list cut short. */
+static void distinct_program_lists(void) {
+    polar_error err;
+    char path[256];
+    snprintf(path, sizeof path, "%s/distinct.jsonl", tmp_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    polar_eval_run q0[2] = {run("base", 30, "5", 1), run("0-28", 29, "6", 0)};
+    polar_eval_run q1[2] = {run("base", 30, "5", 1), run("0-27", 28, "6", 0)};
+    polar_eval_run q2[2] = {run("0-28", 29, "5", 1), run("base", 30, "6", 0)};
+    write_line(f, 0, q0, 2, NULL, 0);
+    write_line(f, 1, q1, 2, NULL, 0);
+    write_line(f, 2, q2, 2, NULL, 0);
+    write_line(f, 3, q0, 2, NULL, 0);
+    write_line(f, 4, q0, 1, NULL, 0);
+    fclose(f);
+    char *json = NULL, *table = NULL;
+    CHECK_OK(polar_eval_summary(path, &json, &table, &err));
+    if (!json || !table) return;
+    CHECK(strstr(json, "\"distinct_top_programs\":2,\"distinct_program_lists\":4"), "distinct: %s", json);
+    CHECK(strstr(table, "programs: 2 distinct top program(s), 4 distinct ranked list(s) over 5 questions"), "table: %s",
+          table);
+    polar_free(json), polar_free(table);
 }
 
 /* q3 at k = 3: 10/2 and 5.0 pool two votes against 4's one. */
@@ -218,6 +245,7 @@ int main(void) {
     RUN(record_lines);
     RUN(summary_metrics);
     RUN(consensus_pools_equal_answers);
+    RUN(distinct_program_lists);
     RUN(labels_summary);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
