@@ -1,0 +1,86 @@
+#!/bin/sh
+# The paper's training recipe for the predictor (its appendix "Training
+# Configuration"): AdamW with a cosine schedule and linear warm-up, the
+# learning rate, batch size and number of epochs chosen on the validation
+# split from {1e-4, 3e-4, 5e-4, 8e-4, 1e-3, 3e-3} x {32, 128, 256} x {3, 10}.
+# One `polar train` per point of the grid, every one on the same labels,
+# encoder, seed and validation questions (the last sixth, as polar train
+# splits them), the questions encoded once (one --features-cache for all);
+# the point with the lowest validation loss (each run keeps its best epoch)
+# is copied to OUT/best.safetensors. Not part of make test.
+#
+#   sh bench/train_sweep.sh OUT --labels FILE... [--lrs "1e-4 ..."] [--batches "32 128 256"]
+#                           [--epochs "3 10"] [--warmup 10] [--seed 1] [-- TRAIN_OPTIONS...]
+#
+# OUT/sweep.md: one row per point (best validation loss, its epoch, steps),
+# sorted by that loss; OUT/logs/: each run's --log; OUT/runs/: each predictor.
+# Options after -- go to every polar train (--model, --encoder, --dropout ...).
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+POLAR=$ROOT/build/polar
+OUT=${1:?usage: sh bench/train_sweep.sh OUT --labels FILE... [options] [-- TRAIN_OPTIONS...]}
+shift
+LABELS= LRS="1e-4 3e-4 5e-4 8e-4 1e-3 3e-3" BATCHES="32 128 256" EPOCHS="3 10" WARMUP=10 SEED=1
+while [ $# -gt 0 ]; do
+    case $1 in
+    --) shift; break ;;
+    --labels)
+        shift
+        while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do LABELS="$LABELS $1"; shift; done
+        continue ;;
+    --lrs) LRS=${2:-} ;;
+    --batches) BATCHES=${2:-} ;;
+    --epochs) EPOCHS=${2:-} ;;
+    --warmup) WARMUP=${2:-} ;;
+    --seed) SEED=${2:-} ;;
+    *) echo "train_sweep.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
+    esac
+    [ $# -ge 2 ] || { echo "train_sweep.sh: usage error: $1 needs a value" >&2; exit 2; }
+    shift 2
+done
+[ -n "$LABELS" ] || { echo "train_sweep.sh: usage error: --labels FILE... is required" >&2; exit 2; }
+[ -x "$POLAR" ] || make -C "$ROOT" -s all >/dev/null
+mkdir -p "$OUT/logs" "$OUT/runs"
+ROWS=$OUT/rows.txt
+: >"$ROWS"
+
+# best_of LOG: "val_loss epoch steps" of the log's lowest validation loss
+best_of() {
+    awk -F'[:,}]' '{
+        for (i = 1; i < NF; i++) {
+            if ($i ~ /"epoch"$/) e = $(i + 1)
+            if ($i ~ /"val_loss"$/) v = $(i + 1)
+            if ($i ~ /"steps"$/) s = $(i + 1)
+        }
+        if (best == "" || v + 0 < best + 0) { best = v; be = e; bs = s }
+    } END { if (best != "") print best, be, bs }' "$1"
+}
+
+for lr in $LRS; do
+    for b in $BATCHES; do
+        for e in $EPOCHS; do
+            name=lr$lr-b$b-e$e
+            t0=$(date +%s)
+            # shellcheck disable=SC2086
+            "$POLAR" train --labels $LABELS --lr "$lr" --batch "$b" --epochs "$e" --warmup "$WARMUP" --seed "$SEED" \
+                --features-cache "$OUT/features.safetensors" --log "$OUT/logs/$name.jsonl" \
+                -o "$OUT/runs/$name.safetensors" "$@" 2>"$OUT/logs/$name.stderr"
+            best=$(best_of "$OUT/logs/$name.jsonl")
+            [ -n "$best" ] || { echo "train_sweep.sh: error: $name: no validation loss in its log" >&2; exit 1; }
+            echo "$best $lr $b $e $(($(date +%s) - t0))" >>"$ROWS"
+            echo "$name: best validation loss, epoch, steps: $best" >&2
+        done
+    done
+done
+
+sort -g "$ROWS" -o "$ROWS"
+set -- $(head -n 1 "$ROWS")
+cp "$OUT/runs/lr$4-b$5-e$6.safetensors" "$OUT/best.safetensors"
+{
+    echo "| lr | batch | epochs | best validation loss | at epoch | steps then | seconds |"
+    echo "|---|---|---|---|---|---|---|"
+    awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s |\n", $4, $5, $6, $1, $2, $3, $7 }' "$ROWS"
+    echo
+    echo "Chosen: lr $4, batch $5, $6 epochs (validation loss $1 at epoch $2): $OUT/best.safetensors."
+    echo "Warm-up $WARMUP steps, seed $SEED; labels:$LABELS"
+} | tee "$OUT/sweep.md"
