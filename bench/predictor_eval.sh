@@ -16,7 +16,8 @@
 #                              [--encoder E] [--table-only]
 #
 # A set is NAME:START:LIMIT, NAME.test.jsonl in ../shared/data. Writes
-# OUT/table.md: one row per set.
+# OUT/table.md: one row per set; each FILE.jsonl's summary beside it as
+# FILE.summary.json.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 POLAR=$ROOT/build/polar
@@ -79,7 +80,11 @@ field() {
         awk -F, -v i="${3:-1}" '{ print $i }'
 }
 pct() { awk -v v="$1" 'BEGIN { if (v == "") print "-"; else printf "%.1f", 100 * v }'; }
-summary() { [ -s "$1" ] && "$POLAR" eval --summary-of "$1" --summary /dev/stdout --quiet 2>/dev/null | head -n 1; }
+# summary FILE.jsonl: its summary JSON, also kept as FILE.summary.json
+summary() {
+    [ -s "$1" ] && "$POLAR" eval --summary-of "$1" --summary "${1%.jsonl}.summary.json" >/dev/null &&
+        cat "${1%.jsonl}.summary.json"
+}
 
 {
     echo "Base greedy, base sampling (k samples at each temperature; best: the best over them, for each k) and"

@@ -30,12 +30,12 @@ static int consensus(const eval_run_view *runs, int k) {
 }
 
 /* Whether questions a and b ran the same programs: the first `depth` of
- * them in rank order, or (depth -1) the whole list. */
+ * them in rank order (fewer where a question ran fewer), or (depth -1) the
+ * whole list. */
 static int same_programs(const eval_question *a, const eval_question *b, int depth) {
-    if (depth < 0 && a->n_runs != b->n_runs) return 0;
-    int n = depth < 0 ? a->n_runs : depth;
-    if (n > a->n_runs || n > b->n_runs) return a->n_runs == b->n_runs;
-    for (int i = 0; i < n; i++)
+    int na = depth < 0 || depth > a->n_runs ? a->n_runs : depth, nb = depth < 0 || depth > b->n_runs ? b->n_runs : depth;
+    if (na != nb) return 0;
+    for (int i = 0; i < na; i++)
         if (strcmp(a->runs[i].program, b->runs[i].program)) return 0;
     return 1;
 }
@@ -127,12 +127,7 @@ static int summary_json(const eval_records *rs, const eval_metrics *m, sbuf *b) 
         if (m->depth_count[d]) ok = sbuf_add(b, "%s\"%d\":%d", first ? "" : ",", d, m->depth_count[d]), first = 0;
     ok = ok && sbuf_add(b, "}");
     /* Accuracy per program text when every question ran the same list. */
-    int same = rs->n > 0;
-    for (int q = 1; same && q < rs->n; q++) {
-        same = rs->q[q].n_runs == rs->q[0].n_runs;
-        for (int i = 0; same && i < rs->q[0].n_runs; i++) same = !strcmp(rs->q[q].runs[i].program, rs->q[0].runs[i].program);
-    }
-    if (same && ok) {
+    if (m->distinct_lists == 1 && ok) {
         ok = sbuf_add(b, ",\"accuracy_by_program\":{");
         for (int i = 0; ok && i < rs->q[0].n_runs; i++)
             ok = sbuf_add(b, "%s", i ? "," : "") && sbuf_json_string(b, rs->q[0].runs[i].program) &&

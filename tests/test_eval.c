@@ -110,6 +110,7 @@ static void distinct_program_lists(void) {
     CHECK_OK(polar_eval_summary(path, &json, &table, &err));
     if (!json || !table) return;
     CHECK(strstr(json, "\"distinct_top_programs\":2,\"distinct_program_lists\":4"), "distinct: %s", json);
+    CHECK(!strstr(json, "accuracy_by_program"), "per program only when every question ran one list: %s", json);
     CHECK(strstr(table, "programs: 2 distinct top program(s), 4 distinct ranked list(s) over 5 questions"), "table: %s",
           table);
     polar_free(json), polar_free(table);
