@@ -79,7 +79,7 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c predictor/planner.c \
-           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_gemm.c \
+           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_fit.c predictor/train_gemm.c \
            search/search.c search/labels.c search/findings.c \
            eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c

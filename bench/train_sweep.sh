@@ -12,7 +12,8 @@
 #   sh bench/train_sweep.sh OUT --labels FILE... [--lrs "1e-4 ..."] [--batches "32 128 256"]
 #                           [--epochs "3 10"] [--warmup 10] [--seed 1] [-- TRAIN_OPTIONS...]
 #
-# OUT/sweep.md: one row per point (best validation loss, its epoch, steps),
+# OUT/sweep.md: one row per point (best validation loss, its epoch, steps, and
+# for how many questions its top program is valid, beside the commonest program),
 # sorted by that loss; OUT/logs/: each run's --log; OUT/runs/: each predictor.
 # Options after -- go to every polar train (--model, --encoder, --dropout ...).
 set -eu
@@ -44,16 +45,19 @@ mkdir -p "$OUT/logs" "$OUT/runs"
 ROWS=$OUT/rows.txt
 : >"$ROWS"
 
-# best_of LOG: "val_loss epoch steps" of the log's lowest validation loss
+# best_of LOG: "val_loss epoch steps train_top1 val_top1" of the log's lowest validation loss
+# (the top1 counts: questions whose top program is one of their valid programs)
 best_of() {
     awk -F'[:,}]' '{
         for (i = 1; i < NF; i++) {
             if ($i ~ /"epoch"$/) e = $(i + 1)
             if ($i ~ /"val_loss"$/) v = $(i + 1)
             if ($i ~ /"steps"$/) s = $(i + 1)
+            if ($i ~ /"train_top1_valid"$/) t1 = $(i + 1)
+            if ($i ~ /"val_top1_valid"$/) v1 = $(i + 1)
         }
-        if (best == "" || v + 0 < best + 0) { best = v; be = e; bs = s }
-    } END { if (best != "") print best, be, bs }' "$1"
+        if (best == "" || v + 0 < best + 0) { best = v; be = e; bs = s; bt = t1; bv = v1 }
+    } END { if (best != "") print best, be, bs, bt, bv }' "$1"
 }
 
 for lr in $LRS; do
@@ -67,7 +71,11 @@ for lr in $LRS; do
                 -o "$OUT/runs/$name.safetensors" "$@" 2>"$OUT/logs/$name.stderr"
             best=$(best_of "$OUT/logs/$name.jsonl")
             [ -n "$best" ] || { echo "train_sweep.sh: error: $name: no validation loss in its log" >&2; exit 1; }
-            echo "$best $lr $b $e $(($(date +%s) - t0))" >>"$ROWS"
+            # "$@" holds the options for polar train: split the best epoch's fields with read, not set
+            read -r vloss epoch steps top1_tr top1_va <<EOF
+$best
+EOF
+            echo "$vloss $epoch $steps $lr $b $e $(($(date +%s) - t0)) $top1_tr $top1_va" >>"$ROWS"
             echo "$name: best validation loss, epoch, steps: $best" >&2
         done
     done
@@ -77,9 +85,13 @@ sort -g "$ROWS" -o "$ROWS"
 set -- $(head -n 1 "$ROWS")
 cp "$OUT/runs/lr$4-b$5-e$6.safetensors" "$OUT/best.safetensors"
 {
-    echo "| lr | batch | epochs | best validation loss | at epoch | steps then | seconds |"
-    echo "|---|---|---|---|---|---|---|"
-    awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s |\n", $4, $5, $6, $1, $2, $3, $7 }' "$ROWS"
+    echo "| lr | batch | epochs | best validation loss | at epoch | steps then | top program valid: training / validation questions | seconds |"
+    echo "|---|---|---|---|---|---|---|---|"
+    awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s / %s | %s |\n", $4, $5, $6, $1, $2, $3, $8, $9, $7 }' "$ROWS"
+    echo
+    # what a predictor that ignores the question gets: the same top program for all
+    echo "Beside it, $(grep -h -m 1 '^the commonest valid program' "$OUT/logs/lr$4-b$5-e$6.stderr"); its top program is"
+    echo "valid for $(grep -h -m 1 '^saved epoch' "$OUT/logs/lr$4-b$5-e$6.stderr" | sed 's/.*(the commonest program: \([0-9]*\)), [0-9]* of \([0-9]*\) validation (\([0-9]*\)).*/\1 training and \3 of \2 validation questions/')."
     echo
     echo "Chosen: lr $4, batch $5, $6 epochs (validation loss $1 at epoch $2): $OUT/best.safetensors."
     echo "Warm-up $WARMUP steps, seed $SEED; labels:$LABELS"

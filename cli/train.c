@@ -87,9 +87,34 @@ static int val_loss(const char *cmd, const polar_predictor *p, const polar_train
     return 0;
 }
 
+/* What the fit of each epoch is measured on: the labelled questions, the
+ * first q_tr of them the training ones, and the commonest training program. */
+typedef struct {
+    const polar_train_labels *l;
+    const polar_train_features *f;
+    int q_tr;
+    const polar_program *constant;
+} fit_sets;
+
+#define FIT_K 5 /* the paper's pass@5: the top 5 programs */
+
+static int measure_fit(const char *cmd, const polar_predictor *p, const fit_sets *s, polar_train_fit *tr,
+                       polar_train_fit *va) {
+    polar_error err;
+    if (polar_train_fit_measure(p, s->l, s->f, 0, s->q_tr, FIT_K, s->constant, tr, &err) != POLAR_OK ||
+        polar_train_fit_measure(p, s->l, s->f, s->q_tr, s->l->n, FIT_K, s->constant, va, &err) != POLAR_OK)
+        return fail_status(cmd, &err);
+    return 0;
+}
+
+static void log_fit(FILE *log, const char *set, const polar_train_fit *f) {
+    fprintf(log, "\"%s_top1_valid\":%d,\"%s_top%d_valid\":%d,\"%s_distinct_top\":%d,", set, f->top1, set, FIT_K,
+            f->topk, set, f->distinct_top);
+}
+
 static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, polar_train_example *tr, int n_tr,
                         const polar_train_example *va, int n_va, int epochs, int batch, uint64_t seed, const char *out,
-                        FILE *log) {
+                        const fit_sets *sets, FILE *log) {
     int *order = malloc((size_t)n_tr * sizeof *order);
     polar_train_example *b = malloc((size_t)batch * sizeof *b);
     if (!order || !b) {
@@ -99,7 +124,8 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     polar_rng rng;
     polar_rng_seed(&rng, seed ^ 0x5eed5eedull);
     double best = 1e300;
-    int rc = 0, steps_per_epoch = (n_tr + batch - 1) / batch;
+    polar_train_fit best_tr = {0}, best_va = {0};
+    int best_epoch = 0, rc = 0, steps_per_epoch = (n_tr + batch - 1) / batch;
     for (int e = 0; e < epochs && rc == 0; e++) {
         for (int i = 0; i < n_tr; i++) order[i] = i;
         for (int i = n_tr - 1; i > 0; i--) { /* Fisher-Yates */
@@ -131,13 +157,23 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
             rc = fail_status(cmd, &err);
             break;
         }
+        polar_train_fit ft, fv;
+        if ((rc = measure_fit(cmd, p, sets, &ft, &fv))) break;
+        if (better) best_epoch = e + 1, best_tr = ft, best_va = fv;
         if (n_va && better) best = vl;
         fprintf(log, "{\"epoch\":%d,\"train_loss\":%.6f,", e + 1, sum / steps_per_epoch);
         if (n_va) fprintf(log, "\"val_loss\":%.6f,\"best\":%s,", vl, better ? "true" : "false");
+        log_fit(log, "train", &ft);
+        if (n_va) log_fit(log, "val", &fv);
         fprintf(log, "\"steps\":%d,\"lr\":%.6g,\"seconds\":%.2f,\"examples_per_s\":%.1f}\n", polar_trainer_steps(t),
                 polar_trainer_lr(t), secs, n_tr / secs);
         fflush(log);
     }
+    if (rc == 0)
+        fprintf(stderr, "saved epoch %d: top program valid for %d of %d training questions (the commonest program: %d), "
+                "%d of %d validation (%d); one of the top %d for %d and %d; %d and %d distinct top programs\n",
+                best_epoch, best_tr.top1, best_tr.questions, best_tr.constant, best_va.top1, best_va.questions,
+                best_va.constant, FIT_K, best_tr.topk, best_va.topk, best_tr.distinct_top, best_va.distinct_top);
     free(order);
     free(b);
     return rc;
@@ -186,6 +222,7 @@ int cmd_train(int argc, char **argv) {
     polar_train_example *tr = NULL, *va = NULL;
     polar_predictor *p = NULL;
     polar_trainer *t = NULL;
+    polar_program constant = {0};
     FILE *log = stdout;
     if (polar_train_labels_load(files, n_files, D, max_paths, (float)ow, seed, &l, &err) != POLAR_OK) {
         polar_free(default_model);
@@ -219,9 +256,20 @@ int cmd_train(int argc, char **argv) {
     }
     fprintf(stderr, "training: %d examples (%d questions), validation: %d examples (%d questions); %d steps\n", n_tr, q_tr,
             n_va, q_val, total);
-    rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, log);
+    int constant_questions;
+    if (polar_train_commonest_program(&l, 0, q_tr, &constant, &constant_questions, &err) != POLAR_OK) {
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    char constant_text[1024];
+    polar_program_format(&constant, constant_text, sizeof constant_text);
+    fprintf(stderr, "the commonest valid program of the training questions: %s (%d of %d)\n", constant_text,
+            constant_questions, q_tr);
+    fit_sets sets = {&l, &f, q_tr, &constant};
+    rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, &sets, log);
 done:
     if (log != stdout) fclose(log);
+    polar_program_free(&constant);
     polar_trainer_free(t);
     polar_predictor_free(p);
     free(tr);

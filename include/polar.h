@@ -911,6 +911,26 @@ polar_status polar_train_features_make(const char *encoder_path, const char *pro
                                        void *ctx, polar_train_features *out, polar_error *err);
 void polar_train_features_free(polar_train_features *f);
 
+/* How a predictor ranks the programs of labelled questions [q0, q1): its
+ * beam (polar_decode_defaults) against each question's valid programs. */
+typedef struct {
+    int questions;
+    int top1;          /* questions whose top program is one of their valid programs */
+    int topk;          /* ... with one among the top k */
+    int distinct_top;  /* distinct top programs over the questions */
+    int constant;      /* questions for which the `constant` program is valid (0 without one) */
+} polar_train_fit;
+
+polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
+                                     const polar_train_features *f, int q0, int q1, int k,
+                                     const polar_program *constant, polar_train_fit *out, polar_error *err);
+
+/* The program valid for the most of questions [q0, q1) (the first in file
+ * order on a tie) and how many: the top program of a predictor that ignores
+ * the question, the bar polar_train_fit's top1 has to clear. */
+polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, int q1, polar_program *out,
+                                           int *questions, polar_error *err);
+
 /* ---------------------------------------------------------- program search */
 
 #define POLAR_SEARCH_MAX_DEPTH 256

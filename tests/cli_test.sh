@@ -335,7 +335,10 @@ done
 printf '{"question":"torn' >>"$L"
 if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -o "$D/trained.safetensors" \
     --log "$D/train.jsonl" >"$D/out" 2>"$D/err" && [ "$(grep -c '"val_loss"' "$D/train.jsonl")" -eq 2 ] &&
-    grep -q "labels: 7 questions (7 lines, 0 of them a question asked before: pooled, 0 programs found again), 7 with examples; 14 valid programs" "$D/err"; then
+    grep -q "labels: 7 questions (7 lines, 0 of them a question asked before: pooled, 0 programs found again), 7 with examples; 14 valid programs" "$D/err" &&
+    grep -q "the commonest valid program of the training questions: 0-29 (6 of 6)" "$D/err" &&
+    grep -q "^saved epoch [12]: top program valid for [0-6] of 6 training questions (the commonest program: 6), [01] of 1 validation (1)" "$D/err" &&
+    [ "$(grep -c '"train_top1_valid":[0-6],"train_top5_valid":[0-6],"train_distinct_top":[1-6],"val_top1_valid"' "$D/train.jsonl")" -eq 2 ]; then
     echo "PASS cli_train"
 else
     echo "FAIL cli_train: $(head -c 300 "$D/err") $(head -c 300 "$D/train.jsonl")"

@@ -3,7 +3,7 @@
  * the AVX2 products equal to the plain C ones, the training forward equal
  * to the inference forward, the loss, gradients
  * and 20 AdamW steps against PyTorch (tests/golden/train), AdamW and the
- * learning-rate schedule, save -> load, bad batches.
+ * learning-rate schedule, save -> load, bad batches, the fit measure.
  *
  * Finite differences run in f32 (the code under test is f32): step 1e-2 for
  * single ops, 1e-3 for the network. An entry passes when
@@ -571,6 +571,95 @@ static void labels_to_examples(void) {
     unlink(path);
 }
 
+/* The fit counts each question as its beam ranks its valid programs: labels
+ * made from a tiny predictor's own rankings. Question 0 holds its top
+ * program, 1 its second only, 2 none of its top 5; all three hold X, a
+ * program none of them ranks high enough to count, so X is the commonest. */
+#define FIT_Q 3
+#define FIT_T 4
+static int in_candidates(const polar_candidate *c, int n, const polar_program *p) {
+    for (int i = 0; i < n; i++)
+        if (c[i].program.n == p->n && !memcmp(c[i].program.layers, p->layers, (size_t)p->n * sizeof(int))) return 1;
+    return 0;
+}
+
+static void json_program(FILE *f, const polar_program *p) {
+    fputc('[', f);
+    for (int i = 0; i < p->n; i++) fprintf(f, "%s%d", i ? "," : "", p->layers[i]);
+    fputc(']', f);
+}
+
+static void fit_of_own_ranking(void) {
+    static const char *others[] = {"0-5", "0-4", "1-5", "0-1,3-5", "0-2,4-5", "0-3,2-5", "0,2-5", "0-3",
+                                   "2-5", "0-2,1-5", "0-4,3-5", "0-3,5", "0-1,0-5"};
+    polar_predictor *p = tiny(71);
+    if (!p) return;
+    float h[FIT_Q][FIT_T * TDQ], seg[4 * TD];
+    polar_candidate cand[FIT_Q][5];
+    int nc[FIT_Q] = {0}, tops = 0;
+    polar_rng r;
+    polar_rng_seed(&r, 72);
+    polar_decode_opts o = polar_decode_defaults();
+    polar_error err;
+    for (int q = 0; q < FIT_Q; q++) {
+        fill(h[q], FIT_T * TDQ, 1, &r);
+        CHECK_OK(polar_predict_logits(p, h[q], FIT_T, seg, seg + TD, &err));
+        CHECK_OK(polar_decode_programs(seg, seg + TD, TD, &o, cand[q], 5, &nc[q], &err));
+        tops += nc[q] > 0 && !(q > 0 && in_candidates(cand[0], 1, &cand[q][0].program)) &&
+                !(q > 1 && in_candidates(cand[1], 1, &cand[q][0].program));
+    }
+    CHECK(nc[0] >= 1 && nc[1] >= 2 && nc[2] >= 1, "candidates %d %d %d", nc[0], nc[1], nc[2]);
+    polar_program x = {0};
+    for (size_t i = 0; i < sizeof others / sizeof *others && !x.layers; i++) {
+        CHECK_OK(polar_program_parse(others[i], TD, 0, &x, &err));
+        if (in_candidates(cand[0], 1, &x) || in_candidates(cand[1], 2, &x) || in_candidates(cand[2], nc[2], &x))
+            polar_program_free(&x);
+    }
+    CHECK(x.layers != NULL, "a program outside the rankings");
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/polar-fit-%d.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    const polar_program *held[FIT_Q] = {&cand[0][0].program, &cand[1][1].program, NULL};
+    for (int q = 0; f && x.layers && q < FIT_Q; q++) {
+        fprintf(f, "{\"question\":\"q%d\",\"final_valid_transitions\":[", q);
+        if (held[q]) json_program(f, held[q]), fputc(',', f);
+        json_program(f, &x);
+        fputs("]}\n", f);
+    }
+    if (f) fclose(f);
+    const char *files[1] = {path};
+    polar_train_labels l = {0};
+    CHECK_OK(polar_train_labels_load(files, 1, TD, 50, 0.3f, 1, &l, &err));
+    unlink(path);
+    CHECK(l.n == FIT_Q && l.rejected == 0, "%d questions, %d programs rejected", l.n, l.rejected);
+    int T[FIT_Q] = {FIT_T, FIT_T, FIT_T};
+    float *hp[FIT_Q] = {h[0], h[1], h[2]};
+    polar_train_features feat = {FIT_Q, TDQ, T, hp, POLAR_FEATURES_COMPUTED};
+    polar_program common;
+    int common_n = 0;
+    polar_train_fit fit, one;
+    if (l.n == FIT_Q) {
+        CHECK_OK(polar_train_commonest_program(&l, 0, FIT_Q, &common, &common_n, &err));
+        CHECK(common_n == FIT_Q && common.n == x.n && !memcmp(common.layers, x.layers, x.n * sizeof(int)),
+              "commonest: held by %d", common_n);
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, &common, &fit, &err));
+        CHECK(fit.questions == FIT_Q && fit.top1 == 1 && fit.topk == 2 && fit.constant == FIT_Q &&
+                  fit.distinct_top == tops,
+              "fit: %d questions, top1 %d, top5 %d, constant %d, %d distinct tops (want %d)", fit.questions, fit.top1,
+              fit.topk, fit.constant, fit.distinct_top, tops);
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 1, FIT_Q, 1, NULL, &one, &err));
+        CHECK(one.questions == 2 && one.top1 == 0 && one.topk == 0 && one.constant == 0, "questions 1-2 at k 1");
+        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q + 1, 5, NULL, &one, &err) == POLAR_ERR_ARG,
+              "a range past the labels");
+        polar_program_free(&common);
+    }
+    polar_train_labels_free(&l);
+    polar_program_free(&x);
+    for (int q = 0; q < FIT_Q; q++)
+        for (int i = 0; i < nc[q]; i++) polar_program_free(&cand[q][i].program);
+    polar_predictor_free(p);
+}
+
 /* Against PyTorch (tests/golden/make_train_golden.py: the reference's
  * module, loss and AdamW + LambdaLR in float64 from the same f32 weights and
  * batch, dropout off): the first loss and every gradient, then the loss
@@ -673,5 +762,6 @@ int main(void) {
     RUN(save_and_load);
     RUN(bad_batches);
     RUN(labels_to_examples);
+    RUN(fit_of_own_ranking);
     TEST_EXIT();
 }

@@ -1,0 +1,123 @@
+/* How well a predictor ranks its labelled questions' programs, beside what
+ * a predictor that ignores the question gets: the validation loss says
+ * whether the predictor matches the labels' mix, not whether it tells one
+ * question from another. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/error.h"
+#include "predictor.h"
+
+static int same_program(const polar_program *a, const polar_program *b) {
+    return a->n == b->n && !memcmp(a->layers, b->layers, (size_t)a->n * sizeof *a->layers);
+}
+
+/* Question q's valid programs (its examples back in program form). */
+static polar_status valid_programs(const polar_train_labels *l, int q, polar_program *out, polar_error *err) {
+    const polar_label_question *lq = &l->q[q];
+    int D = l->n_layers;
+    for (int k = 0; k < lq->n; k++) {
+        polar_status st = polar_segments_to_program(lq->seg_start + (size_t)k * D, lq->ops + (size_t)k * D, D,
+                                                    &out[k], err);
+        if (st != POLAR_OK) {
+            while (k--) polar_program_free(&out[k]);
+            return st;
+        }
+    }
+    return POLAR_OK;
+}
+
+static int most_examples(const polar_train_labels *l, int q0, int q1) {
+    int n = 1;
+    for (int i = q0; i < q1; i++) n = l->q[i].n > n ? l->q[i].n : n;
+    return n;
+}
+
+static int holds(const polar_program *set, int n, const polar_program *p) {
+    for (int i = 0; i < n; i++)
+        if (same_program(&set[i], p)) return 1;
+    return 0;
+}
+
+/* Every valid program of questions [q0, q1), in one array. */
+static polar_status all_valid_programs(const polar_train_labels *l, int q0, int q1, polar_program **out, int *n,
+                                       polar_error *err) {
+    int total = 0;
+    for (int i = q0; i < q1; i++) total += l->q[i].n;
+    *n = 0;
+    *out = malloc((size_t)(total ? total : 1) * sizeof **out);
+    if (!*out) return polar_fail(err, POLAR_ERR_NOMEM, "%d programs", total);
+    polar_status st = POLAR_OK;
+    for (int i = q0; st == POLAR_OK && i < q1; i++)
+        if ((st = valid_programs(l, i, *out + *n, err)) == POLAR_OK) *n += l->q[i].n;
+    return st;
+}
+
+polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, int q1, polar_program *out,
+                                           int *questions, polar_error *err) {
+    memset(out, 0, sizeof *out);
+    *questions = 0;
+    if (q0 < 0 || q1 > l->n || q0 >= q1) return polar_fail(err, POLAR_ERR_ARG, "questions [%d, %d) of %d", q0, q1, l->n);
+    polar_program *all;
+    int n, best = -1;
+    polar_status st = all_valid_programs(l, q0, q1, &all, &n, err);
+    /* a question holds each of its programs once, so a program's count is its questions */
+    for (int a = 0; st == POLAR_OK && a < n; a++) {
+        int count = 1, earlier = 0;
+        for (int b = 0; b < n && !earlier; b++)
+            if (b != a && same_program(&all[a], &all[b])) earlier = b < a, count++;
+        if (!earlier && count > *questions) best = a, *questions = count;
+    }
+    if (st == POLAR_OK && best >= 0) {
+        *out = all[best];
+        all[best] = (polar_program){0};
+    }
+    for (int a = 0; all && a < n; a++) polar_program_free(&all[a]);
+    free(all);
+    return st;
+}
+
+polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
+                                     const polar_train_features *f, int q0, int q1, int k,
+                                     const polar_program *constant, polar_train_fit *out, polar_error *err) {
+    memset(out, 0, sizeof *out);
+    if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers)
+        return polar_fail(err, POLAR_ERR_ARG, "fit of questions [%d, %d) of %d, k %d, predictor D %d, labels D %d", q0,
+                          q1, l->n, k, p->D, l->n_layers);
+    int D = p->D, cap = most_examples(l, q0, q1);
+    float *seg = malloc((size_t)D * 4 * sizeof *seg);
+    polar_program *valid = malloc((size_t)cap * sizeof *valid);
+    polar_program *tops = calloc((size_t)(q1 > q0 ? q1 - q0 : 1), sizeof *tops); /* each question's top program */
+    polar_candidate *cand = malloc((size_t)k * sizeof *cand);
+    polar_status st = seg && valid && tops && cand ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "the fit's buffers");
+    polar_decode_opts o = polar_decode_defaults();
+    for (int i = q0; st == POLAR_OK && i < q1; i++) {
+        int n = 0;
+        if ((st = polar_predict_logits(p, f->h[i], f->T[i], seg, seg + D, err)) != POLAR_OK) break;
+        if ((st = polar_decode_programs(seg, seg + D, D, &o, cand, k, &n, err)) != POLAR_OK) break;
+        if ((st = valid_programs(l, i, valid, err)) != POLAR_OK) {
+            for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
+            break;
+        }
+        int first = -1;
+        for (int c = 0; c < n && first < 0; c++)
+            if (holds(valid, l->q[i].n, &cand[c].program)) first = c;
+        out->top1 += first == 0;
+        out->topk += first >= 0;
+        out->constant += constant && holds(valid, l->q[i].n, constant);
+        out->questions++;
+        int new_top = n > 0;
+        for (int j = 0; new_top && j < i - q0; j++)
+            new_top = !(tops[j].layers && same_program(&tops[j], &cand[0].program));
+        out->distinct_top += new_top;
+        if (n > 0) tops[i - q0] = cand[0].program, cand[0].program = (polar_program){0};
+        for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
+        for (int m = 0; m < l->q[i].n; m++) polar_program_free(&valid[m]);
+    }
+    for (int i = 0; tops && i < q1 - q0; i++) polar_program_free(&tops[i]);
+    free(seg);
+    free(valid);
+    free(tops);
+    free(cand);
+    return st;
+}
