@@ -27,12 +27,6 @@ static polar_status valid_programs(const polar_train_labels *l, int q, polar_pro
     return POLAR_OK;
 }
 
-static int most_examples(const polar_train_labels *l, int q0, int q1) {
-    int n = 1;
-    for (int i = q0; i < q1; i++) n = l->q[i].n > n ? l->q[i].n : n;
-    return n;
-}
-
 static int holds(const polar_program *set, int n, const polar_program *p) {
     for (int i = 0; i < n; i++)
         if (same_program(&set[i], p)) return 1;
@@ -77,6 +71,40 @@ polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, 
     return st;
 }
 
+/* One question's part of the fit: the rank of its first valid program in
+ * the top k (-1: none), whether `constant` is valid for it, its top program
+ * (n 0 when the beam gave none). Buffers of its own: questions run in parallel. */
+typedef struct {
+    int first, constant;
+    polar_program top;
+} question_fit;
+
+static polar_status fit_question(const polar_predictor *p, const polar_train_labels *l, const polar_train_features *f,
+                                 int i, int k, const polar_program *constant, question_fit *out, polar_error *err) {
+    int D = p->D, n = 0;
+    memset(out, 0, sizeof *out);
+    out->first = -1;
+    float *seg = malloc((size_t)D * 4 * sizeof *seg); /* seg [D], op [D, 3] */
+    polar_program *valid = malloc((size_t)(l->q[i].n ? l->q[i].n : 1) * sizeof *valid);
+    polar_candidate *cand = malloc((size_t)k * sizeof *cand);
+    polar_status st = seg && valid && cand ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "question %d's fit", i);
+    if (st == POLAR_OK) st = polar_predict_logits(p, f->h[i], f->T[i], seg, seg + D, err);
+    polar_decode_opts o = polar_decode_defaults();
+    if (st == POLAR_OK) st = polar_decode_programs(seg, seg + D, D, &o, cand, k, &n, err);
+    if (st == POLAR_OK && (st = valid_programs(l, i, valid, err)) == POLAR_OK) {
+        for (int c = 0; c < n && out->first < 0; c++)
+            if (holds(valid, l->q[i].n, &cand[c].program)) out->first = c;
+        out->constant = constant && holds(valid, l->q[i].n, constant);
+        for (int m = 0; m < l->q[i].n; m++) polar_program_free(&valid[m]);
+    }
+    if (st == POLAR_OK && n > 0) out->top = cand[0].program, cand[0].program = (polar_program){0};
+    for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
+    free(seg);
+    free(valid);
+    free(cand);
+    return st;
+}
+
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
                                      const polar_program *constant, polar_train_fit *out, polar_error *err) {
@@ -84,40 +112,29 @@ polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train
     if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers)
         return polar_fail(err, POLAR_ERR_ARG, "fit of questions [%d, %d) of %d, k %d, predictor D %d, labels D %d", q0,
                           q1, l->n, k, p->D, l->n_layers);
-    int D = p->D, cap = most_examples(l, q0, q1);
-    float *seg = malloc((size_t)D * 4 * sizeof *seg);
-    polar_program *valid = malloc((size_t)cap * sizeof *valid);
-    polar_program *tops = calloc((size_t)(q1 > q0 ? q1 - q0 : 1), sizeof *tops); /* each question's top program */
-    polar_candidate *cand = malloc((size_t)k * sizeof *cand);
-    polar_status st = seg && valid && tops && cand ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "the fit's buffers");
-    polar_decode_opts o = polar_decode_defaults();
-    for (int i = q0; st == POLAR_OK && i < q1; i++) {
-        int n = 0;
-        if ((st = polar_predict_logits(p, f->h[i], f->T[i], seg, seg + D, err)) != POLAR_OK) break;
-        if ((st = polar_decode_programs(seg, seg + D, D, &o, cand, k, &n, err)) != POLAR_OK) break;
-        if ((st = valid_programs(l, i, valid, err)) != POLAR_OK) {
-            for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
-            break;
+    int nq = q1 - q0;
+    question_fit *qf = calloc((size_t)(nq ? nq : 1), sizeof *qf);
+    if (!qf) return polar_fail(err, POLAR_ERR_NOMEM, "the fit of %d questions", nq);
+    polar_status st = POLAR_OK;
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < nq; i++) {
+        polar_error mine;
+        if (fit_question(p, l, f, q0 + i, k, constant, &qf[i], &mine) != POLAR_OK) {
+#pragma omp critical(polar_train_fit_error)
+            if (st == POLAR_OK) st = mine.code, *err = mine;
         }
-        int first = -1;
-        for (int c = 0; c < n && first < 0; c++)
-            if (holds(valid, l->q[i].n, &cand[c].program)) first = c;
-        out->top1 += first == 0;
-        out->topk += first >= 0;
-        out->constant += constant && holds(valid, l->q[i].n, constant);
-        out->questions++;
-        int new_top = n > 0;
-        for (int j = 0; new_top && j < i - q0; j++)
-            new_top = !(tops[j].layers && same_program(&tops[j], &cand[0].program));
-        out->distinct_top += new_top;
-        if (n > 0) tops[i - q0] = cand[0].program, cand[0].program = (polar_program){0};
-        for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
-        for (int m = 0; m < l->q[i].n; m++) polar_program_free(&valid[m]);
     }
-    for (int i = 0; tops && i < q1 - q0; i++) polar_program_free(&tops[i]);
-    free(seg);
-    free(valid);
-    free(tops);
-    free(cand);
+    for (int i = 0; st == POLAR_OK && i < nq; i++) {
+        out->questions++;
+        out->top1 += qf[i].first == 0;
+        out->topk += qf[i].first >= 0;
+        out->constant += qf[i].constant;
+        int new_top = qf[i].top.n > 0;
+        for (int j = 0; new_top && j < i; j++) new_top = !same_program(&qf[j].top, &qf[i].top);
+        out->distinct_top += new_top;
+    }
+    for (int i = 0; i < nq; i++) polar_program_free(&qf[i].top);
+    free(qf);
+    if (st != POLAR_OK) memset(out, 0, sizeof *out);
     return st;
 }
