@@ -45,10 +45,10 @@ mkdir -p "$OUT/logs" "$OUT/runs"
 ROWS=$OUT/rows.txt
 : >"$ROWS"
 
-# best_of LOG: "val_loss epoch steps train_top1 val_top1" of the log's lowest validation loss
-# (the top1 counts: questions whose top program is one of their valid programs)
+# best_of LOG: "val_loss epoch steps train_top1 val_top1" of the epoch polar train saved
+# (the last marked best); the top1 counts: questions whose top program is one of their valid programs
 best_of() {
-    awk -F'[:,}]' '{
+    grep '"best":true' "$1" | tail -n 1 | awk -F'[:,}]' '{
         for (i = 1; i < NF; i++) {
             if ($i ~ /"epoch"$/) e = $(i + 1)
             if ($i ~ /"val_loss"$/) v = $(i + 1)
@@ -56,8 +56,8 @@ best_of() {
             if ($i ~ /"train_top1_valid"$/) t1 = $(i + 1)
             if ($i ~ /"val_top1_valid"$/) v1 = $(i + 1)
         }
-        if (best == "" || v + 0 < best + 0) { best = v; be = e; bs = s; bt = t1; bv = v1 }
-    } END { if (best != "") print best, be, bs, bt, bv }' "$1"
+        print v, e, s, t1, v1
+    }'
 }
 
 for lr in $LRS; do
@@ -76,7 +76,8 @@ for lr in $LRS; do
 $best
 EOF
             echo "$vloss $epoch $steps $lr $b $e $(($(date +%s) - t0)) $top1_tr $top1_va" >>"$ROWS"
-            echo "$name: best validation loss, epoch, steps: $best" >&2
+            echo "$name: best validation loss $vloss at epoch $epoch ($steps steps); top program valid for" \
+                "$top1_tr training, $top1_va validation questions" >&2
         done
     done
 done
@@ -84,14 +85,18 @@ done
 sort -g "$ROWS" -o "$ROWS"
 set -- $(head -n 1 "$ROWS")
 cp "$OUT/runs/lr$4-b$5-e$6.safetensors" "$OUT/best.safetensors"
+ERR=$OUT/logs/lr$4-b$5-e$6.stderr
+commonest=$(sed -n 's/^the commonest valid program of the training questions: \([^ ]*\) .*/\1/p' "$ERR")
+saved=$(sed -n 's/^saved epoch [0-9]*: top program valid for [0-9]* of \([0-9]*\) training questions (the commonest program: \([0-9]*\)), [0-9]* of \([0-9]*\) validation (\([0-9]*\)).*/\2 of \1 training and \4 of \3 validation questions/p' "$ERR")
+[ -n "$commonest" ] && [ -n "$saved" ] ||
+    { echo "train_sweep.sh: error: $ERR: no commonest program or no 'saved epoch' line" >&2; exit 1; }
 {
     echo "| lr | batch | epochs | best validation loss | at epoch | steps then | top program valid: training / validation questions | seconds |"
     echo "|---|---|---|---|---|---|---|---|"
     awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s / %s | %s |\n", $4, $5, $6, $1, $2, $3, $8, $9, $7 }' "$ROWS"
     echo
-    # what a predictor that ignores the question gets: the same top program for all
-    echo "Beside it, $(grep -h -m 1 '^the commonest valid program' "$OUT/logs/lr$4-b$5-e$6.stderr"); its top program is"
-    echo "valid for $(grep -h -m 1 '^saved epoch' "$OUT/logs/lr$4-b$5-e$6.stderr" | sed 's/.*(the commonest program: \([0-9]*\)), [0-9]* of \([0-9]*\) validation (\([0-9]*\)).*/\1 training and \3 of \2 validation questions/')."
+    echo "Beside it, the commonest valid program of the training questions, $commonest, is valid for $saved"
+    echo "(what a predictor that gives every question the same top program gets)."
     echo
     echo "Chosen: lr $4, batch $5, $6 epochs (validation loss $1 at epoch $2): $OUT/best.safetensors."
     echo "Warm-up $WARMUP steps, seed $SEED; labels:$LABELS"

@@ -169,7 +169,10 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
                 polar_trainer_lr(t), secs, n_tr / secs);
         fflush(log);
     }
-    if (rc == 0)
+    if (rc == 0 && best_epoch == 0) {
+        fprintf(stderr, "polar %s: error: %s: nothing saved: the validation loss was not finite in any epoch\n", cmd, out);
+        rc = 1;
+    } else if (rc == 0)
         fprintf(stderr, "saved epoch %d: top program valid for %d of %d training questions (the commonest program: %d), "
                 "%d of %d validation (%d); one of the top %d for %d and %d; %d and %d distinct top programs\n",
                 best_epoch, best_tr.top1, best_tr.questions, best_tr.constant, best_va.top1, best_va.questions,

@@ -912,7 +912,9 @@ polar_status polar_train_features_make(const char *encoder_path, const char *pro
 void polar_train_features_free(polar_train_features *f);
 
 /* How a predictor ranks the programs of labelled questions [q0, q1): its
- * beam (polar_decode_defaults) against each question's valid programs. */
+ * beam (polar_decode_defaults) against each question's valid programs; f
+ * the features of l's questions, for p's input width. The questions run in
+ * parallel (OpenMP) on a CPU predictor, one at a time on a GPU one. */
 typedef struct {
     int questions;
     int top1;          /* questions whose top program is one of their valid programs */

@@ -47,27 +47,49 @@ static polar_status all_valid_programs(const polar_train_labels *l, int q0, int 
     return st;
 }
 
+/* Programs in a total order (length, then layers), file order among equals. */
+typedef struct {
+    polar_program program;
+    int order;
+} ordered_program;
+
+static int by_program_then_order(const void *pa, const void *pb) {
+    const ordered_program *a = pa, *b = pb;
+    if (a->program.n != b->program.n) return a->program.n < b->program.n ? -1 : 1;
+    for (int i = 0; i < a->program.n; i++)
+        if (a->program.layers[i] != b->program.layers[i]) return a->program.layers[i] < b->program.layers[i] ? -1 : 1;
+    return (a->order > b->order) - (a->order < b->order);
+}
+
 polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, int q1, polar_program *out,
                                            int *questions, polar_error *err) {
     memset(out, 0, sizeof *out);
     *questions = 0;
-    if (q0 < 0 || q1 > l->n || q0 >= q1) return polar_fail(err, POLAR_ERR_ARG, "questions [%d, %d) of %d", q0, q1, l->n);
+    if (!l || q0 < 0 || q1 > l->n || q0 >= q1)
+        return polar_fail(err, POLAR_ERR_ARG, "questions [%d, %d) of %d", q0, q1, l ? l->n : 0);
     polar_program *all;
-    int n, best = -1;
+    int n;
     polar_status st = all_valid_programs(l, q0, q1, &all, &n, err);
-    /* a question holds each of its programs once, so a program's count is its questions */
-    for (int a = 0; st == POLAR_OK && a < n; a++) {
-        int count = 1, earlier = 0;
-        for (int b = 0; b < n && !earlier; b++)
-            if (b != a && same_program(&all[a], &all[b])) earlier = b < a, count++;
-        if (!earlier && count > *questions) best = a, *questions = count;
+    ordered_program *sorted = st == POLAR_OK ? malloc((size_t)(n ? n : 1) * sizeof *sorted) : NULL;
+    if (st == POLAR_OK && !sorted) st = polar_fail(err, POLAR_ERR_NOMEM, "%d programs", n);
+    int best = -1; /* the file-order index of the commonest program's first copy */
+    if (st == POLAR_OK) {
+        for (int i = 0; i < n; i++) sorted[i] = (ordered_program){all[i], i};
+        qsort(sorted, (size_t)n, sizeof *sorted, by_program_then_order);
+        /* a question holds each of its programs once, so a run of equal programs counts its questions */
+        for (int i = 0, run; i < n; i += run) {
+            for (run = 1; i + run < n && same_program(&sorted[i].program, &sorted[i + run].program); run++) {}
+            if (run > *questions || (run == *questions && sorted[i].order < best))
+                best = sorted[i].order, *questions = run;
+        }
     }
-    if (st == POLAR_OK && best >= 0) {
+    if (best >= 0) {
         *out = all[best];
         all[best] = (polar_program){0};
     }
-    for (int a = 0; all && a < n; a++) polar_program_free(&all[a]);
+    for (int i = 0; all && i < n; i++) polar_program_free(&all[i]);
     free(all);
+    free(sorted);
     return st;
 }
 
@@ -108,20 +130,24 @@ static polar_status fit_question(const polar_predictor *p, const polar_train_lab
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
                                      const polar_program *constant, polar_train_fit *out, polar_error *err) {
+    if (!p || !l || !f || !out) return polar_fail(err, POLAR_ERR_ARG, "the fit needs a predictor, labels, features");
     memset(out, 0, sizeof *out);
-    if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers)
-        return polar_fail(err, POLAR_ERR_ARG, "fit of questions [%d, %d) of %d, k %d, predictor D %d, labels D %d", q0,
-                          q1, l->n, k, p->D, l->n_layers);
+    if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers || f->dq != p->dq)
+        return polar_fail(err, POLAR_ERR_ARG,
+                          "fit of questions [%d, %d) of %d, k %d: predictor D %d d_q %d, labels D %d, features d_q %d",
+                          q0, q1, l->n, k, p->D, p->dq, l->n_layers, f->dq);
     int nq = q1 - q0;
     question_fit *qf = calloc((size_t)(nq ? nq : 1), sizeof *qf);
     if (!qf) return polar_fail(err, POLAR_ERR_NOMEM, "the fit of %d questions", nq);
     polar_status st = POLAR_OK;
-#pragma omp parallel for schedule(dynamic)
+    int failed = nq; /* the first question that failed: its error is the one reported, whatever the threads */
+    /* a predictor on the GPU serves one thread at a time */
+#pragma omp parallel for schedule(dynamic) if (!p->cuda)
     for (int i = 0; i < nq; i++) {
         polar_error mine;
         if (fit_question(p, l, f, q0 + i, k, constant, &qf[i], &mine) != POLAR_OK) {
 #pragma omp critical(polar_train_fit_error)
-            if (st == POLAR_OK) st = mine.code, *err = mine;
+            if (i < failed) failed = i, st = mine.code, *err = mine;
         }
     }
     for (int i = 0; st == POLAR_OK && i < nq; i++) {

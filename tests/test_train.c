@@ -573,9 +573,11 @@ static void labels_to_examples(void) {
 
 /* The fit counts each question as its beam ranks its valid programs: labels
  * made from a tiny predictor's own rankings. Question 0 holds its top
- * program, 1 its second only, 2 none of its top 5; all three hold X, a
- * program none of them ranks high enough to count, so X is the commonest. */
-#define FIT_Q 3
+ * program, 1 its second only, 2 none of its top 5; 3 has 0's features (the
+ * same top program: distinct tops < questions) and holds 0's top only.
+ * 0, 1 and 2 hold X, a program none of them ranks high enough to count, so
+ * X is the commonest (3 questions, 0's top 2). */
+#define FIT_Q 4
 #define FIT_T 4
 static int in_candidates(const polar_candidate *c, int n, const polar_program *p) {
     for (int i = 0; i < n; i++)
@@ -589,6 +591,28 @@ static void json_program(FILE *f, const polar_program *p) {
     fputc(']', f);
 }
 
+/* One labels line per question: the programs held[q][0..n[q]). */
+static int write_labels(const char *path, const polar_program *held[][2], const int *n, int nq) {
+    FILE *f = fopen(path, "w");
+    if (!f) return 0;
+    for (int q = 0; q < nq; q++) {
+        fprintf(f, "{\"question\":\"q%d\",\"final_valid_transitions\":[", q);
+        for (int i = 0; i < n[q]; i++) {
+            if (i) fputc(',', f);
+            json_program(f, held[q][i]);
+        }
+        fputs("]}\n", f);
+    }
+    return fclose(f) == 0;
+}
+
+static polar_status fit_labels(const char *path, polar_train_labels *l, polar_error *err) {
+    const char *files[1] = {path};
+    polar_status st = polar_train_labels_load(files, 1, TD, 50, 0.3f, 1, l, err);
+    unlink(path);
+    return st;
+}
+
 static void fit_of_own_ranking(void) {
     static const char *others[] = {"0-5", "0-4", "1-5", "0-1,3-5", "0-2,4-5", "0-3,2-5", "0,2-5", "0-3",
                                    "2-5", "0-2,1-5", "0-4,3-5", "0-3,5", "0-1,0-5"};
@@ -596,61 +620,67 @@ static void fit_of_own_ranking(void) {
     if (!p) return;
     float h[FIT_Q][FIT_T * TDQ], seg[4 * TD];
     polar_candidate cand[FIT_Q][5];
-    int nc[FIT_Q] = {0}, tops = 0;
+    int nc[FIT_Q] = {0};
     polar_rng r;
     polar_rng_seed(&r, 72);
     polar_decode_opts o = polar_decode_defaults();
     polar_error err;
     for (int q = 0; q < FIT_Q; q++) {
-        fill(h[q], FIT_T * TDQ, 1, &r);
+        if (q < 3) fill(h[q], FIT_T * TDQ, 1, &r);
+        else memcpy(h[q], h[0], sizeof h[q]);
         CHECK_OK(polar_predict_logits(p, h[q], FIT_T, seg, seg + TD, &err));
         CHECK_OK(polar_decode_programs(seg, seg + TD, TD, &o, cand[q], 5, &nc[q], &err));
-        tops += nc[q] > 0 && !(q > 0 && in_candidates(cand[0], 1, &cand[q][0].program)) &&
-                !(q > 1 && in_candidates(cand[1], 1, &cand[q][0].program));
     }
-    CHECK(nc[0] >= 1 && nc[1] >= 2 && nc[2] >= 1, "candidates %d %d %d", nc[0], nc[1], nc[2]);
+    /* distinct tops: 0, 1 and 2 may share theirs by chance; 3's is 0's */
+    int tops = 1 + !in_candidates(cand[0], 1, &cand[1][0].program) +
+               !(in_candidates(cand[0], 1, &cand[2][0].program) || in_candidates(cand[1], 1, &cand[2][0].program));
     polar_program x = {0};
     for (size_t i = 0; i < sizeof others / sizeof *others && !x.layers; i++) {
         CHECK_OK(polar_program_parse(others[i], TD, 0, &x, &err));
         if (in_candidates(cand[0], 1, &x) || in_candidates(cand[1], 2, &x) || in_candidates(cand[2], nc[2], &x))
             polar_program_free(&x);
     }
-    CHECK(x.layers != NULL, "a program outside the rankings");
+    int ok = nc[0] >= 1 && nc[1] >= 2 && nc[2] >= 1 && nc[3] == nc[0] && x.layers;
+    CHECK(ok, "candidates %d %d %d %d, a program outside the rankings: %d", nc[0], nc[1], nc[2], nc[3], x.layers != 0);
     char path[128];
     snprintf(path, sizeof path, "/tmp/polar-fit-%d.jsonl", (int)getpid());
-    FILE *f = fopen(path, "w");
-    const polar_program *held[FIT_Q] = {&cand[0][0].program, &cand[1][1].program, NULL};
-    for (int q = 0; f && x.layers && q < FIT_Q; q++) {
-        fprintf(f, "{\"question\":\"q%d\",\"final_valid_transitions\":[", q);
-        if (held[q]) json_program(f, held[q]), fputc(',', f);
-        json_program(f, &x);
-        fputs("]}\n", f);
-    }
-    if (f) fclose(f);
-    const char *files[1] = {path};
+    const polar_program *held[FIT_Q][2] = {
+        {&cand[0][0].program, &x}, {&cand[1][1].program, &x}, {&x}, {&cand[0][0].program}};
+    const int n_held[FIT_Q] = {2, 2, 1, 1};
     polar_train_labels l = {0};
-    CHECK_OK(polar_train_labels_load(files, 1, TD, 50, 0.3f, 1, &l, &err));
-    unlink(path);
+    if (ok && write_labels(path, held, n_held, FIT_Q)) CHECK_OK(fit_labels(path, &l, &err));
     CHECK(l.n == FIT_Q && l.rejected == 0, "%d questions, %d programs rejected", l.n, l.rejected);
-    int T[FIT_Q] = {FIT_T, FIT_T, FIT_T};
-    float *hp[FIT_Q] = {h[0], h[1], h[2]};
+    int T[FIT_Q] = {FIT_T, FIT_T, FIT_T, FIT_T};
+    float *hp[FIT_Q] = {h[0], h[1], h[2], h[3]};
     polar_train_features feat = {FIT_Q, TDQ, T, hp, POLAR_FEATURES_COMPUTED};
     polar_program common;
     int common_n = 0;
     polar_train_fit fit, one;
     if (l.n == FIT_Q) {
         CHECK_OK(polar_train_commonest_program(&l, 0, FIT_Q, &common, &common_n, &err));
-        CHECK(common_n == FIT_Q && common.n == x.n && !memcmp(common.layers, x.layers, x.n * sizeof(int)),
+        CHECK(common_n == 3 && common.n == x.n && !memcmp(common.layers, x.layers, x.n * sizeof(int)),
               "commonest: held by %d", common_n);
         CHECK_OK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, &common, &fit, &err));
-        CHECK(fit.questions == FIT_Q && fit.top1 == 1 && fit.topk == 2 && fit.constant == FIT_Q &&
-                  fit.distinct_top == tops,
+        CHECK(fit.questions == FIT_Q && fit.top1 == 2 && fit.topk == 3 && fit.constant == 3 && fit.distinct_top == tops,
               "fit: %d questions, top1 %d, top5 %d, constant %d, %d distinct tops (want %d)", fit.questions, fit.top1,
               fit.topk, fit.constant, fit.distinct_top, tops);
-        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 1, FIT_Q, 1, NULL, &one, &err));
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 1, 3, 1, &cand[0][0].program, &one, &err));
         CHECK(one.questions == 2 && one.top1 == 0 && one.topk == 0 && one.constant == 0, "questions 1-2 at k 1");
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 2, 2, 5, &common, &one, &err));
+        CHECK(one.questions == 0 && one.top1 == 0 && one.constant == 0 && one.distinct_top == 0, "an empty range");
         CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q + 1, 5, NULL, &one, &err) == POLAR_ERR_ARG,
               "a range past the labels");
+        feat.dq = TDQ + 1;
+        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, NULL, &one, &err) == POLAR_ERR_ARG,
+              "features of another width");
+        polar_program_free(&common);
+        /* a tie (0's top and X, one question each): the first in file order */
+        const polar_program *tie[1][2] = {{&cand[0][0].program, &x}};
+        const int n_tie[1] = {2};
+        polar_train_labels_free(&l);
+        if (write_labels(path, tie, n_tie, 1)) CHECK_OK(fit_labels(path, &l, &err));
+        if (l.n == 1) CHECK_OK(polar_train_commonest_program(&l, 0, 1, &common, &common_n, &err));
+        CHECK(l.n == 1 && common_n == 1 && in_candidates(cand[0], 1, &common), "a tie: the first program");
         polar_program_free(&common);
     }
     polar_train_labels_free(&l);
