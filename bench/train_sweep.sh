@@ -13,7 +13,8 @@
 #                           [--epochs "3 10"] [--warmup 10] [--seed 1] [-- TRAIN_OPTIONS...]
 #
 # OUT/sweep.md: one row per point (best validation loss, its epoch, steps, and
-# for how many questions its top program is valid, beside the commonest program),
+# for how many questions its top program is valid, by the beam and decoding the
+# catalogue, beside the commonest program),
 # sorted by that loss; OUT/logs/: each run's --log; OUT/runs/: each predictor.
 # Options after -- go to every polar train (--model, --encoder, --dropout ...).
 set -eu
@@ -55,8 +56,10 @@ best_of() {
             if ($i ~ /"steps"$/) s = $(i + 1)
             if ($i ~ /"train_top1_valid"$/) t1 = $(i + 1)
             if ($i ~ /"val_top1_valid"$/) v1 = $(i + 1)
+            if ($i ~ /"catalogue_train_top1_valid"$/) c1 = $(i + 1)
+            if ($i ~ /"catalogue_val_top1_valid"$/) cv = $(i + 1)
         }
-        print v, e, s, t1, v1
+        print v, e, s, t1, v1, c1, cv
     }'
 }
 
@@ -72,12 +75,12 @@ for lr in $LRS; do
             best=$(best_of "$OUT/logs/$name.jsonl")
             [ -n "$best" ] || { echo "train_sweep.sh: error: $name: no validation loss in its log" >&2; exit 1; }
             # "$@" holds the options for polar train: split the best epoch's fields with read, not set
-            read -r vloss epoch steps top1_tr top1_va <<EOF
+            read -r vloss epoch steps top1_tr top1_va cat_tr cat_va <<EOF
 $best
 EOF
-            echo "$vloss $epoch $steps $lr $b $e $(($(date +%s) - t0)) $top1_tr $top1_va" >>"$ROWS"
+            echo "$vloss $epoch $steps $lr $b $e $(($(date +%s) - t0)) $top1_tr $top1_va $cat_tr $cat_va" >>"$ROWS"
             echo "$name: best validation loss $vloss at epoch $epoch ($steps steps); top program valid for" \
-                "$top1_tr training, $top1_va validation questions" >&2
+                "$top1_tr training, $top1_va validation questions ($cat_tr and $cat_va decoding the catalogue)" >&2
         done
     done
 done
@@ -91,9 +94,9 @@ saved=$(sed -n 's/^saved epoch [0-9]*: top program valid for [0-9]* of \([0-9]*\
 [ -n "$commonest" ] && [ -n "$saved" ] ||
     { echo "train_sweep.sh: error: $ERR: no commonest program or no 'saved epoch' line" >&2; exit 1; }
 {
-    echo "| lr | batch | epochs | best validation loss | at epoch | steps then | top program valid: training / validation questions | seconds |"
-    echo "|---|---|---|---|---|---|---|---|"
-    awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s / %s | %s |\n", $4, $5, $6, $1, $2, $3, $8, $9, $7 }' "$ROWS"
+    echo "| lr | batch | epochs | best validation loss | at epoch | steps then | top program valid: training / validation questions | the same, decoding the catalogue | seconds |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    awk '{ printf "| %s | %s | %s | %.4f | %s | %s | %s / %s | %s / %s | %s |\n", $4, $5, $6, $1, $2, $3, $8, $9, $10, $11, $7 }' "$ROWS"
     echo
     echo "Beside it, the commonest valid program of the training questions, $commonest, is valid for $saved"
     echo "(what a predictor that gives every question the same top program gets)."

@@ -42,3 +42,10 @@ int predict_programs(const char *cmd, const char *model_path, int n_layers, cons
     polar_planner_free(p);
     return rc;
 }
+
+int decode_mode(const char *cmd, const char *text, polar_decode_opts *o) {
+    if (!text || !strcmp(text, "beam")) o->catalogue = 0;
+    else if (!strcmp(text, "catalogue")) o->catalogue = 1;
+    else return fail_usage(cmd, "--decode must be beam or catalogue, got '%s'", text);
+    return 0;
+}

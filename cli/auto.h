@@ -16,6 +16,11 @@ int auto_open(const char *cmd, const char *model_path, int n_layers, const char 
 int auto_predict(const char *cmd, polar_planner *p, const char *question, const polar_decode_opts *opts,
                  polar_candidate *out, int k, int *n_out, polar_planner_timing *tm);
 
+/* --decode TEXT: "beam" (the reference's) or "catalogue" (the predictor's
+ * stored programs, polar_catalogue_rank) into o->catalogue; NULL leaves
+ * the beam. An exit status (0: parsed). */
+int decode_mode(const char *cmd, const char *text, polar_decode_opts *o);
+
 /* auto_open, auto_predict and polar_planner_free for one question. */
 int predict_programs(const char *cmd, const char *model_path, int n_layers, const char *predictor_path,
                      const char *encoder_spec, const char *question, const polar_decode_opts *opts,

@@ -16,6 +16,7 @@ enum { MAX_PROGRAMS = 64 };
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
     const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *kv_text, *summary_of;
+    polar_decode_opts decode; /* --decode: the predictor's decoder */
     int start, limit, shots, k, samples, max_new, threads, quiet, cache_mb;
     polar_gen_opts sampling; /* the base samples': temperature, top_k, top_p, min_p, seed */
 } eval_args;
@@ -211,8 +212,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         polar_candidate *list = programs;
         polar_status st = question_prompt(tok, style, q, shots, n_shots, &text, &ids, &n_ids, &err);
         if (st == POLAR_OK && auto_mode) {
-            polar_decode_opts o = polar_decode_defaults();
-            if (auto_predict(cmd, predictor, q->question, &o, predicted, a->k, &n_prog, NULL)) {
+            if (auto_predict(cmd, predictor, q->question, &a->decode, predicted, a->k, &n_prog, NULL)) {
                 polar_free(text), polar_free(ids);
                 goto done;
             }
@@ -292,8 +292,8 @@ static int summarise(const char *cmd, const char *results, const char *summary, 
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *cmd = "eval";
-    eval_args a = {.program = "base", .style_text = "boxed", .k = 1, .max_new = 64,
+    const char *cmd = "eval", *decode = NULL;
+    eval_args a = {.decode = polar_decode_defaults(), .program = "base", .style_text = "boxed", .k = 1, .max_new = 64,
                    .sampling = {.temperature = 0.7f, .top_p = 1},
                    .cache_mb = 1024};
     cli_opt opts[] = {
@@ -313,6 +313,7 @@ int cmd_eval(int argc, char **argv) {
         {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
         {"--summary", OPT_STR, &a.summary, 0},       {"--plot", OPT_STR, &a.plot, 0},
         {"--quiet", OPT_FLAG, &a.quiet, 0},          {"--summary-of", OPT_STR, &a.summary_of, 0},
+        {"--decode", OPT_STR, &decode, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (a.summary_of) {
@@ -325,6 +326,8 @@ int cmd_eval(int argc, char **argv) {
     int auto_mode = !strcmp(a.program, "auto");
     if (a.programs_file && opts[10].seen) return fail_usage(cmd, "give --program or --programs, not both");
     if (auto_mode != (a.predictor != NULL)) return fail_usage(cmd, "--program auto and --predictor go together");
+    if (decode && !auto_mode) return fail_usage(cmd, "--decode goes with --program auto");
+    if (decode_mode(cmd, decode, &a.decode)) return EXIT_USAGE;
     if (a.k < 1 || a.k > MAX_PROGRAMS || (opts[14].seen && !auto_mode))
         return fail_usage(cmd, "-k (1 to %d) goes with --program auto", MAX_PROGRAMS);
     if (a.samples > 64) return fail_usage(cmd, "--samples must be at most 64");

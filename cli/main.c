@@ -16,15 +16,15 @@ static const command commands[] = {
      "            [--chat | --raw] [--system TEXT] [--ctx N] [--threads N] [--device D] [--kv f32|bf16]\n"
      "            [--tp N] [--devices 0,1,..] [--nccl-id FILE --rank R --world W]\n"
      "            [--ignore-eos] [--temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--json]\n"
-     "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [-k N]]\n"},
+     "            [--program auto --predictor FILE [--encoder PATH[@PROGRAM]] [--decode beam|catalogue] [-k N]]\n"},
     {"tokenize", cmd_tokenize, "tokenize [--model PATH] (--text TEXT | -f FILE) [--json] [--no-special] [--bos]\n"},
     {"predict", cmd_predict,
      "predict [--model PATH] --predictor FILE [--encoder PATH[@PROGRAM]] --question TEXT\n"
-     "            [-k N] [--min-layers N] [--max-layers N] [--json]\n"},
+     "            [-k N] [--min-layers N] [--max-layers N] [--decode beam|catalogue] [--json]\n"},
     {"eval", cmd_eval,
      "eval [--model PATH] --data FILE [--format F] [--question-field K --answer-field K]\n"
      "            [--start I] [--limit N] [--style boxed|chat|mc] [--shots N --shots-from FILE]\n"
-     "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] -k K]\n"
+     "            [--program SPEC | --programs FILE | --program auto --predictor P [--encoder E] [--decode D] -k K]\n"
      "            [--samples N --temperature T [--top-k K] [--top-p P] [--min-p P] --seed S] [--max-new N]\n"
      "            [--fallback last-number]\n"
      "            [--threads N] [--device D] [--kv f32|bf16] [--cache-mb 1024] -o RESULTS.jsonl\n"

@@ -6,13 +6,15 @@
 #include "auto.h"
 
 int cmd_predict(int argc, char **argv) {
-    const char *cmd = "predict", *model_arg = NULL, *predictor = NULL, *encoder = NULL, *question = NULL;
+    const char *cmd = "predict", *model_arg = NULL, *predictor = NULL, *encoder = NULL, *question = NULL,
+               *decode = NULL;
     int k = 5, json = 0, min_layers = 0, max_layers = 0;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},     {"--predictor", OPT_STR, &predictor, 0},
         {"--encoder", OPT_STR, &encoder, 0},     {"--question", OPT_STR, &question, 0},
         {"-k", OPT_INT, &k, 0},                  {"--json", OPT_FLAG, &json, 0},
         {"--min-layers", OPT_INT, &min_layers, 0}, {"--max-layers", OPT_INT, &max_layers, 0},
+        {"--decode", OPT_STR, &decode, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (!question) return fail_usage(cmd, "--question TEXT is required");
@@ -25,6 +27,10 @@ int cmd_predict(int argc, char **argv) {
     polar_decode_opts o = polar_decode_defaults();
     o.min_layers = min_layers;
     o.max_layers = max_layers;
+    if (decode_mode(cmd, decode, &o)) {
+        polar_free(default_model);
+        return EXIT_USAGE;
+    }
     polar_candidate cand[64];
     int n = 0;
     polar_planner_timing tm;

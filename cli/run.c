@@ -111,7 +111,7 @@ static int prompt_ids(const char *cmd, const char *tokens, const char *prompt, c
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_arg = NULL, *tokens = NULL, *prompt = NULL, *program_text = "base";
     const char *system = NULL;
-    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL;
+    const char *predictor = NULL, *encoder = NULL, *device_text = NULL, *kv_text = NULL, *decode = NULL;
     cli_tp_args tpa = CLI_TP_ARGS_INIT;
     int kv_bf16 = 0, max_new = 128, ctx = 0, threads = 0, json = 0, ignore_eos = 0, raw = 0, chat_flag = 0, max_new_set, top_n = 1;
     polar_gen_opts sampling = {.top_p = 1};
@@ -127,7 +127,7 @@ int cmd_run(int argc, char **argv) {
         {"--temperature", OPT_FLOAT, &sampling.temperature, 0}, {"--top-p", OPT_FLOAT, &sampling.top_p, 0},
         {"--top-k", OPT_INT, &sampling.top_k, 0}, {"--min-p", OPT_FLOAT, &sampling.min_p, 0},
         {"--seed", OPT_U64, &sampling.seed, 0}, {"--kv", OPT_STR, &kv_text, 0},
-        CLI_TP_OPTS(tpa),
+        {"--decode", OPT_STR, &decode, 0},     CLI_TP_OPTS(tpa),
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     max_new_set = opts[4].seen;
@@ -136,8 +136,10 @@ int cmd_run(int argc, char **argv) {
     if (tokens && !max_new_set) max_new = 16;
     int predicted = strcmp(program_text, "auto") == 0;
     if (predicted && !prompt) return fail_usage(cmd, "--program auto predicts from the question: give --prompt");
-    if (!predicted && (predictor || encoder || opts[14].seen))
-        return fail_usage(cmd, "--predictor, --encoder and -k go with --program auto");
+    if (!predicted && (predictor || encoder || decode || opts[14].seen))
+        return fail_usage(cmd, "--predictor, --encoder, --decode and -k go with --program auto");
+    polar_decode_opts decode_opts = polar_decode_defaults();
+    if (decode_mode(cmd, decode, &decode_opts)) return EXIT_USAGE;
     if (top_n < 1 || top_n > 64) return fail_usage(cmd, "-k must be 1 to 64");
     if (!check_sampling(cmd, &sampling)) return EXIT_USAGE;
     polar_device device;
@@ -173,8 +175,8 @@ int cmd_run(int argc, char **argv) {
     polar_model_info_get(m, &info);
     /* The programs to run: the one given, or the predictor's top N. */
     if (predicted) {
-        polar_decode_opts o = polar_decode_defaults();
-        if ((rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, prompt, &o, cand, top_n, &n_cand,
+        if ((rc = predict_programs(cmd, model_path, info.arch.n_layers, predictor, encoder, prompt, &decode_opts, cand,
+                                   top_n, &n_cand,
                                    NULL, NULL)))
             goto done;
         rc = 1;

@@ -98,18 +98,35 @@ typedef struct {
 
 #define FIT_K 5 /* the paper's pass@5: the top 5 programs */
 
-static int measure_fit(const char *cmd, const polar_predictor *p, const fit_sets *s, polar_train_fit *tr,
-                       polar_train_fit *va) {
+/* The fit of the training [0] and validation [1] questions, by the beam and by the catalogue decoder. */
+typedef struct {
+    polar_train_fit beam[2], catalogue[2];
+} epoch_fit;
+
+static int measure_fit(const char *cmd, const polar_predictor *p, const fit_sets *s, epoch_fit *out) {
     polar_error err;
-    if (polar_train_fit_measure(p, s->l, s->f, 0, s->q_tr, FIT_K, s->constant, tr, &err) != POLAR_OK ||
-        polar_train_fit_measure(p, s->l, s->f, s->q_tr, s->l->n, FIT_K, s->constant, va, &err) != POLAR_OK)
-        return fail_status(cmd, &err);
+    polar_decode_opts beam = polar_decode_defaults(), cat = beam;
+    cat.catalogue = 1;
+    int q[3] = {0, s->q_tr, s->l->n};
+    for (int i = 0; i < 2; i++)
+        if (polar_train_fit_measure(p, s->l, s->f, q[i], q[i + 1], FIT_K, &beam, s->constant, &out->beam[i], &err) !=
+                POLAR_OK ||
+            polar_train_fit_measure(p, s->l, s->f, q[i], q[i + 1], FIT_K, &cat, s->constant, &out->catalogue[i],
+                                    &err) != POLAR_OK)
+            return fail_status(cmd, &err);
     return 0;
 }
 
 static void log_fit(FILE *log, const char *set, const polar_train_fit *f) {
     fprintf(log, "\"%s_top1_valid\":%d,\"%s_top%d_valid\":%d,\"%s_distinct_top\":%d,", set, f->top1, set, FIT_K,
             f->topk, set, f->distinct_top);
+}
+
+static void print_fit(const char *what, const polar_train_fit *tr, const polar_train_fit *va) {
+    fprintf(stderr, "%s: top program valid for %d of %d training questions (the commonest program: %d), %d of %d "
+            "validation (%d); one of the top %d for %d and %d; %d and %d distinct top programs\n", what, tr->top1,
+            tr->questions, tr->constant, va->top1, va->questions, va->constant, FIT_K, tr->topk, va->topk,
+            tr->distinct_top, va->distinct_top);
 }
 
 static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, polar_train_example *tr, int n_tr,
@@ -124,7 +141,7 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     polar_rng rng;
     polar_rng_seed(&rng, seed ^ 0x5eed5eedull);
     double best = 1e300;
-    polar_train_fit best_tr = {0}, best_va = {0};
+    epoch_fit best_fit = {0};
     int best_epoch = 0, rc = 0, steps_per_epoch = (n_tr + batch - 1) / batch;
     for (int e = 0; e < epochs && rc == 0; e++) {
         for (int i = 0; i < n_tr; i++) order[i] = i;
@@ -157,14 +174,16 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
             rc = fail_status(cmd, &err);
             break;
         }
-        polar_train_fit ft, fv;
-        if ((rc = measure_fit(cmd, p, sets, &ft, &fv))) break;
-        if (better) best_epoch = e + 1, best_tr = ft, best_va = fv;
+        epoch_fit fit;
+        if ((rc = measure_fit(cmd, p, sets, &fit))) break;
+        if (better) best_epoch = e + 1, best_fit = fit;
         if (n_va && better) best = vl;
         fprintf(log, "{\"epoch\":%d,\"train_loss\":%.6f,", e + 1, sum / steps_per_epoch);
         if (n_va) fprintf(log, "\"val_loss\":%.6f,\"best\":%s,", vl, better ? "true" : "false");
-        log_fit(log, "train", &ft);
-        if (n_va) log_fit(log, "val", &fv);
+        log_fit(log, "train", &fit.beam[0]);
+        if (n_va) log_fit(log, "val", &fit.beam[1]);
+        log_fit(log, "catalogue_train", &fit.catalogue[0]);
+        if (n_va) log_fit(log, "catalogue_val", &fit.catalogue[1]);
         fprintf(log, "\"steps\":%d,\"lr\":%.6g,\"seconds\":%.2f,\"examples_per_s\":%.1f}\n", polar_trainer_steps(t),
                 polar_trainer_lr(t), secs, n_tr / secs);
         fflush(log);
@@ -172,11 +191,12 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     if (rc == 0 && best_epoch == 0) {
         fprintf(stderr, "polar %s: error: %s: nothing saved: the validation loss was not finite in any epoch\n", cmd, out);
         rc = 1;
-    } else if (rc == 0)
-        fprintf(stderr, "saved epoch %d: top program valid for %d of %d training questions (the commonest program: %d), "
-                "%d of %d validation (%d); one of the top %d for %d and %d; %d and %d distinct top programs\n",
-                best_epoch, best_tr.top1, best_tr.questions, best_tr.constant, best_va.top1, best_va.questions,
-                best_va.constant, FIT_K, best_tr.topk, best_va.topk, best_tr.distinct_top, best_va.distinct_top);
+    } else if (rc == 0) {
+        char saved[64];
+        snprintf(saved, sizeof saved, "saved epoch %d", best_epoch);
+        print_fit(saved, &best_fit.beam[0], &best_fit.beam[1]);
+        print_fit("decoding its catalogue instead", &best_fit.catalogue[0], &best_fit.catalogue[1]);
+    }
     free(order);
     free(b);
     return rc;
@@ -268,6 +288,15 @@ int cmd_train(int argc, char **argv) {
     polar_program_format(&constant, constant_text, sizeof constant_text);
     fprintf(stderr, "the commonest valid program of the training questions: %s (%d of %d)\n", constant_text,
             constant_questions, q_tr);
+    polar_catalogue *cat = NULL;
+    if (polar_train_catalogue(&l, 0, q_tr, &cat, &err) != POLAR_OK ||
+        polar_predictor_set_catalogue(p, cat, &err) != POLAR_OK) {
+        polar_catalogue_free(cat);
+        rc = fail_status(cmd, &err);
+        goto done;
+    }
+    fprintf(stderr, "catalogue: the %d distinct valid programs of the training questions, saved with the predictor\n",
+            polar_catalogue_size(cat));
     fit_sets sets = {&l, &f, q_tr, &constant};
     rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, &sets, log);
 done:

@@ -683,10 +683,16 @@ void polar_free(void *p);
  * 0 skip, 1 keep, 2 repeat), for a model of D layers. */
 typedef struct polar_predictor polar_predictor;
 
+/* A fixed set of distinct programs of D layers, each held in segment form
+ * (polar_program_to_segments, segments of at most kmax layers), for the
+ * catalogue decoder (polar_catalogue_rank). */
+typedef struct polar_catalogue polar_catalogue;
+
 /* Load predictor weights (safetensors with the reference's PyTorch names:
  * q_proj, layer_embedding, cross_attn, layer_encoder.layers.N, seg_head,
  * op_head). D, d, d_q come from the shapes; the head count from the file's
- * metadata "nheads" (default 4). */
+ * metadata "nheads" (default 4); the catalogue polar train stored from
+ * metadata "programs" (none without it). */
 polar_status polar_predictor_load(const char *path, polar_predictor **out, polar_error *err);
 void polar_predictor_free(polar_predictor *p);
 int polar_predictor_layers(const polar_predictor *p);    /* D */
@@ -709,9 +715,11 @@ typedef struct {
     int top_ops;       /* ops tried per segment (2) */
     int min_layers;    /* keep programs executing at least this many layers (0: no bound) */
     int max_layers;    /* ... and at most this many (0: no bound) */
+    int catalogue;     /* 1: rank the predictor's catalogue (polar_catalogue_rank) instead of the beam;
+                        * polar_decode_programs ignores it */
 } polar_decode_opts;
 
-/* The reference decoder's defaults: 0.5, 4, 5, 2, no bounds. */
+/* The reference decoder's defaults: 0.5, 4, 5, 2, no bounds, the beam. */
 polar_decode_opts polar_decode_defaults(void);
 
 typedef struct {
@@ -724,6 +732,27 @@ typedef struct {
  * outside the layer bounds are dropped. Free each with polar_program_free. */
 polar_status polar_decode_programs(const float *seg, const float *op, int D, const polar_decode_opts *opts,
                                    polar_candidate *out, int max_out, int *n_out, polar_error *err);
+
+/* A catalogue of the distinct programs among programs[n] (the first of
+ * equal ones kept, in order); POLAR_ERR_PROGRAM when one has no segment form. */
+polar_status polar_catalogue_create(const polar_program *programs, int n, int D, int kmax, polar_catalogue **out,
+                                    polar_error *err);
+void polar_catalogue_free(polar_catalogue *c);
+int polar_catalogue_size(const polar_catalogue *c);
+const polar_program *polar_catalogue_program(const polar_catalogue *c, int i); /* NULL outside 0..size-1 */
+
+/* Up to max_out of the catalogue's programs within opts' layer bounds, best
+ * first: score = -(the training loss of the program's segment form under
+ * the logits), so the program the predictor was trained to give; a tie
+ * keeps the catalogue's order. Copies: free each with polar_program_free. */
+polar_status polar_catalogue_rank(const polar_catalogue *c, const float *seg, const float *op,
+                                  const polar_decode_opts *opts, polar_candidate *out, int max_out, int *n_out,
+                                  polar_error *err);
+
+/* The predictor's catalogue (NULL: none), and a new one for it to own and
+ * save (NULL: none; POLAR_ERR_ARG when its D differs). */
+const polar_catalogue *polar_predictor_catalogue(const polar_predictor *p);
+polar_status polar_predictor_set_catalogue(polar_predictor *p, polar_catalogue *c, polar_error *err);
 
 /* A question's programs, end to end: the encoder (any model the runtime
  * loads, run with any program) gives the question's token states, the
@@ -798,8 +827,9 @@ polar_predictor_shape polar_predictor_default_shape(int n_layers, int input_dim)
 polar_status polar_predictor_create(const polar_predictor_shape *s, uint64_t seed, polar_predictor **out,
                                     polar_error *err);
 
-/* Write the weights (f32) under the reference names, the head count in the
- * metadata: the file polar_predictor_load reads. */
+/* Write the weights (f32) under the reference names, the head count and the
+ * catalogue (when it has one) in the metadata: the file polar_predictor_load
+ * reads. */
 polar_status polar_predictor_save(const polar_predictor *p, const char *path, polar_error *err);
 
 /* One training example: a question's token states and one program's segment
@@ -912,7 +942,8 @@ polar_status polar_train_features_make(const char *encoder_path, const char *pro
 void polar_train_features_free(polar_train_features *f);
 
 /* How a predictor ranks the programs of labelled questions [q0, q1): its
- * beam (polar_decode_defaults) against each question's valid programs; f
+ * decoder (opts; NULL: polar_decode_defaults, the beam) against each
+ * question's valid programs; f
  * the features of l's questions, for p's input width. The questions run in
  * parallel (OpenMP) on a CPU predictor, one at a time on a GPU one. */
 typedef struct {
@@ -925,7 +956,14 @@ typedef struct {
 
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
-                                     const polar_program *constant, polar_train_fit *out, polar_error *err);
+                                     const polar_decode_opts *opts, const polar_program *constant,
+                                     polar_train_fit *out, polar_error *err);
+
+/* The catalogue of the valid programs of questions [q0, q1), in file order
+ * of first appearance: what polar train stores with the predictor (the
+ * training questions'). */
+polar_status polar_train_catalogue(const polar_train_labels *l, int q0, int q1, polar_catalogue **out,
+                                   polar_error *err);
 
 /* The program valid for the most of questions [q0, q1) (the first in file
  * order on a tie) and how many: the top program of a predictor that ignores

@@ -9,7 +9,7 @@
 
 #include "../runtime/error.h"
 
-polar_decode_opts polar_decode_defaults(void) { return (polar_decode_opts){0.5, 4, 5, 2, 0, 0}; }
+polar_decode_opts polar_decode_defaults(void) { return (polar_decode_opts){0.5, 4, 5, 2, 0, 0, 0}; }
 
 typedef struct {
     unsigned char *ops; /* [n_segments] */

@@ -94,9 +94,21 @@ polar_status polar_predictor_save(const polar_predictor *p, const char *path, po
     st_write_tensor t[PRED_TENSORS];
     for (int i = 0; i < n; i++)
         t[i] = (st_write_tensor){refs[i].name, ST_F32, refs[i].cols ? 2 : 1, {refs[i].rows, refs[i].cols}, *refs[i].dst};
-    char meta[64];
-    snprintf(meta, sizeof meta, "{\"nheads\":\"%d\"}", p->heads);
-    return st_write_meta(path, t, (size_t)n, meta, err);
+    /* program texts hold only digits, ',', '-', 'x' and ';': nothing JSON must escape */
+    int listed = polar_catalogue_size(p->catalogue) > 0; /* an empty list is not written: it would not parse */
+    char *programs = listed ? pred_catalogue_format(p->catalogue) : NULL;
+    char *meta = malloc(64 + (programs ? strlen(programs) + sizeof PRED_META_PROGRAMS + 8 : 0));
+    if (!meta || (listed && !programs)) {
+        free(programs), free(meta);
+        return polar_fail(err, POLAR_ERR_NOMEM, "predictor save: out of memory");
+    }
+    int at = sprintf(meta, "{\"nheads\":\"%d\"", p->heads);
+    if (programs) at += sprintf(meta + at, ",\"%s\":\"%s\"", PRED_META_PROGRAMS, programs);
+    strcpy(meta + at, "}");
+    polar_status st = st_write_meta(path, t, (size_t)n, meta, err);
+    free(programs);
+    free(meta);
+    return st;
 }
 
 polar_train_opts polar_train_defaults(int total_steps) {

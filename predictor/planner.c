@@ -1,6 +1,6 @@
 /* Question -> ranked programs (polar.h's polar_planner): the encoder's
  * session gives the question's token states, the predictor scores the
- * layers, the beam decoder ranks programs. Used by `polar eval --program
+ * layers, the beam decoder (or the catalogue's) ranks programs. Used by `polar eval --program
  * auto` for every question, by `polar predict` and `polar run --program
  * auto` once. */
 #include <stdio.h>
@@ -118,7 +118,7 @@ polar_status polar_planner_predict(polar_planner *p, const char *question, const
     if (n_ids == 0) st = polar_fail(err, POLAR_ERR_ARG, "the question gives no tokens");
     if (st == POLAR_OK) st = polar_encode(p->s, ids, n_ids, p->states, err), t1 = polar_time_ms();
     if (st == POLAR_OK) st = polar_predict_logits(p->pred, p->states, n_ids, p->seg, p->op, err), t2 = polar_time_ms();
-    if (st == POLAR_OK) st = polar_decode_programs(p->seg, p->op, p->D, opts, out, k, n_out, err);
+    if (st == POLAR_OK) st = pred_decode(p->pred, p->seg, p->op, opts, out, k, n_out, err);
     polar_free(ids);
     if (st != POLAR_OK) return st;
     *tm = (polar_planner_timing){t1 - t0, t2 - t1, polar_time_ms() - t2, n_ids};

@@ -28,6 +28,7 @@ struct polar_predictor {
     pred_block blocks[PRED_BLOCKS];
     const float *seg_w, *seg_b;       /* [1, d], [1] */
     const float *op_w, *op_b;         /* [3, d], [3] */
+    polar_catalogue *catalogue;       /* the programs polar train stored (metadata "programs"), or NULL */
     float *storage;                   /* every tensor above, converted to f32 */
     size_t storage_floats;
     void *cuda;                       /* device copy and workspaces, or NULL */
@@ -47,6 +48,18 @@ static inline size_t pred_ref_count(const pred_ref *r) { return (size_t)r->rows 
 /* A string of a safetensors file's __metadata__ into out (cap bytes,
  * truncated); 0 when the header has none under key. */
 int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap);
+
+/* The metadata key of the catalogue: its programs' text forms joined by ';'. */
+#define PRED_META_PROGRAMS "programs"
+int pred_same_program(const polar_program *a, const polar_program *b);
+char *pred_catalogue_format(const polar_catalogue *c); /* malloc'd; NULL when out of memory */
+polar_status pred_catalogue_parse(const char *text, int D, int kmax, polar_catalogue **out, polar_error *err);
+/* A string of the metadata (malloc'd), or NULL when the header has none under key. */
+char *pred_st_meta_dup(const st_file *f, const char *key);
+
+/* The beam, or the predictor's catalogue when opts asks for it. */
+polar_status pred_decode(const polar_predictor *p, const float *seg, const float *op, const polar_decode_opts *opts,
+                         polar_candidate *out, int max_out, int *n_out, polar_error *err);
 
 /* Run on the device copy (predictor/cuda.c). h: host memory, or the
  * device input pred_cuda_input gives (then no upload). */

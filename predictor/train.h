@@ -1,5 +1,6 @@
 /* Predictor training internals: the ops with their backward passes
- * (train_ops.c) and the whole network's batch gradient (train.c). */
+ * (train_ops.c), the loss (loss.c) and the whole network's batch gradient
+ * (train.c). */
 #ifndef POLAR_PREDICTOR_TRAIN_H
 #define POLAR_PREDICTOR_TRAIN_H
 

@@ -8,10 +8,6 @@
 #include "../runtime/error.h"
 #include "predictor.h"
 
-static int same_program(const polar_program *a, const polar_program *b) {
-    return a->n == b->n && !memcmp(a->layers, b->layers, (size_t)a->n * sizeof *a->layers);
-}
-
 /* Question q's valid programs (its examples back in program form). */
 static polar_status valid_programs(const polar_train_labels *l, int q, polar_program *out, polar_error *err) {
     const polar_label_question *lq = &l->q[q];
@@ -29,7 +25,7 @@ static polar_status valid_programs(const polar_train_labels *l, int q, polar_pro
 
 static int holds(const polar_program *set, int n, const polar_program *p) {
     for (int i = 0; i < n; i++)
-        if (same_program(&set[i], p)) return 1;
+        if (pred_same_program(&set[i], p)) return 1;
     return 0;
 }
 
@@ -44,6 +40,20 @@ static polar_status all_valid_programs(const polar_train_labels *l, int q0, int 
     polar_status st = POLAR_OK;
     for (int i = q0; st == POLAR_OK && i < q1; i++)
         if ((st = valid_programs(l, i, *out + *n, err)) == POLAR_OK) *n += l->q[i].n;
+    return st;
+}
+
+polar_status polar_train_catalogue(const polar_train_labels *l, int q0, int q1, polar_catalogue **out,
+                                   polar_error *err) {
+    *out = NULL;
+    if (!l || q0 < 0 || q1 > l->n || q0 > q1)
+        return polar_fail(err, POLAR_ERR_ARG, "questions [%d, %d) of %d", q0, q1, l ? l->n : 0);
+    polar_program *all;
+    int n;
+    polar_status st = all_valid_programs(l, q0, q1, &all, &n, err);
+    if (st == POLAR_OK) st = polar_catalogue_create(all, n, l->n_layers, polar_decode_defaults().kmax, out, err);
+    for (int i = 0; all && i < n; i++) polar_program_free(&all[i]);
+    free(all);
     return st;
 }
 
@@ -78,7 +88,7 @@ polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, 
         qsort(sorted, (size_t)n, sizeof *sorted, by_program_then_order);
         /* a question holds each of its programs once, so a run of equal programs counts its questions */
         for (int i = 0, run; i < n; i += run) {
-            for (run = 1; i + run < n && same_program(&sorted[i].program, &sorted[i + run].program); run++) {}
+            for (run = 1; i + run < n && pred_same_program(&sorted[i].program, &sorted[i + run].program); run++) {}
             if (run > *questions || (run == *questions && sorted[i].order < best))
                 best = sorted[i].order, *questions = run;
         }
@@ -102,7 +112,8 @@ typedef struct {
 } question_fit;
 
 static polar_status fit_question(const polar_predictor *p, const polar_train_labels *l, const polar_train_features *f,
-                                 int i, int k, const polar_program *constant, question_fit *out, polar_error *err) {
+                                 int i, int k, const polar_decode_opts *opts, const polar_program *constant,
+                                 question_fit *out, polar_error *err) {
     int D = p->D, n = 0;
     memset(out, 0, sizeof *out);
     out->first = -1;
@@ -111,8 +122,8 @@ static polar_status fit_question(const polar_predictor *p, const polar_train_lab
     polar_candidate *cand = malloc((size_t)k * sizeof *cand);
     polar_status st = seg && valid && cand ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "question %d's fit", i);
     if (st == POLAR_OK) st = polar_predict_logits(p, f->h[i], f->T[i], seg, seg + D, err);
-    polar_decode_opts o = polar_decode_defaults();
-    if (st == POLAR_OK) st = polar_decode_programs(seg, seg + D, D, &o, cand, k, &n, err);
+    polar_decode_opts o = opts ? *opts : polar_decode_defaults();
+    if (st == POLAR_OK) st = pred_decode(p, seg, seg + D, &o, cand, k, &n, err);
     if (st == POLAR_OK && (st = valid_programs(l, i, valid, err)) == POLAR_OK) {
         for (int c = 0; c < n && out->first < 0; c++)
             if (holds(valid, l->q[i].n, &cand[c].program)) out->first = c;
@@ -129,7 +140,8 @@ static polar_status fit_question(const polar_predictor *p, const polar_train_lab
 
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
-                                     const polar_program *constant, polar_train_fit *out, polar_error *err) {
+                                     const polar_decode_opts *opts, const polar_program *constant,
+                                     polar_train_fit *out, polar_error *err) {
     if (!p || !l || !f || !out) return polar_fail(err, POLAR_ERR_ARG, "the fit needs a predictor, labels, features");
     memset(out, 0, sizeof *out);
     if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers || f->dq != p->dq)
@@ -145,7 +157,7 @@ polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train
 #pragma omp parallel for schedule(dynamic) if (!p->cuda)
     for (int i = 0; i < nq; i++) {
         polar_error mine;
-        if (fit_question(p, l, f, q0 + i, k, constant, &qf[i], &mine) != POLAR_OK) {
+        if (fit_question(p, l, f, q0 + i, k, opts, constant, &qf[i], &mine) != POLAR_OK) {
 #pragma omp critical(polar_train_fit_error)
             if (i < failed) failed = i, st = mine.code, *err = mine;
         }
@@ -156,7 +168,7 @@ polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train
         out->topk += qf[i].first >= 0;
         out->constant += qf[i].constant;
         int new_top = qf[i].top.n > 0;
-        for (int j = 0; new_top && j < i; j++) new_top = !same_program(&qf[j].top, &qf[i].top);
+        for (int j = 0; new_top && j < i; j++) new_top = !pred_same_program(&qf[j].top, &qf[i].top);
         out->distinct_top += new_top;
     }
     for (int i = 0; i < nq; i++) polar_program_free(&qf[i].top);

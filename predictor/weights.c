@@ -50,17 +50,24 @@ int pred_tensor_refs(polar_predictor *p, pred_ref *r) {
     return n;
 }
 
-int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap) {
+char *pred_st_meta_dup(const st_file *f, const char *key) {
     const unsigned char *b = f->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     json_doc *doc;
-    if (json_parse((const char *)b + 8, (size_t)hlen, "header", &doc, NULL) != POLAR_OK) return 0;
+    if (json_parse((const char *)b + 8, (size_t)hlen, "header", &doc, NULL) != POLAR_OK) return NULL;
     const json_value *v = json_get(json_get(json_root(doc), "__metadata__"), key);
-    int found = v && v->type == JSON_STRING;
-    if (found) snprintf(out, cap, "%s", v->str);
+    char *out = NULL;
+    if (v && v->type == JSON_STRING && (out = malloc(strlen(v->str) + 1))) strcpy(out, v->str);
     json_free(doc);
-    return found;
+    return out;
+}
+
+int pred_st_meta(const st_file *f, const char *key, char *out, size_t cap) {
+    char *v = pred_st_meta_dup(f, key);
+    if (v) snprintf(out, cap, "%s", v);
+    free(v);
+    return v != NULL;
 }
 
 /* The head count: metadata "nheads" in the safetensors header, else 4; 0
@@ -142,6 +149,13 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
         *refs[i].dst = next;
         next += count;
     }
+    char *programs = st == POLAR_OK ? pred_st_meta_dup(&f, PRED_META_PROGRAMS) : NULL;
+    if (programs) {
+        polar_error why;
+        if (pred_catalogue_parse(programs, p->D, polar_decode_defaults().kmax, &p->catalogue, &why) != POLAR_OK)
+            st = polar_fail(err, POLAR_ERR_FORMAT, "%s: metadata %s: %s", path, PRED_META_PROGRAMS, why.msg);
+        free(programs);
+    }
     st_close(&f);
     if (st != POLAR_OK) {
         polar_predictor_free(p);
@@ -154,6 +168,7 @@ polar_status polar_predictor_load(const char *path, polar_predictor **out, polar
 void polar_predictor_free(polar_predictor *p) {
     if (!p) return;
     pred_cuda_free(p->cuda);
+    polar_catalogue_free(p->catalogue);
     free(p->storage);
     free(p);
 }

@@ -338,6 +338,9 @@ if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -
     grep -q "labels: 7 questions (7 lines, 0 of them a question asked before: pooled, 0 programs found again), 7 with examples; 14 valid programs" "$D/err" &&
     grep -q "the commonest valid program of the training questions: 0-29 (6 of 6)" "$D/err" &&
     grep -q "^saved epoch [12]: top program valid for [0-6] of 6 training questions (the commonest program: 6), [01] of 1 validation (1)" "$D/err" &&
+    grep -q "^catalogue: the 7 distinct valid programs of the training questions, saved with the predictor" "$D/err" &&
+    grep -q "^decoding its catalogue instead: top program valid for [0-6] of 6 training questions" "$D/err" &&
+    [ "$(grep -c '"catalogue_train_top1_valid":[0-6],"catalogue_train_top5_valid":[0-6],' "$D/train.jsonl")" -eq 2 ] &&
     [ "$(grep -c '"train_top1_valid":[0-6],"train_top5_valid":[0-6],"train_distinct_top":[1-6],"val_top1_valid"' "$D/train.jsonl")" -eq 2 ]; then
     echo "PASS cli_train"
 else
@@ -359,6 +362,24 @@ else
     echo "FAIL cli_train_features_cache: $(head -c 300 "$D/err")"
 fi
 expect_out train_predict '"programs":[{"program":[' $P predict --predictor "$D/trained.safetensors" --encoder "$M@0-1" --question "What is 2+2?" --json
+# --decode catalogue: only the training questions' programs (the base, 0-21 .. 0-26), best first
+$P predict --predictor "$D/trained.safetensors" --encoder "$M@0-1" --question "What is 2+2?" --json --decode catalogue \
+    >"$D/out" 2>"$D/err"
+texts=$(grep -o '"program_text":"[^"]*"' "$D/out" | cut -d'"' -f4 | tr '\n' ' ')
+if [ "$(echo "$texts" | wc -w)" -eq 5 ] && [ ! -s "$D/err" ] &&
+    [ -z "$(echo "$texts" | tr ' ' '\n' | grep -v -x -e 0-29 -e '0-2[1-6]')" ]; then
+    echo "PASS cli_predict_catalogue"
+else
+    echo "FAIL cli_predict_catalogue: $texts $(head -c 300 "$D/err")"
+fi
+expect_out eval_auto_catalogue "mean executed layers" $P eval --model "$M" --data "$Q" --program auto \
+    --predictor "$D/trained.safetensors" --encoder "$M@0-1" --decode catalogue -k 2 --max-new 4 --limit 1 -o "$D/evc.jsonl"
+expect predict_no_catalogue 1 "holds no catalogue of programs" $P predict --predictor "$D/p30.safetensors" \
+    --encoder "$M@0-3" --question hi --decode catalogue
+expect predict_bad_decode 2 "--decode must be beam or catalogue, got 'greedy'" $P predict --predictor \
+    "$D/p30.safetensors" --encoder "$M@0-3" --question hi --decode greedy
+expect run_decode_alone 2 "--decode and -k go with --program auto" $P run --prompt hi --decode beam
+expect eval_decode_alone 2 "--decode goes with --program auto" $P eval --data "$Q" -o "$D/x.jsonl" --decode beam
 expect train_no_labels 2 "--labels FILE... is required" $P train --model "$M" -o "$D/x.safetensors"
 expect train_no_out 2 "-o FILE is required" $P train --model "$M" --labels "$L"
 expect train_missing 1 "cannot open the labels file" $P train --model "$M" --labels "$D/none.jsonl" -o "$D/x.safetensors"
