@@ -98,21 +98,19 @@ typedef struct {
 
 #define FIT_K 5 /* the paper's pass@5: the top 5 programs */
 
-/* The fit of the training [0] and validation [1] questions, by the beam and by the catalogue decoder. */
+/* The fit of the training [0] and validation [1] questions, by the beam [.][0] and by the catalogue decoder [.][1]. */
 typedef struct {
-    polar_train_fit beam[2], catalogue[2];
+    polar_train_fit set[2][2];
 } epoch_fit;
 
 static int measure_fit(const char *cmd, const polar_predictor *p, const fit_sets *s, epoch_fit *out) {
     polar_error err;
-    polar_decode_opts beam = polar_decode_defaults(), cat = beam;
-    cat.catalogue = 1;
+    polar_decode_opts dec[2] = {polar_decode_defaults(), polar_decode_defaults()};
+    dec[1].catalogue = 1;
     int q[3] = {0, s->q_tr, s->l->n};
     for (int i = 0; i < 2; i++)
-        if (polar_train_fit_measure(p, s->l, s->f, q[i], q[i + 1], FIT_K, &beam, s->constant, &out->beam[i], &err) !=
-                POLAR_OK ||
-            polar_train_fit_measure(p, s->l, s->f, q[i], q[i + 1], FIT_K, &cat, s->constant, &out->catalogue[i],
-                                    &err) != POLAR_OK)
+        if (polar_train_fit_measure(p, s->l, s->f, q[i], q[i + 1], FIT_K, dec, 2, s->constant, out->set[i], &err) !=
+            POLAR_OK)
             return fail_status(cmd, &err);
     return 0;
 }
@@ -180,10 +178,10 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
         if (n_va && better) best = vl;
         fprintf(log, "{\"epoch\":%d,\"train_loss\":%.6f,", e + 1, sum / steps_per_epoch);
         if (n_va) fprintf(log, "\"val_loss\":%.6f,\"best\":%s,", vl, better ? "true" : "false");
-        log_fit(log, "train", &fit.beam[0]);
-        if (n_va) log_fit(log, "val", &fit.beam[1]);
-        log_fit(log, "catalogue_train", &fit.catalogue[0]);
-        if (n_va) log_fit(log, "catalogue_val", &fit.catalogue[1]);
+        log_fit(log, "train", &fit.set[0][0]);
+        if (n_va) log_fit(log, "val", &fit.set[1][0]);
+        log_fit(log, "catalogue_train", &fit.set[0][1]);
+        if (n_va) log_fit(log, "catalogue_val", &fit.set[1][1]);
         fprintf(log, "\"steps\":%d,\"lr\":%.6g,\"seconds\":%.2f,\"examples_per_s\":%.1f}\n", polar_trainer_steps(t),
                 polar_trainer_lr(t), secs, n_tr / secs);
         fflush(log);
@@ -194,8 +192,8 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     } else if (rc == 0) {
         char saved[64];
         snprintf(saved, sizeof saved, "saved epoch %d", best_epoch);
-        print_fit(saved, &best_fit.beam[0], &best_fit.beam[1]);
-        print_fit("decoding its catalogue instead", &best_fit.catalogue[0], &best_fit.catalogue[1]);
+        print_fit(saved, &best_fit.set[0][0], &best_fit.set[1][0]);
+        print_fit("decoding its catalogue instead", &best_fit.set[0][1], &best_fit.set[1][1]);
     }
     free(order);
     free(b);

@@ -941,9 +941,10 @@ polar_status polar_train_features_make(const char *encoder_path, const char *pro
                                        void *ctx, polar_train_features *out, polar_error *err);
 void polar_train_features_free(polar_train_features *f);
 
-/* How a predictor ranks the programs of labelled questions [q0, q1): its
- * decoder (opts; NULL: polar_decode_defaults, the beam) against each
- * question's valid programs; f
+/* How a predictor ranks the programs of labelled questions [q0, q1): each
+ * of n_decoders decoders (opts[n_decoders]; NULL with 1: polar_decode_defaults,
+ * the beam) against each question's valid programs, into out[n_decoders],
+ * the network run once per question; f
  * the features of l's questions, for p's input width. The questions run in
  * parallel (OpenMP) on a CPU predictor, one at a time on a GPU one. */
 typedef struct {
@@ -956,7 +957,7 @@ typedef struct {
 
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
-                                     const polar_decode_opts *opts, const polar_program *constant,
+                                     const polar_decode_opts *opts, int n_decoders, const polar_program *constant,
                                      polar_train_fit *out, polar_error *err);
 
 /* The catalogue of the valid programs of questions [q0, q1), in file order

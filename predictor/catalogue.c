@@ -16,7 +16,7 @@
 #include "train.h"
 
 struct polar_catalogue {
-    int n, D, kmax;
+    int n, D;
     polar_program *programs;  /* [n], distinct */
     unsigned char *seg_start; /* [n, D] their segment forms */
     int *ops;                 /* [n, D] */
@@ -56,7 +56,7 @@ polar_status polar_catalogue_create(const polar_program *programs, int n, int D,
     polar_catalogue *c = calloc(1, sizeof *c);
     size_t cap = (size_t)(n ? n : 1);
     if (c) {
-        c->D = D, c->kmax = kmax;
+        c->D = D;
         c->programs = calloc(cap, sizeof *c->programs);
         c->seg_start = malloc(cap * D);
         c->ops = malloc(cap * D * sizeof *c->ops);

@@ -103,35 +103,38 @@ polar_status polar_train_commonest_program(const polar_train_labels *l, int q0, 
     return st;
 }
 
-/* One question's part of the fit: the rank of its first valid program in
- * the top k (-1: none), whether `constant` is valid for it, its top program
- * (n 0 when the beam gave none). Buffers of its own: questions run in parallel. */
+/* One question's part of the fit under one decoder: the rank of its first
+ * valid program in the top k (-1: none), whether `constant` is valid for it,
+ * its top program (n 0 when the decoder gave none). */
 typedef struct {
     int first, constant;
     polar_program top;
 } question_fit;
 
+/* Question i under each of n_dec decoders (out[n_dec]): the logits once,
+ * then each decoder. Buffers of its own: questions run in parallel. */
 static polar_status fit_question(const polar_predictor *p, const polar_train_labels *l, const polar_train_features *f,
-                                 int i, int k, const polar_decode_opts *opts, const polar_program *constant,
+                                 int i, int k, const polar_decode_opts *opts, int n_dec, const polar_program *constant,
                                  question_fit *out, polar_error *err) {
-    int D = p->D, n = 0;
-    memset(out, 0, sizeof *out);
-    out->first = -1;
+    int D = p->D, nv = l->q[i].n;
+    for (int d = 0; d < n_dec; d++) out[d] = (question_fit){.first = -1};
     float *seg = malloc((size_t)D * 4 * sizeof *seg); /* seg [D], op [D, 3] */
-    polar_program *valid = malloc((size_t)(l->q[i].n ? l->q[i].n : 1) * sizeof *valid);
+    polar_program *valid = malloc((size_t)(nv ? nv : 1) * sizeof *valid);
     polar_candidate *cand = malloc((size_t)k * sizeof *cand);
     polar_status st = seg && valid && cand ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "question %d's fit", i);
     if (st == POLAR_OK) st = polar_predict_logits(p, f->h[i], f->T[i], seg, seg + D, err);
-    polar_decode_opts o = opts ? *opts : polar_decode_defaults();
-    if (st == POLAR_OK) st = pred_decode(p, seg, seg + D, &o, cand, k, &n, err);
-    if (st == POLAR_OK && (st = valid_programs(l, i, valid, err)) == POLAR_OK) {
-        for (int c = 0; c < n && out->first < 0; c++)
-            if (holds(valid, l->q[i].n, &cand[c].program)) out->first = c;
-        out->constant = constant && holds(valid, l->q[i].n, constant);
-        for (int m = 0; m < l->q[i].n; m++) polar_program_free(&valid[m]);
+    int have_valid = st == POLAR_OK && (st = valid_programs(l, i, valid, err)) == POLAR_OK;
+    for (int d = 0; st == POLAR_OK && d < n_dec; d++) {
+        polar_decode_opts o = opts ? opts[d] : polar_decode_defaults();
+        int n = 0;
+        if ((st = pred_decode(p, seg, seg + D, &o, cand, k, &n, err)) != POLAR_OK) break;
+        for (int c = 0; c < n && out[d].first < 0; c++)
+            if (holds(valid, nv, &cand[c].program)) out[d].first = c;
+        out[d].constant = constant && holds(valid, nv, constant);
+        if (n > 0) out[d].top = cand[0].program, cand[0].program = (polar_program){0};
+        for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
     }
-    if (st == POLAR_OK && n > 0) out->top = cand[0].program, cand[0].program = (polar_program){0};
-    for (int c = 0; c < n; c++) polar_program_free(&cand[c].program);
+    for (int m = 0; have_valid && m < nv; m++) polar_program_free(&valid[m]);
     free(seg);
     free(valid);
     free(cand);
@@ -140,16 +143,17 @@ static polar_status fit_question(const polar_predictor *p, const polar_train_lab
 
 polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train_labels *l,
                                      const polar_train_features *f, int q0, int q1, int k,
-                                     const polar_decode_opts *opts, const polar_program *constant,
+                                     const polar_decode_opts *opts, int n_decoders, const polar_program *constant,
                                      polar_train_fit *out, polar_error *err) {
-    if (!p || !l || !f || !out) return polar_fail(err, POLAR_ERR_ARG, "the fit needs a predictor, labels, features");
-    memset(out, 0, sizeof *out);
+    if (!p || !l || !f || !out || n_decoders < 1 || (!opts && n_decoders > 1))
+        return polar_fail(err, POLAR_ERR_ARG, "the fit needs a predictor, labels, features and its decoders");
+    memset(out, 0, (size_t)n_decoders * sizeof *out);
     if (q0 < 0 || q1 > l->n || q0 > q1 || k < 1 || f->n != l->n || p->D != l->n_layers || f->dq != p->dq)
         return polar_fail(err, POLAR_ERR_ARG,
                           "fit of questions [%d, %d) of %d, k %d: predictor D %d d_q %d, labels D %d, features d_q %d",
                           q0, q1, l->n, k, p->D, p->dq, l->n_layers, f->dq);
-    int nq = q1 - q0;
-    question_fit *qf = calloc((size_t)(nq ? nq : 1), sizeof *qf);
+    int nq = q1 - q0, nd = n_decoders;
+    question_fit *qf = calloc((size_t)(nq ? nq : 1) * nd, sizeof *qf); /* [nq, nd] */
     if (!qf) return polar_fail(err, POLAR_ERR_NOMEM, "the fit of %d questions", nq);
     polar_status st = POLAR_OK;
     int failed = nq; /* the first question that failed: its error is the one reported, whatever the threads */
@@ -157,22 +161,24 @@ polar_status polar_train_fit_measure(const polar_predictor *p, const polar_train
 #pragma omp parallel for schedule(dynamic) if (!p->cuda)
     for (int i = 0; i < nq; i++) {
         polar_error mine;
-        if (fit_question(p, l, f, q0 + i, k, opts, constant, &qf[i], &mine) != POLAR_OK) {
+        if (fit_question(p, l, f, q0 + i, k, opts, nd, constant, &qf[(size_t)i * nd], &mine) != POLAR_OK) {
 #pragma omp critical(polar_train_fit_error)
             if (i < failed) failed = i, st = mine.code, *err = mine;
         }
     }
-    for (int i = 0; st == POLAR_OK && i < nq; i++) {
-        out->questions++;
-        out->top1 += qf[i].first == 0;
-        out->topk += qf[i].first >= 0;
-        out->constant += qf[i].constant;
-        int new_top = qf[i].top.n > 0;
-        for (int j = 0; new_top && j < i; j++) new_top = !pred_same_program(&qf[j].top, &qf[i].top);
-        out->distinct_top += new_top;
-    }
-    for (int i = 0; i < nq; i++) polar_program_free(&qf[i].top);
+    for (int d = 0; d < nd; d++)
+        for (int i = 0; st == POLAR_OK && i < nq; i++) {
+            const question_fit *q = &qf[(size_t)i * nd + d];
+            out[d].questions++;
+            out[d].top1 += q->first == 0;
+            out[d].topk += q->first >= 0;
+            out[d].constant += q->constant;
+            int new_top = q->top.n > 0;
+            for (int j = 0; new_top && j < i; j++) new_top = !pred_same_program(&qf[(size_t)j * nd + d].top, &q->top);
+            out[d].distinct_top += new_top;
+        }
+    for (size_t i = 0; i < (size_t)nq * nd; i++) polar_program_free(&qf[i].top);
     free(qf);
-    if (st != POLAR_OK) memset(out, 0, sizeof *out);
+    if (st != POLAR_OK) memset(out, 0, (size_t)nd * sizeof *out);
     return st;
 }

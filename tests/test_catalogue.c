@@ -1,8 +1,8 @@
 /* The catalogue decoder: ranking by the training loss (against the loss
  * computed here from its definition), distinct programs in first-seen
  * order, ties kept in order, layer bounds, the catalogue saved in the
- * predictor file and read back, bad metadata refused, and the catalogue of
- * labelled questions polar train stores. */
+ * predictor file and read back, bad metadata refused, the catalogue of
+ * labelled questions polar train stores, and the fit under both decoders. */
 #include <unistd.h>
 
 #include "harness.h"
@@ -184,6 +184,33 @@ static void from_the_labels(void) {
     CHECK(polar_catalogue_size(c) == 2, "q2's: %d", polar_catalogue_size(c));
     polar_catalogue_free(c);
     CHECK(polar_train_catalogue(&l, 0, l.n + 1, &c, &err) == POLAR_ERR_ARG && !c, "past the questions");
+    /* the fit under both decoders in one call equals each alone; ranking all 3 programs, the
+     * catalogue's top 3 hold a valid program for every question */
+    polar_predictor_shape sh = polar_predictor_default_shape(D, 16);
+    polar_predictor *pr = NULL;
+    CHECK_OK(polar_predictor_create(&sh, 7, &pr, &err));
+    float h[2 * 16];
+    for (int i = 0; i < 2 * 16; i++) h[i] = (float)((i * 37) % 11) / 5.0f - 1.0f;
+    int T[2] = {2, 2};
+    float *hs[2] = {h, h + 16};
+    polar_train_features feat = {2, 16, T, hs, POLAR_FEATURES_COMPUTED};
+    polar_decode_opts dec[2] = {polar_decode_defaults(), polar_decode_defaults()};
+    dec[1].catalogue = 1;
+    polar_train_fit both[2], one;
+    CHECK(polar_train_fit_measure(pr, &l, &feat, 0, l.n, 3, dec, 2, NULL, both, &err) == POLAR_ERR_CONFIG,
+          "the catalogue decoder without a catalogue: %s", err.msg);
+    CHECK_OK(polar_train_catalogue(&l, 0, l.n, &c, &err));
+    CHECK_OK(polar_predictor_set_catalogue(pr, c, &err));
+    CHECK_OK(polar_train_fit_measure(pr, &l, &feat, 0, l.n, 3, dec, 2, NULL, both, &err));
+    for (int d = 0; d < 2; d++) {
+        CHECK_OK(polar_train_fit_measure(pr, &l, &feat, 0, l.n, 3, &dec[d], 1, NULL, &one, &err));
+        CHECK(!memcmp(&one, &both[d], sizeof one), "decoder %d alone and beside the other", d);
+    }
+    CHECK(both[1].questions == 2 && both[1].topk == 2, "the catalogue's top 3: %d of %d", both[1].topk,
+          both[1].questions);
+    CHECK(polar_train_fit_measure(pr, &l, &feat, 0, l.n, 3, NULL, 2, NULL, both, &err) == POLAR_ERR_ARG,
+          "two decoders, no options");
+    polar_predictor_free(pr);
     polar_train_labels_free(&l);
     unlink(path);
 }

@@ -660,18 +660,18 @@ static void fit_of_own_ranking(void) {
         CHECK_OK(polar_train_commonest_program(&l, 0, FIT_Q, &common, &common_n, &err));
         CHECK(common_n == 3 && common.n == x.n && !memcmp(common.layers, x.layers, x.n * sizeof(int)),
               "commonest: held by %d", common_n);
-        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, NULL, &common, &fit, &err));
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, NULL, 1, &common, &fit, &err));
         CHECK(fit.questions == FIT_Q && fit.top1 == 2 && fit.topk == 3 && fit.constant == 3 && fit.distinct_top == tops,
               "fit: %d questions, top1 %d, top5 %d, constant %d, %d distinct tops (want %d)", fit.questions, fit.top1,
               fit.topk, fit.constant, fit.distinct_top, tops);
-        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 1, 3, 1, NULL, &cand[0][0].program, &one, &err));
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 1, 3, 1, NULL, 1, &cand[0][0].program, &one, &err));
         CHECK(one.questions == 2 && one.top1 == 0 && one.topk == 0 && one.constant == 0, "questions 1-2 at k 1");
-        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 2, 2, 5, NULL, &common, &one, &err));
+        CHECK_OK(polar_train_fit_measure(p, &l, &feat, 2, 2, 5, NULL, 1, &common, &one, &err));
         CHECK(one.questions == 0 && one.top1 == 0 && one.constant == 0 && one.distinct_top == 0, "an empty range");
-        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q + 1, 5, NULL, NULL, &one, &err) == POLAR_ERR_ARG,
+        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q + 1, 5, NULL, 1, NULL, &one, &err) == POLAR_ERR_ARG,
               "a range past the labels");
         feat.dq = TDQ + 1;
-        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, NULL, NULL, &one, &err) == POLAR_ERR_ARG,
+        CHECK(polar_train_fit_measure(p, &l, &feat, 0, FIT_Q, 5, NULL, 1, NULL, &one, &err) == POLAR_ERR_ARG,
               "features of another width");
         polar_program_free(&common);
         /* a tie (0's top and X, one question each): the first in file order */
