@@ -61,21 +61,24 @@ search() {
 row() {
     f=$OUT/$1.jsonl
     if [ ! -s "$f" ]; then
-        echo "| $2 | (not run) | | | | | | |"
+        echo "| $2 | (not run) | | | | | | | |"
         return
     fi
     j=$("$POLAR" search --summary "$f" --layers "$D" --json)
+    lengths=$("$POLAR" search --summary "$f" --layers "$D" | sed -n 's/^fixed questions by their shortest valid program, layers: //p')
     get() { printf '%s' "$j" | grep -o "\"$1\":[^,}]*" | cut -d: -f2 | tr -d '"'; }
     pct() { awk -v v="$1" 'BEGIN { printf "%.1f%%", 100 * v }'; }
     echo "| $2 | $(get questions) | $(get programs_evaluated) | $(pct "$(get with_valid_program)") |" \
         "$(pct "$(get base_correct)") | $(pct "$(get base_wrong_fixed)") | $(get mean_shortest_valid_length) |" \
-        "$(get valid_programs): $(get valid_skip_only) / $(get valid_repeat_only) / $(get valid_skip_and_repeat) / $(get valid_no_edit) |"
+        "$(get valid_programs): $(get valid_skip_only) / $(get valid_repeat_only) / $(get valid_skip_and_repeat) / $(get valid_no_edit) |" \
+        "$lengths |"
 }
 
 header() {
     echo "| $1 | questions | programs evaluated | with a valid program | base correct | base-wrong fixed |" \
-        "shortest valid, mean layers | valid programs: skip only / repeat only / both / base |"
-    echo "|---|---|---|---|---|---|---|---|"
+        "shortest valid, mean layers | valid programs: skip only / repeat only / both / base |" \
+        "base-wrong fixed, by the length of their shortest valid program |"
+    echo "|---|---|---|---|---|---|---|---|---|"
 }
 
 if [ "$WHAT" != depths ]; then

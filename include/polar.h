@@ -1266,8 +1266,11 @@ polar_status polar_eval_plot(const char *results_path, const char *svg_path, pol
  * codec), and the action space its lines name ("both" for lines without one,
  * written before --actions; "mixed" when they differ). n_layers: D (0: the
  * search root's length, read from the file).
- * json / table as polar_eval_summary; svg_path (NULL: none) gets the
- * histograms of the shortest and of all valid programs' lengths. */
+ * json / table as polar_eval_summary, both ending with the base-wrong
+ * questions a program fixes counted by the length of their shortest valid
+ * program (JSON "fixed_shortest_lengths": {"length": questions}); svg_path
+ * (NULL: none) gets the histograms of the shortest and of all valid
+ * programs' lengths. */
 polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,
                                   const char *svg_path, polar_error *err);
 

@@ -2,7 +2,8 @@
  * questions have a valid program, how many base-wrong questions a program
  * fixes, how short the shortest valid programs are against D (and the
  * paper's Finding 2: of the base-correct and of the fixed questions, those
- * with a valid program shorter than D), and what
+ * with a valid program shorter than D, and the fixed questions counted by
+ * the length of their shortest valid program), and what
  * valid programs are made of in PoLar's segment form (single-layer
  * segments, skips, repeats; the paper's single-layer ratio: of the skip and
  * repeat segments, those of one layer; programs by the edits they make),
@@ -28,6 +29,7 @@ typedef struct {
     int skip_only, repeat_only, both_kinds, no_edit; /* valid programs by the edits they make */
     long evaluated;                  /* programs the searches evaluated ("programs_evaluated" of each line) */
     int shortest_count[MAX_LEN + 1], valid_count[MAX_LEN + 1], max_len;
+    int fixed_shortest_count[MAX_LEN + 1]; /* base-wrong questions fixed, by their shortest valid program */
     int actions;          /* POLAR_ACTIONS_* of the lines, -1 before the first, -2 when they differ */
     int without_actions;  /* lines with no "actions" (read as both) */
 } labels_stats;
@@ -102,6 +104,7 @@ static polar_status add_line(const pred_label_line *line, void *ctx, polar_error
     if (shortest) {
         s->with_valid++, s->fixed += init->number != 1.0;
         s->shortest_sum += shortest, s->shortest_count[shortest]++;
+        s->fixed_shortest_count[shortest] += init->number != 1.0;
         if (shortest < D) s->shorter_correct += init->number == 1.0, s->shorter_fixed += init->number != 1.0;
     }
     return POLAR_OK;
@@ -115,6 +118,26 @@ static polar_status read_labels(const char *path, int *n_layers, labels_stats *s
 }
 
 static double share(long a, long b) { return b ? (double)a / b : 0; }
+
+/* count[] as a JSON object {"len":n,...} of its non-zero entries. */
+static int add_counts_json(sbuf *b, const int *count, int max_len) {
+    int ok = sbuf_add(b, "{"), first = 1;
+    for (int n = 0; ok && n <= max_len; n++)
+        if (count[n]) ok = sbuf_add(b, "%s\"%d\":%d", first ? "" : ",", n, count[n]), first = 0;
+    return ok && sbuf_add(b, "}");
+}
+
+/* count[] as "24, 25 x2, 27" (each length, "xN" when N > 1), "none" when empty. */
+static int add_counts_text(sbuf *b, const int *count, int max_len) {
+    int ok = 1, first = 1;
+    for (int n = 0; ok && n <= max_len; n++) {
+        if (!count[n]) continue;
+        ok = count[n] > 1 ? sbuf_add(b, "%s%d x%d", first ? "" : ", ", n, count[n])
+                          : sbuf_add(b, "%s%d", first ? "" : ", ", n);
+        first = 0;
+    }
+    return ok && (!first || sbuf_add(b, "none"));
+}
 
 polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,
                                   const char *svg_path, polar_error *err) {
@@ -142,14 +165,16 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "\"segments\":%ld,\"single_layer_segments\":%.6f,\"skip_segments\":%.6f,"
                       "\"repeat_segments\":%.6f,\"keep_segments\":%.6f,\"edits\":%ld,\"single_layer_edits\":%.6f,"
                       "\"valid_skip_only\":%d,\"valid_repeat_only\":%d,\"valid_skip_and_repeat\":%d,"
-                      "\"valid_no_edit\":%d,\"programs_evaluated\":%ld,\"actions\":\"%s\",\"lines_without_actions\":%d}",
+                      "\"valid_no_edit\":%d,\"programs_evaluated\":%ld,\"actions\":\"%s\",\"lines_without_actions\":%d,"
+                      "\"fixed_shortest_lengths\":",
                       s->questions, D, share(s->with_valid, s->questions), share(s->base_correct, s->questions),
                       share(s->fixed, base_wrong), mean_short, D ? mean_short / D : 0,
                       share(s->shorter_correct, s->base_correct), share(s->shorter_fixed, s->fixed), s->n_valid_programs,
                       s->codec_rejected, s->segments, share(s->single, s->segments), share(s->skips, s->segments),
                       share(s->repeats, s->segments), share(s->keeps, s->segments), s->edits,
                       share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit,
-                      s->evaluated, actions ? actions : "", s->without_actions);
+                      s->evaluated, actions ? actions : "", s->without_actions) &&
+             add_counts_json(&j, s->fixed_shortest_count, s->max_len) && sbuf_add(&j, "}");
     if (st == POLAR_OK && table && ok)
         ok = sbuf_add(&t,
                       "%d questions, D = %d, actions %s%s\n"
@@ -162,7 +187,8 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       "valid programs:                  %d (%d not expressible as segments)\n"
                       "their segments: %ld, single-layer %.1f%%, skip %.1f%%, repeat %.1f%%, keep %.1f%%\n"
                       "their edits (skip and repeat segments): %ld, single-layer %.1f%% (the paper's ratio)\n"
-                      "valid programs by edit: skip only %d, repeat only %d, both %d, none (the base) %d\n",
+                      "valid programs by edit: skip only %d, repeat only %d, both %d, none (the base) %d\n"
+                      "fixed questions by their shortest valid program, layers: ",
                       s->questions, D, actions ? actions : "", note, 100 * share(s->with_valid, s->questions),
                       100 * share(s->base_correct, s->questions), 100 * share(s->fixed, base_wrong), s->fixed,
                       base_wrong, mean_short, D ? 100 * mean_short / D : 0, 100 * share(s->shorter_correct, s->base_correct),
@@ -170,7 +196,8 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
                       s->fixed, s->evaluated, s->n_valid_programs, s->codec_rejected,
                       s->segments, 100 * share(s->single, s->segments), 100 * share(s->skips, s->segments),
                       100 * share(s->repeats, s->segments), 100 * share(s->keeps, s->segments), s->edits,
-                      100 * share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit);
+                      100 * share(s->single_edits, s->edits), s->skip_only, s->repeat_only, s->both_kinds, s->no_edit) &&
+             add_counts_text(&t, s->fixed_shortest_count, s->max_len) && sbuf_add(&t, "\n");
     if (st == POLAR_OK && svg_path && ok) {
         ok = svg_begin(&g) && svg_axes(&g, 60, "Shortest valid program per question", "layers run", "questions") &&
              svg_axes(&g, 510, "Every valid program", "layers run", "programs") &&

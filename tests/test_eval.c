@@ -190,8 +190,11 @@ static void labels_summary(void) {
                        "\"valid_skip_and_repeat\":0,\"valid_no_edit\":1,\"programs_evaluated\":0"),
           "%s", json);
     CHECK(strstr(table, "base-wrong questions fixed:       50.0% (1 of 2)"), "%s", table);
+    /* the fixed question's shortest valid program: q1's 7 layers (q0 was base-correct) */
+    CHECK(strstr(json, ",\"fixed_shortest_lengths\":{\"7\":1}}"), "%s", json);
+    CHECK(strstr(table, "fixed questions by their shortest valid program, layers: 7\n"), "%s", table);
     /* written before --actions: no "actions" in the lines, every search both */
-    CHECK(strstr(json, "\"actions\":\"both\",\"lines_without_actions\":3}"), "%s", json);
+    CHECK(strstr(json, "\"actions\":\"both\",\"lines_without_actions\":3,"), "%s", json);
     CHECK(strstr(table, "3 questions, D = 6, actions both (not recorded"), "%s", table);
     polar_free(json), polar_free(table);
     CHECK(access(svg, R_OK) == 0, "no plot written");
@@ -200,12 +203,12 @@ static void labels_summary(void) {
     static const struct {
         const char *a, *b, *json, *table;
     } spaces[] = {
-        {"skip", "skip", "\"actions\":\"skip\",\"lines_without_actions\":0}", "2 questions, D = 6, actions skip\n"},
-        {"loop", "loop", "\"actions\":\"loop\",\"lines_without_actions\":0}", "2 questions, D = 6, actions loop\n"},
-        {"both", NULL, "\"actions\":\"both\",\"lines_without_actions\":1}",
+        {"skip", "skip", "\"actions\":\"skip\",\"lines_without_actions\":0,", "2 questions, D = 6, actions skip\n"},
+        {"loop", "loop", "\"actions\":\"loop\",\"lines_without_actions\":0,", "2 questions, D = 6, actions loop\n"},
+        {"both", NULL, "\"actions\":\"both\",\"lines_without_actions\":1,",
          "2 questions, D = 6, actions both (1 line without \"actions\", read as both)\n"},
-        {"skip", "loop", "\"actions\":\"mixed\",\"lines_without_actions\":0}", "actions mixed\n"},
-        {"skip", NULL, "\"actions\":\"mixed\",\"lines_without_actions\":1}", "actions mixed (1 line without"},
+        {"skip", "loop", "\"actions\":\"mixed\",\"lines_without_actions\":0,", "actions mixed\n"},
+        {"skip", NULL, "\"actions\":\"mixed\",\"lines_without_actions\":1,", "actions mixed (1 line without"},
     };
     for (size_t i = 0; i < sizeof spaces / sizeof spaces[0]; i++) {
         f = fopen(path, "w");
@@ -222,8 +225,26 @@ static void labels_summary(void) {
         if (!json || !table) return;
         CHECK(strstr(json, spaces[i].json), "%s/%s: %s", spaces[i].a, spaces[i].b, json);
         CHECK(strstr(table, spaces[i].table), "%s/%s: %s", spaces[i].a, spaces[i].b, table);
+        /* nothing fixed: an empty object, "none" */
+        CHECK(strstr(json, "\"fixed_shortest_lengths\":{}}"), "%s", json);
+        CHECK(strstr(table, "shortest valid program, layers: none\n"), "%s", table);
         polar_free(json), polar_free(table);
     }
+    /* the fixed questions' shortest programs counted by length: 5, 7 and 7
+     * (the first also has a valid 7-layer program, the shortest counts) */
+    static const char *fixes[] = {"[0,1,2,3,4,5,5],[0,1,2,3,4]", "[0,1,1,2,3,4,5]", "[0,1,2,3,3,4,5]"};
+    f = fopen(path, "w");
+    if (!f) return;
+    for (int k = 0; k < 3; k++)
+        fprintf(f, "{\"index\":%d,\"question\":\"a\",\"gt_ans\":\"1\",\"initial_score\":0,"
+                "\"final_valid_transitions\":[%s],\"final_invalid_transitions\":[[0,1,2,3,4,5]],"
+                "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":0,\"length\":6}]}\n", k, fixes[k]);
+    fclose(f);
+    CHECK_OK(polar_labels_summary(path, 0, &json, &table, NULL, &err));
+    if (!json || !table) return;
+    CHECK(strstr(json, "\"fixed_shortest_lengths\":{\"5\":1,\"7\":2}}"), "%s", json);
+    CHECK(strstr(table, "shortest valid program, layers: 5, 7 x2\n"), "%s", table);
+    polar_free(json), polar_free(table);
     f = fopen(path, "w");
     if (!f) return;
     fputs("{\"index\":0,\"question\":\"a\",\"gt_ans\":\"1\",\"initial_score\":0,\"final_valid_transitions\":[],"
