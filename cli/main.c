@@ -39,7 +39,7 @@ static const command commands[] = {
     {"train", cmd_train,
      "train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"
      "            [--batch 128] [--lr 5e-4] [--warmup 10] [--orig-weight 0.3] [--max-paths 50] [--dropout 0.1]\n"
-     "            [--seed S] [--log FILE] [--features-cache FILE]\n"
+     "            [--seed S] [--log FILE] [--features-cache FILE] [--select loss|beam|catalogue]\n"
      "            (default encoder: the model's first quarter of layers)\n"},
     {"perplexity", cmd_perplexity,
      "perplexity [--model PATH] (-f TEXT | --kl-divergence FILE) [--ctx 512] [--chunks N]\n"

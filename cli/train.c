@@ -2,6 +2,7 @@
  * reference's recipe. The encoder is frozen, so each question's token states
  * are computed once, up front (or read from --features-cache), and every
  * epoch reuses them. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,24 @@ static int measure_fit(const char *cmd, const polar_predictor *p, const fit_sets
     return 0;
 }
 
+/* Which epoch is saved: the lowest validation loss (the paper's recipe), or
+ * the most validation questions with a valid program in the top FIT_K of the
+ * beam or of the catalogue decoder (ties to the lower loss). */
+typedef enum { SELECT_LOSS, SELECT_BEAM, SELECT_CATALOGUE } epoch_select;
+
+static const char *const select_names[] = {"loss", "beam", "catalogue"};
+
+/* Whether this epoch (loss vl, fit) beats the best so far; the first always does. */
+static int epoch_better(epoch_select sel, int first, double vl, const epoch_fit *fit, double best_vl,
+                        const epoch_fit *best) {
+    if (first) return 1;
+    if (sel != SELECT_LOSS) {
+        int k = fit->set[1][sel == SELECT_CATALOGUE].topk, best_k = best->set[1][sel == SELECT_CATALOGUE].topk;
+        if (k != best_k) return k > best_k;
+    }
+    return vl < best_vl;
+}
+
 static void log_fit(FILE *log, const char *set, const polar_train_fit *f) {
     fprintf(log, "\"%s_top1_valid\":%d,\"%s_top%d_valid\":%d,\"%s_distinct_top\":%d,", set, f->top1, set, FIT_K,
             f->topk, set, f->distinct_top);
@@ -129,7 +148,7 @@ static void print_fit(const char *what, const polar_train_fit *tr, const polar_t
 
 static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, polar_train_example *tr, int n_tr,
                         const polar_train_example *va, int n_va, int epochs, int batch, uint64_t seed, const char *out,
-                        const fit_sets *sets, FILE *log) {
+                        const fit_sets *sets, epoch_select sel, FILE *log) {
     int *order = malloc((size_t)n_tr * sizeof *order);
     polar_train_example *b = malloc((size_t)batch * sizeof *b);
     if (!order || !b) {
@@ -138,7 +157,7 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     }
     polar_rng rng;
     polar_rng_seed(&rng, seed ^ 0x5eed5eedull);
-    double best = 1e300;
+    double best = 0;
     epoch_fit best_fit = {0};
     int best_epoch = 0, rc = 0, steps_per_epoch = (n_tr + batch - 1) / batch;
     for (int e = 0; e < epochs && rc == 0; e++) {
@@ -166,16 +185,16 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
         double secs = (polar_time_ms() - t0) / 1e3, vl = 0;
         if (isatty(2)) fprintf(stderr, "\n");
         if (n_va && (rc = val_loss(cmd, p, va, n_va, batch, &vl))) break;
-        int better = !n_va || vl < best;
+        epoch_fit fit;
+        if ((rc = measure_fit(cmd, p, sets, &fit))) break;
+        /* a loss that is not finite never wins: the predictor has diverged */
+        int better = !n_va || (isfinite(vl) && epoch_better(sel, !best_epoch, vl, &fit, best, &best_fit));
         polar_error err;
         if (better && polar_predictor_save(p, out, &err) != POLAR_OK) {
             rc = fail_status(cmd, &err);
             break;
         }
-        epoch_fit fit;
-        if ((rc = measure_fit(cmd, p, sets, &fit))) break;
-        if (better) best_epoch = e + 1, best_fit = fit;
-        if (n_va && better) best = vl;
+        if (better) best_epoch = e + 1, best_fit = fit, best = vl;
         fprintf(log, "{\"epoch\":%d,\"train_loss\":%.6f,", e + 1, sum / steps_per_epoch);
         if (n_va) fprintf(log, "\"val_loss\":%.6f,\"best\":%s,", vl, better ? "true" : "false");
         log_fit(log, "train", &fit.set[0][0]);
@@ -190,8 +209,12 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
         fprintf(stderr, "polar %s: error: %s: nothing saved: the validation loss was not finite in any epoch\n", cmd, out);
         rc = 1;
     } else if (rc == 0) {
-        char saved[64];
-        snprintf(saved, sizeof saved, "saved epoch %d", best_epoch);
+        char saved[160];
+        if (!n_va) snprintf(saved, sizeof saved, "saved epoch %d (the last: no validation questions)", best_epoch);
+        else if (sel == SELECT_LOSS) snprintf(saved, sizeof saved, "saved epoch %d (lowest validation loss)", best_epoch);
+        else
+            snprintf(saved, sizeof saved, "saved epoch %d (most validation questions with a valid program in the %s's top %d)",
+                     best_epoch, select_names[sel], FIT_K);
         print_fit(saved, &best_fit.set[0][0], &best_fit.set[1][0]);
         print_fit("decoding its catalogue instead", &best_fit.set[0][1], &best_fit.set[1][1]);
     }
@@ -202,7 +225,8 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
 
 int cmd_train(int argc, char **argv) {
     const char *cmd = "train", *files[MAX_LABEL_FILES], *model_arg = NULL, *encoder = NULL, *out = NULL,
-               *log_path = NULL, *cache = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1";
+               *log_path = NULL, *cache = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1",
+               *select_text = "loss";
     int n_files = 0, epochs = 10, batch = 128, warmup = 10, max_paths = 50;
     uint64_t seed = 42;
     if (!take_labels(&argc, argv, files, &n_files)) return fail_usage(cmd, "more than %d labels files", MAX_LABEL_FILES);
@@ -213,7 +237,7 @@ int cmd_train(int argc, char **argv) {
         {"--lr", OPT_STR, &lr_text, 0},          {"--warmup", OPT_INT, &warmup, 0},
         {"--orig-weight", OPT_STR, &ow_text, 0}, {"--max-paths", OPT_INT, &max_paths, 0},
         {"--dropout", OPT_STR, &drop_text, 0},   {"--seed", OPT_U64, &seed, 0},
-        {"--features-cache", OPT_STR, &cache, 0},
+        {"--features-cache", OPT_STR, &cache, 0}, {"--select", OPT_STR, &select_text, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     char *end1, *end2, *end3;
@@ -224,6 +248,9 @@ int cmd_train(int argc, char **argv) {
     if (*end1 || !(lr > 0 && lr < 1)) return fail_usage(cmd, "--lr must be a number in (0, 1), got '%s'", lr_text);
     if (*end2 || !(ow >= 0 && ow <= 1)) return fail_usage(cmd, "--orig-weight must be in [0, 1], got '%s'", ow_text);
     if (*end3 || !(drop >= 0 && drop < 1)) return fail_usage(cmd, "--dropout must be in [0, 1), got '%s'", drop_text);
+    epoch_select sel = SELECT_LOSS;
+    while (sel <= SELECT_CATALOGUE && strcmp(select_text, select_names[sel])) sel++;
+    if (sel > SELECT_CATALOGUE) return fail_usage(cmd, "--select must be loss, beam or catalogue, got '%s'", select_text);
     char *default_model;
     const char *model_path;
     polar_arch arch;
@@ -296,7 +323,7 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "catalogue: the %d distinct valid programs of the training questions, saved with the predictor\n",
             polar_catalogue_size(cat));
     fit_sets sets = {&l, &f, q_tr, &constant};
-    rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, &sets, log);
+    rc = train_epochs(cmd, p, t, tr, n_tr, va, n_va, epochs, batch, seed, out, &sets, sel, log);
 done:
     if (log != stdout) fclose(log);
     polar_program_free(&constant);
