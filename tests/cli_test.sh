@@ -350,6 +350,8 @@ fi
 # program for the most validation questions, ties to the lower validation loss (the first of equals).
 # Two validation questions whose one valid program is not the base: on these labels the catalogue's
 # count moves between epochs (on the machine this was written on it keeps epoch 2, the loss epoch 6).
+# The beam's count stays 0 here, so its case checks only that it reads its own column (the
+# catalogue's would move the epoch); the rule itself is the catalogue case's.
 LS=$D/select_labels.jsonl
 for i in 1 2 3 4 5 6 7 8 9 10; do
     printf '{"question":"What is %d + %d?","gt_ans":"%d","initial_score":1,"final_valid_transitions":[[%s],[%s]],"best_transitions":[]}\n' \
