@@ -16,8 +16,9 @@
 #                              [--encoder E] [--decode beam|catalogue] [--table-only]
 #
 # A set is NAME:START:LIMIT, NAME.test.jsonl in ../shared/data. Writes
-# OUT/table.md: one row per set; each FILE.jsonl's summary beside it as
-# FILE.summary.json.
+# OUT/table.md: one row per set, then the paired pass@k of the predictor
+# against each temperature's samples (polar eval --compare); each
+# FILE.jsonl's summary beside it as FILE.summary.json.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 POLAR=$ROOT/build/polar
@@ -114,5 +115,25 @@ EOF
             distinct="$(field "$j" distinct_top_programs) / $(field "$j" distinct_program_lists)"
         fi
         echo "| $set [$start, $((start + limit))) | ${n:--} | $(pct "$greedy") |${by_t%;} | $(pct "$best1") / $(pct "$bestk") | $pred | $distinct |"
+    done
+    echo
+    echo "Paired pass@$K: questions only $NAME's $K programs answer / only the $K samples / both; exact two-sided McNemar p"
+    echo "(polar eval --compare $NAME-SET.jsonl --with base-tT-SET.jsonl --lists runs,samples -k $K)."
+    echo
+    echo "| set |$(for t in $TEMPS; do printf ' T %s |' "$t"; done)"
+    echo "|---|$(for t in $TEMPS; do printf -- '---|'; done)"
+    for s in $SETS; do
+        set=${s%%:*} row=
+        for t in $TEMPS; do
+            c=$("$POLAR" eval --compare "$OUT/$NAME-$set.jsonl" --with "$OUT/base-t$t-$set.jsonl" --lists runs,samples \
+                -k "$K" --summary /dev/stdout 2>/dev/null | grep -o "{\"k\":$K,[^}]*}" | head -n 1) || c=
+            if [ -n "$c" ]; then
+                row="$row $(field "$c" a_only) / $(field "$c" b_only) / $(field "$c" both), p $(awk -v p="$(field "$c" p)" \
+                    'BEGIN { if (p < 0.001) print "< 0.001"; else printf "%.3f", p }') |"
+            else
+                row="$row (not run) |"
+            fi
+        done
+        echo "| $set |$row"
     done
 } | tee "$OUT/table.md"

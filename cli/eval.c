@@ -16,6 +16,7 @@ enum { MAX_PROGRAMS = 64 };
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *style_text, *shots_from, *program, *programs_file;
     const char *predictor, *encoder, *out, *summary, *plot, *fallback, *device_text, *kv_text, *summary_of;
+    const char *compare_a, *compare_b, *lists; /* --compare A --with B --lists LA,LB */
     polar_decode_opts decode; /* --decode: the predictor's decoder */
     int start, limit, shots, k, samples, max_new, threads, quiet, cache_mb;
     polar_gen_opts sampling; /* the base samples': temperature, top_k, top_p, min_p, seed */
@@ -291,6 +292,47 @@ static int summarise(const char *cmd, const char *results, const char *summary, 
     return rc;
 }
 
+/* --lists: "L" for both files or "LA,LB", each runs or samples. */
+static int parse_lists(const char *cmd, const char *text, polar_eval_list *la, polar_eval_list *lb) {
+    *la = *lb = POLAR_EVAL_RUNS;
+    if (!text) return 1;
+    const char *comma = strchr(text, ',');
+    size_t n = comma ? (size_t)(comma - text) : strlen(text);
+    polar_eval_list *out[2] = {la, lb};
+    const char *parts[2] = {text, comma ? comma + 1 : text};
+    size_t lens[2] = {n, comma ? strlen(comma + 1) : n};
+    for (int i = 0; i < 2; i++) {
+        if (lens[i] == 4 && !strncmp(parts[i], "runs", 4)) *out[i] = POLAR_EVAL_RUNS;
+        else if (lens[i] == 7 && !strncmp(parts[i], "samples", 7)) *out[i] = POLAR_EVAL_SAMPLES;
+        else {
+            fail_usage(cmd, "--lists takes runs or samples, or two of them as A,B (got %s)", text);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* --compare A --with B: the paired table on stdout, JSON when asked. */
+static int compare_files(const char *cmd, const eval_args *a, int k) {
+    polar_eval_list la, lb;
+    if (!parse_lists(cmd, a->lists, &la, &lb)) return EXIT_USAGE;
+    polar_error err;
+    char *json = NULL, *table = NULL;
+    if (polar_eval_compare(a->compare_a, la, a->compare_b, lb, k, a->summary ? &json : NULL, &table, &err) != POLAR_OK)
+        return fail_status(cmd, &err);
+    fputs(table, stdout);
+    int rc = 0;
+    if (a->summary) {
+        FILE *f = fopen(a->summary, "w");
+        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
+            fprintf(stderr, "polar %s: error: %s: cannot write the comparison\n", cmd, a->summary);
+            rc = 1;
+        }
+    }
+    polar_free(json), polar_free(table);
+    return rc;
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval", *decode = NULL;
     eval_args a = {.decode = polar_decode_defaults(), .program = "base", .style_text = "boxed", .k = 1, .max_new = 64,
@@ -313,9 +355,17 @@ int cmd_eval(int argc, char **argv) {
         {"--device", OPT_STR, &a.device_text, 0},    {"-o", OPT_STR, &a.out, 0},
         {"--summary", OPT_STR, &a.summary, 0},       {"--plot", OPT_STR, &a.plot, 0},
         {"--quiet", OPT_FLAG, &a.quiet, 0},          {"--summary-of", OPT_STR, &a.summary_of, 0},
-        {"--decode", OPT_STR, &decode, 0},
+        {"--decode", OPT_STR, &decode, 0},           {"--compare", OPT_STR, &a.compare_a, 0},
+        {"--with", OPT_STR, &a.compare_b, 0},        {"--lists", OPT_STR, &a.lists, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    if (a.compare_a || a.compare_b || a.lists) {
+        if (!a.compare_a || !a.compare_b) return fail_usage(cmd, "give --compare A.jsonl --with B.jsonl");
+        if (a.data || a.out || a.summary_of || a.plot)
+            return fail_usage(cmd, "--compare takes only --with, --lists, -k and --summary");
+        if (opts[14].seen && (a.k < 1 || a.k > 64)) return fail_usage(cmd, "-k must be 1 to 64");
+        return compare_files(cmd, &a, opts[14].seen ? a.k : 0);
+    }
     if (a.summary_of) {
         if (a.data || a.out) return fail_usage(cmd, "--summary-of takes only --summary and --plot");
         return summarise(cmd, a.summary_of, a.summary, a.plot);

@@ -29,7 +29,9 @@ static const command commands[] = {
      "            [--fallback last-number]\n"
      "            [--threads N] [--device D] [--kv f32|bf16] [--cache-mb 1024] -o RESULTS.jsonl\n"
      "            [--summary FILE.json] [--plot FILE.svg] [--quiet]\n"
-     "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"},
+     "  polar eval --summary-of RESULTS.jsonl [--summary FILE.json] [--plot FILE.svg]\n"
+     "  polar eval --compare A.jsonl --with B.jsonl [--lists runs|samples[,runs|samples]] [-k K]\n"
+     "            [--summary FILE.json]\n"},
     {"search", cmd_search,
      "search [--model PATH] --data FILE [--format F] [--start I] [--limit N] [--sims 100]\n"
      "            [--actions both|skip|loop] [--lambda 5] [--max-new 50] [--min-layers A --max-layers B]\n"

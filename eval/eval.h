@@ -18,6 +18,9 @@ typedef struct {
 int sbuf_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int sbuf_json_string(sbuf *b, const char *s);
 int sbuf_json_bytes(sbuf *b, const char *s, size_t len);
+/* A report's two texts to the caller (json / table: NULL when not asked)
+ * when st is POLAR_OK, else freed; returns st. */
+polar_status sbuf_hand_out(polar_status st, sbuf *j, sbuf *t, char **json, char **table);
 
 typedef struct json_doc json_doc;
 
@@ -40,6 +43,11 @@ typedef struct {
     eval_question *q;
     int n;
 } eval_records;
+
+/* Index of the run whose answer wins the vote among runs[0..k), -1 when none
+ * of them extracted an answer. Equal answers (polar_answer_equal) pool
+ * their votes; a tie goes to the group whose first member ranks higher. */
+int eval_consensus(const eval_run_view *runs, int k);
 
 /* Every complete line of a results file (torn lines skipped). */
 polar_status eval_read_records(const char *path, eval_records *rs, polar_error *err);

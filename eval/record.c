@@ -63,6 +63,16 @@ int sbuf_json_bytes(sbuf *b, const char *s, size_t len) {
 
 int sbuf_json_string(sbuf *b, const char *s) { return s ? sbuf_json_bytes(b, s, strlen(s)) : sbuf_add(b, "null"); }
 
+polar_status sbuf_hand_out(polar_status st, sbuf *j, sbuf *t, char **json, char **table) {
+    if (st != POLAR_OK) {
+        free(j->s), free(t->s);
+        return st;
+    }
+    if (json) *json = j->s;
+    if (table) *table = t->s;
+    return POLAR_OK;
+}
+
 char *polar_json_quote(const char *s) {
     sbuf b = {0};
     if (!sbuf_json_string(&b, s)) {

@@ -11,10 +11,7 @@
 #include "../runtime/error.h"
 #include "eval.h"
 
-/* Index of the run whose answer wins the vote among runs[0..k), -1 when none
- * of them extracted an answer. Equal answers (polar_answer_equal) pool
- * their votes; a tie goes to the group whose first member ranks higher. */
-static int consensus(const eval_run_view *runs, int k) {
+int eval_consensus(const eval_run_view *runs, int k) {
     int best = -1, best_votes = 0;
     for (int i = 0; i < k; i++) {
         if (!runs[i].answer) continue;
@@ -71,14 +68,14 @@ void eval_compute(const eval_records *rs, eval_metrics *m) {
                 m->rank_accuracy[k] += e->runs[k - 1].correct;
             }
             m->pass_at[k] += any, m->fallback_pass_at[k] += any_fb;
-            int c = consensus(e->runs, k < k_max ? k : k_max);
+            int c = eval_consensus(e->runs, k < k_max ? k : k_max);
             m->consensus_at[k] += c >= 0 && e->runs[c].correct;
         }
         int any_s = 0;
         for (int k = 1; k <= EVAL_MAX_K; k++) {
             if (k <= s_max) any_s |= e->samples[k - 1].correct;
             m->sample_pass_at[k] += any_s;
-            int c = consensus(e->samples, k < s_max ? k : s_max);
+            int c = eval_consensus(e->samples, k < s_max ? k : s_max);
             m->sample_consensus_at[k] += c >= 0 && e->samples[c].correct;
         }
         if (e->n_runs) layers_top1 += e->runs[0].executed_layers;
@@ -176,11 +173,6 @@ polar_status polar_eval_summary(const char *results_path, char **json, char **ta
     }
     eval_records_free(&rs);
     free(m);
-    if (!ok) {
-        free(j.s), free(t.s);
-        return polar_fail(err, POLAR_ERR_NOMEM, "eval: no memory for the summary of %s", results_path);
-    }
-    if (json) *json = j.s;
-    if (table) *table = t.s;
-    return POLAR_OK;
+    st = ok ? POLAR_OK : polar_fail(err, POLAR_ERR_NOMEM, "eval: no memory for the summary of %s", results_path);
+    return sbuf_hand_out(st, &j, &t, json, table);
 }

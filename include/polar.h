@@ -1259,6 +1259,19 @@ polar_status polar_eval_summary(const char *results_path, char **json, char **ta
 /* The plot of polar_eval_summary's curves and depth histogram, as SVG. */
 polar_status polar_eval_plot(const char *results_path, const char *svg_path, polar_error *err);
 
+/* Which list of a results line a comparison reads: the programs' runs
+ * ("runs") or the base samples ("samples"). */
+typedef enum { POLAR_EVAL_RUNS, POLAR_EVAL_SAMPLES } polar_eval_list;
+
+/* Two results files paired by question index: for k = 1..k_max (0: the
+ * longer list), the questions that only A's first k get right, only B's,
+ * both and neither, for pass@k and consensus@k, with the exact two-sided
+ * McNemar p. Questions in one file only are counted, not compared; a file
+ * with a repeated index, or whose chosen list is empty on every line, is
+ * refused. json / table as polar_eval_summary. */
+polar_status polar_eval_compare(const char *path_a, polar_eval_list list_a, const char *path_b, polar_eval_list list_b,
+                                int k_max, char **json, char **table, polar_error *err);
+
 /* The findings of a polar search labels file: share of questions with a
  * valid program, of base-wrong questions a program fixes, the mean length of
  * the shortest valid program against D, and the segments of the valid

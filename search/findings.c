@@ -207,11 +207,5 @@ polar_status polar_labels_summary(const char *labels_path, int n_layers, char **
     }
     if (st == POLAR_OK && !ok) st = polar_fail(err, POLAR_ERR_NOMEM, "labels: out of memory");
     free(s), free(g.s);
-    if (st != POLAR_OK) {
-        free(j.s), free(t.s);
-        return st;
-    }
-    if (json) *json = j.s;
-    if (table) *table = t.s;
-    return POLAR_OK;
+    return sbuf_hand_out(st, &j, &t, json, table);
 }

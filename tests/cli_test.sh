@@ -245,6 +245,22 @@ fi
 curve() { sed -n "s/.*\"$1\":\[\([^]]*\)\].*/\1/p" "$D/ev.json" | tr ',' ' '; }
 echo "$(curve pass_at_k) | $(curve consensus_at_k)" | awk '{n=(NF-1)/2; ok=1; for(i=2;i<=n;i++) if($i<$(i-1)) ok=0;
     for(i=1;i<=n;i++) if($(n+1+i)>$i) ok=0; print (ok && n==2 ? "PASS" : "FAIL") " cli_eval_curves" (ok && n==2 ? "" : ": " $0)}'
+# --compare pairs a file's programs with its own samples: each side's
+# pass@k is the summary's, question by question
+expect_out eval_compare "4 paired questions (0 only in A, 0 only in B)" $P eval --compare "$D/ev.jsonl" \
+    --with "$D/ev.jsonl" --lists runs,samples --summary "$D/cmp.json"
+side() { sed -n "s/.*\"$1\":\[\([^]]*\)\].*/\1/p" "$D/cmp.json" | grep -o "\"$2\":[0-9.]*" | cut -d: -f2 | paste -sd' '; }
+if [ -n "$(curve pass_at_k)" ] && [ "$(side pass_at_k a)" = "$(curve pass_at_k)" ] &&
+    [ "$(side pass_at_k b)" = "$(curve base_sampling_pass_at_k)" ]; then
+    echo "PASS cli_eval_compare_sides"
+else
+    echo "FAIL cli_eval_compare_sides: $(side pass_at_k a) / $(curve pass_at_k); $(side pass_at_k b) / $(curve base_sampling_pass_at_k)"
+fi
+expect eval_compare_alone 2 "give --compare A.jsonl --with B.jsonl" $P eval --compare "$D/ev.jsonl"
+expect eval_compare_lists 2 "--lists takes runs or samples" $P eval --compare "$D/ev.jsonl" --with "$D/ev.jsonl" \
+    --lists runs,programs
+expect eval_compare_missing 1 "$D/none.jsonl: cannot open the results file" $P eval --compare "$D/ev.jsonl" \
+    --with "$D/none.jsonl"
 printf '{"question": "1+1?", "answer": "2"}\nnot json\n' >"$D/bad.jsonl"
 : >"$D/empty.jsonl"
 printf '{"question": "1+1?"}\n' >"$D/nofield.jsonl"

@@ -134,6 +134,78 @@ static void consensus_pools_equal_answers(void) {
     polar_free(json);
 }
 
+/* A results file of n questions from `first`, run i of question q right
+ * when right[q][i]; answers differ per run so that consensus ties go to
+ * rank 1. n_runs[q] runs each, as programs (samples 0) or base samples. */
+static void write_file(const char *path, const long *index, int n, const int (*right)[2], const int *n_runs,
+                       int samples) {
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    for (int q = 0; q < n; q++) {
+        polar_eval_run r[2] = {run("base", 30, right[q][0] ? "5" : "6", right[q][0]),
+                               run("base", 30, right[q][1] ? "5" : "7", right[q][1])};
+        r[0].sample = samples ? 0 : -1, r[1].sample = samples ? 1 : -1;
+        polar_eval_run other = run("0-28", 29, "8", 0);
+        if (samples) write_line(f, index[q], &other, 1, r, n_runs[q]);
+        else write_line(f, index[q], r, n_runs[q], NULL, 0);
+    }
+    fclose(f);
+}
+
+/* The paired table counts what the two summaries alone cannot: which
+ * questions each side gets right. */
+static void compare_pairs_questions(void) {
+    polar_error err;
+    char a[256], b[256], dup[256];
+    snprintf(a, sizeof a, "%s/cmp-a.jsonl", tmp_dir), snprintf(b, sizeof b, "%s/cmp-b.jsonl", tmp_dir);
+    snprintf(dup, sizeof dup, "%s/cmp-dup.jsonl", tmp_dir);
+    /* A's programs: q0 right at 1 (one run), q1 at 2, q2 never, q3 at 1;
+     * q9 in A only. B's samples: q1 at 1, q2 at 2, q3 both; q7 in B only. */
+    long ia[5] = {0, 1, 2, 3, 9}, ib[5] = {7, 3, 2, 1, 0};
+    int ra[5][2] = {{1, 0}, {0, 1}, {0, 0}, {1, 0}, {1, 1}}, na[5] = {1, 2, 2, 1, 2};
+    int rb[5][2] = {{1, 1}, {1, 1}, {0, 1}, {1, 0}, {0, 0}}, nb[5] = {2, 2, 2, 2, 2};
+    write_file(a, ia, 5, ra, na, 0);
+    write_file(b, ib, 5, rb, nb, 1);
+    char *json = NULL, *table = NULL;
+    CHECK_OK(polar_eval_compare(a, POLAR_EVAL_RUNS, b, POLAR_EVAL_SAMPLES, 0, &json, &table, &err));
+    if (!json || !table) return;
+    CHECK(strstr(json, "\"unpaired\":1},\"questions\":4,"), "pairing: %s", json);
+    /* pass@2: q0 counts its one run whole; consensus@2: q1's tie goes to its wrong rank 1 */
+    CHECK(strstr(json, "\"pass_at_k\":[{\"k\":1,\"a\":0.500000,\"b\":0.500000,\"a_only\":1,\"b_only\":1,\"both\":1,"
+                       "\"neither\":1,\"p\":1},{\"k\":2,\"a\":0.750000,\"b\":0.750000,\"a_only\":1,\"b_only\":1,"
+                       "\"both\":2,\"neither\":0,\"p\":1}]"),
+          "pass@k: %s", json);
+    CHECK(strstr(json, "\"consensus_at_k\":[{\"k\":1,") &&
+              strstr(json, "{\"k\":2,\"a\":0.500000,\"b\":0.500000,\"a_only\":1,\"b_only\":1,\"both\":1,\"neither\":1,"),
+          "consensus@k: %s", json);
+    CHECK(strstr(table, "4 paired questions (1 only in A, 1 only in B)"), "table: %s", table);
+    polar_free(json), polar_free(table);
+    /* exact p: 12 questions only A answers, 1 only B: 2 * (1 + 13) / 2^13 */
+    long idx[13];
+    int r1[13][2], r0[13][2], n1[13];
+    for (int q = 0; q < 13; q++) idx[q] = q, n1[q] = 1, r1[q][0] = q < 12, r0[q][0] = q == 12, r1[q][1] = r0[q][1] = 0;
+    write_file(a, idx, 13, r1, n1, 0);
+    write_file(b, idx, 13, r0, n1, 0);
+    CHECK_OK(polar_eval_compare(a, POLAR_EVAL_RUNS, b, POLAR_EVAL_RUNS, 1, &json, NULL, &err));
+    CHECK(json && strstr(json, "\"a_only\":12,\"b_only\":1,\"both\":0,\"neither\":0,\"p\":0.00341797}"), "p: %s",
+          json ? json : "");
+    polar_free(json);
+    /* refusals: a list no line has, a repeated index, k out of range, no file */
+    CHECK(polar_eval_compare(a, POLAR_EVAL_SAMPLES, b, POLAR_EVAL_RUNS, 0, &json, NULL, &err) == POLAR_ERR_ARG &&
+              strstr(err.msg, "no question has samples"),
+          "empty list: %s", err.msg);
+    idx[1] = 0;
+    write_file(dup, idx, 13, r1, n1, 0);
+    CHECK(polar_eval_compare(a, POLAR_EVAL_RUNS, dup, POLAR_EVAL_RUNS, 0, &json, NULL, &err) == POLAR_ERR_FORMAT &&
+              strstr(err.msg, "question 0 appears twice"),
+          "repeated index: %s", err.msg);
+    CHECK(polar_eval_compare(a, POLAR_EVAL_RUNS, b, POLAR_EVAL_RUNS, 65, &json, NULL, &err) == POLAR_ERR_ARG,
+          "k 65: %s", err.msg);
+    CHECK(polar_eval_compare(a, POLAR_EVAL_RUNS, "/nonexistent.jsonl", POLAR_EVAL_RUNS, 0, &json, NULL, &err) ==
+              POLAR_ERR_IO,
+          "missing: %s", err.msg);
+}
+
 static void record_lines(void) {
     polar_error err;
     polar_eval_run r = run("0-5,6-7x2", 10, "\\frac{1}{2}", 1);
@@ -268,6 +340,7 @@ int main(void) {
     RUN(summary_metrics);
     RUN(consensus_pools_equal_answers);
     RUN(distinct_program_lists);
+    RUN(compare_pairs_questions);
     RUN(labels_summary);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
