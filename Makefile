@@ -80,8 +80,8 @@ LIB_SRC := loader/json.c loader/safetensors.c loader/config.c loader/gguf.c load
            tokenizer/chat.c \
            predictor/weights.c predictor/forward.c predictor/codec.c predictor/beam.c predictor/catalogue.c predictor/cuda.c predictor/planner.c \
            predictor/train_ops.c predictor/loss.c predictor/train.c predictor/optim.c predictor/train_features.c predictor/train_fit.c predictor/train_gemm.c \
-           search/search.c search/labels.c search/findings.c \
-           eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/compare.c eval/plot.c eval/logprobs.c \
+           search/search.c search/labels.c search/findings.c search/compare.c \
+           eval/answer.c eval/prompt.c eval/dataset.c eval/record.c eval/summary.c eval/compare.c eval/paired.c eval/plot.c eval/logprobs.c \
            eval/perplexity.c
 # polar serve (serve/): linked into the CLI only, with libmicrohttpd; the library stays free of it.
 # Without its headers (a machine with no package manager) the CLI builds

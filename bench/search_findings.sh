@@ -8,7 +8,8 @@
 # Each search writes OUT/NAME.jsonl and resumes it when run again (polar
 # search continues after the last complete line), so a long run can be
 # stopped and picked up. Then one markdown table per finding, from polar
-# search --summary --json, goes to stdout and OUT/findings.md. Not part of
+# search --summary --json, and its paired comparisons (polar search
+# --compare) go to stdout and OUT/findings.md. Not part of
 # make test.
 #
 #   sh bench/search_findings.sh OUT [--what spaces|depths|all] [--model PATH] [--data FILE]
@@ -74,6 +75,29 @@ row() {
         "$lengths |"
 }
 
+# paired A B LABEL: a row of polar search --compare OUT/A.jsonl --with OUT/B.jsonl
+paired() {
+    if [ ! -s "$OUT/$1.jsonl" ] || [ ! -s "$OUT/$2.jsonl" ]; then
+        echo "| $3 | (not run) | |"
+        return
+    fi
+    j=$("$POLAR" search --compare "$OUT/$1.jsonl" --with "$OUT/$2.jsonl" --json)
+    cell() {
+        c=$(printf '%s' "$j" | grep -o "\"$1\":{[^}]*}")
+        get() { printf '%s' "$c" | grep -o "\"$1\":[^,}]*" | cut -d: -f2; }
+        echo "$(get a_only) / $(get b_only) / $(get both), p $(awk -v p="$(get p)" 'BEGIN { if (p < 0.001) print "< 0.001"; else printf "%.3f", p }')"
+    }
+    echo "| $3 | $(cell with_valid) | $(cell base_wrong_fixed) |"
+}
+
+paired_header() {
+    echo
+    echo "Paired over the questions both searched (only the first / only the second / both; exact two-sided McNemar p):"
+    echo
+    echo "| $1 | with a valid program | base-wrong fixed |"
+    echo "|---|---|---|"
+}
+
 header() {
     echo "| $1 | questions | programs evaluated | with a valid program | base correct | base-wrong fixed |" \
         "shortest valid, mean layers | valid programs: skip only / repeat only / both / base |" \
@@ -98,6 +122,10 @@ fi
         row actions-skip "Skip only"
         row actions-loop "Loop only"
         row actions-both "Skip & Loop"
+        paired_header "spaces"
+        paired actions-loop actions-skip "Loop vs Skip"
+        paired actions-both actions-skip "Skip & Loop vs Skip"
+        paired actions-both actions-loop "Skip & Loop vs Loop"
         echo
     fi
     if [ "$WHAT" != spaces ]; then
@@ -105,5 +133,7 @@ fi
         echo
         header "max layers"
         for k in -4 -2 0 2 4; do row "depth-$((D + k))" "$((D + k)) (D$( [ $k -ge 0 ] && echo "+$k" || echo "$k"))"; done
+        paired_header "max layers"
+        for k in -4 -2 2 4; do paired "depth-$((D + k))" "depth-$D" "$((D + k)) vs $D"; done
     fi
 } | tee "$OUT/findings.md"

@@ -37,7 +37,8 @@ static const command commands[] = {
      "            [--actions both|skip|loop] [--lambda 5] [--max-new 50] [--min-layers A --max-layers B]\n"
      "            [--style boxed|chat] [--shots N --shots-from FILE] [--seed S] [--threads N] [--device D] [--batch 8]\n"
      "            [--kv f32|bf16] [--cache-mb 1024] -o LABELS.jsonl [--quiet]\n"
-     "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"},
+     "  polar search --summary LABELS.jsonl [--layers D] [--json] [--plot FILE.svg]\n"
+     "  polar search --compare A.jsonl --with B.jsonl [--json]\n"},
     {"train", cmd_train,
      "train [--model PATH] --labels FILE... -o PREDICTOR [--encoder PATH[@PROGRAM]] [--epochs 10]\n"
      "            [--batch 128] [--lr 5e-4] [--warmup 10] [--orig-weight 0.3] [--max-paths 50] [--dropout 0.1]\n"

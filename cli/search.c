@@ -129,7 +129,7 @@ static int write_line(FILE *f, const job *j, const polar_search_result *res, int
 
 typedef struct {
     const char *model, *data, *format, *qfield, *afield, *out, *style_text, *device_text, *kv_text, *summary, *plot,
-        *shots_from, *actions_text;
+        *shots_from, *actions_text, *compare_a, *compare_b;
     int actions; /* POLAR_ACTIONS_* of --actions */
     float lambda;
     int start, limit, sims, max_new, min_layers, max_layers, threads, quiet, layers, json, n_shots, batch, cache_mb;
@@ -330,9 +330,23 @@ int cmd_search(int argc, char **argv) {
         {"--plot", OPT_STR, &a.plot, 0},             {"--shots", OPT_INT, &a.n_shots, 0},
         {"--shots-from", OPT_STR, &a.shots_from, 0}, {"--batch", OPT_INT, &a.batch, 0},
         {"--cache-mb", OPT_INT, &a.cache_mb, 0},     {"--kv", OPT_STR, &a.kv_text, 0},
-        {"--actions", OPT_STR, &a.actions_text, 0},
+        {"--actions", OPT_STR, &a.actions_text, 0},  {"--compare", OPT_STR, &a.compare_a, 0},
+        {"--with", OPT_STR, &a.compare_b, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
+    if (a.compare_a || a.compare_b) {
+        if (!a.compare_a || !a.compare_b) return fail_usage(cmd, "give --compare A.jsonl --with B.jsonl");
+        if (a.data || a.out || a.summary || a.actions_text || a.plot || a.layers)
+            return fail_usage(cmd, "--compare takes only --with and --json");
+        polar_error err;
+        char *text = NULL;
+        if (polar_labels_compare(a.compare_a, a.compare_b, a.json ? &text : NULL, a.json ? NULL : &text, &err) !=
+            POLAR_OK)
+            return fail_status(cmd, &err);
+        printf("%s%s", text, a.json ? "\n" : "");
+        polar_free(text);
+        return 0;
+    }
     if (a.summary) {
         if (a.data || a.out || a.actions_text)
             return fail_usage(cmd, "--summary takes only --layers, --json and --plot (the file says its --actions)");

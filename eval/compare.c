@@ -3,7 +3,6 @@
  * B's, both and neither (pass@k, and likewise consensus@k), with the exact
  * two-sided McNemar p on the discordant pair. Two pass@k figures a point
  * apart on 300 questions can be chance or not; the pairing says which. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +16,6 @@ typedef struct {
     eval_records rs;
     int samples; /* 1: the base samples; 0: the programs */
 } compare_side;
-
-/* The counts of one metric at one k. */
-typedef struct {
-    int a_only, b_only, both, neither;
-} paired_counts;
 
 static void side_list(const compare_side *s, const eval_question *q, const eval_run_view **runs, int *n) {
     *runs = s->samples ? q->samples : q->runs;
@@ -67,34 +61,10 @@ static polar_status check_side(const compare_side *s, polar_error *err) {
     return POLAR_OK;
 }
 
-/* log C(n, i) */
-static double log_choose(int n, int i) { return lgamma(n + 1.0) - lgamma(i + 1.0) - lgamma(n - i + 1.0); }
-
-/* Exact two-sided McNemar (binomial sign) test on the discordant pairs. */
-static double mcnemar_p(int a_only, int b_only) {
-    int n = a_only + b_only, k = a_only < b_only ? a_only : b_only;
-    if (!n) return 1;
-    double tail = 0;
-    for (int i = 0; i <= k; i++) tail += exp(log_choose(n, i) - n * log(2.0));
-    return 2 * tail < 1 ? 2 * tail : 1;
-}
-
-static void format_p(double p, char *out, size_t cap) {
-    if (p < 0.001) snprintf(out, cap, "<0.001");
-    else snprintf(out, cap, "%.3f", p);
-}
-
 typedef struct {
     int paired, a_unpaired, b_unpaired, k_max;
-    paired_counts pass[EVAL_MAX_K + 1], consensus[EVAL_MAX_K + 1];
+    eval_paired pass[EVAL_MAX_K + 1], consensus[EVAL_MAX_K + 1];
 } comparison;
-
-static void tally(paired_counts *c, int a, int b) {
-    if (a && b) c->both++;
-    else if (a) c->a_only++;
-    else if (b) c->b_only++;
-    else c->neither++;
-}
 
 /* k_max 0: the longer of the two lists. */
 static void compare(const compare_side *A, const compare_side *B, int k_max, comparison *c) {
@@ -112,23 +82,18 @@ static void compare(const compare_side *A, const compare_side *B, int k_max, com
         side_list(A, qa, &ra, &na), side_list(B, qb, &rb, &nb);
         longest = na > longest ? na : longest, longest = nb > longest ? nb : longest;
         for (int k = 1; k <= EVAL_MAX_K; k++) {
-            tally(&c->pass[k], pass_within(ra, na, k), pass_within(rb, nb, k));
-            tally(&c->consensus[k], consensus_within(ra, na, k), consensus_within(rb, nb, k));
+            eval_paired_add(&c->pass[k], pass_within(ra, na, k), pass_within(rb, nb, k));
+            eval_paired_add(&c->consensus[k], consensus_within(ra, na, k), consensus_within(rb, nb, k));
         }
     }
     c->b_unpaired = B->rs.n - c->paired;
     c->k_max = k_max ? k_max : longest < EVAL_MAX_K ? longest : EVAL_MAX_K;
 }
 
-static int rows_json(sbuf *b, const char *key, const paired_counts *pc, int k_max, int n) {
+static int rows_json(sbuf *b, const char *key, const eval_paired *pc, int k_max, int n) {
     int ok = sbuf_add(b, ",\"%s\":[", key);
-    for (int k = 1; ok && k <= k_max; k++) {
-        const paired_counts *c = &pc[k];
-        double a = n ? (double)(c->a_only + c->both) / n : 0, bb = n ? (double)(c->b_only + c->both) / n : 0;
-        ok = sbuf_add(b, "%s{\"k\":%d,\"a\":%.6f,\"b\":%.6f,\"a_only\":%d,\"b_only\":%d,\"both\":%d,\"neither\":%d,\"p\":%.6g}",
-                      k > 1 ? "," : "", k, a, bb, c->a_only, c->b_only, c->both, c->neither,
-                      mcnemar_p(c->a_only, c->b_only));
-    }
+    for (int k = 1; ok && k <= k_max; k++)
+        ok = sbuf_add(b, "%s{\"k\":%d,", k > 1 ? "," : "", k) && eval_paired_json(b, &pc[k], n) && sbuf_add(b, "}");
     return ok && sbuf_add(b, "]");
 }
 
@@ -141,15 +106,12 @@ static int comparison_json(const compare_side *A, const compare_side *B, const c
            rows_json(b, "consensus_at_k", c->consensus, c->k_max, c->paired) && sbuf_add(b, "}");
 }
 
-static int rows_table(sbuf *b, const char *metric, const paired_counts *pc, int k_max, int n) {
-    int ok = sbuf_add(b, "%-12s %7s %7s %7s %7s %7s %8s %10s\n", metric, "A", "B", "A only", "B only", "both",
-                      "neither", "McNemar p");
+static int rows_table(sbuf *b, const char *metric, const eval_paired *pc, int k_max, int n) {
+    int ok = eval_paired_header(b, metric);
     for (int k = 1; ok && k <= k_max; k++) {
-        const paired_counts *c = &pc[k];
-        char p[16];
-        format_p(mcnemar_p(c->a_only, c->b_only), p, sizeof p);
-        ok = sbuf_add(b, "%-12d %7.3f %7.3f %7d %7d %7d %8d %10s\n", k, n ? (double)(c->a_only + c->both) / n : 0,
-                      n ? (double)(c->b_only + c->both) / n : 0, c->a_only, c->b_only, c->both, c->neither, p);
+        char label[16];
+        snprintf(label, sizeof label, "%d", k);
+        ok = eval_paired_row(b, label, &pc[k], n);
     }
     return ok;
 }

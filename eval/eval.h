@@ -71,6 +71,20 @@ typedef struct {
 
 void eval_compute(const eval_records *rs, eval_metrics *m);
 
+/* One yes/no outcome over the questions two runs share (eval/paired.c). */
+typedef struct {
+    int a_only, b_only, both, neither;
+} eval_paired;
+
+void eval_paired_add(eval_paired *c, int a, int b);
+/* The exact two-sided McNemar (sign test) p of the discordant counts. */
+double eval_mcnemar_p(int a_only, int b_only);
+/* "a":rate,"b":rate,"a_only":..,"b_only":..,"both":..,"neither":..,"p":.. (no braces) */
+int eval_paired_json(sbuf *b, const eval_paired *c, int n);
+/* A table's header naming the metric, and one row of it. */
+int eval_paired_header(sbuf *b, const char *metric);
+int eval_paired_row(sbuf *b, const char *label, const eval_paired *c, int n);
+
 /* SVG pieces (eval/plot.c): a 900x380 page with two 380x280 panels whose
  * left edges are at x 60 and 510. */
 int svg_begin(sbuf *b);

@@ -1287,6 +1287,15 @@ polar_status polar_eval_compare(const char *path_a, polar_eval_list list_a, cons
 polar_status polar_labels_summary(const char *labels_path, int n_layers, char **json, char **table,
                                   const char *svg_path, polar_error *err);
 
+/* Two labels files paired by question index: the questions with a valid
+ * program in only A, only B, both and neither, and the same over the
+ * questions both judge base-wrong (those a program fixes), each with the
+ * exact two-sided McNemar p, and the rates beside them. Questions in one
+ * file only are counted and left out; those whose base answer the two
+ * judge differently are counted too (the searches did not share prompts or
+ * model); a repeated index is refused. json / table as polar_eval_summary. */
+polar_status polar_labels_compare(const char *path_a, const char *path_b, char **json, char **table, polar_error *err);
+
 #ifdef __cplusplus
 }
 #endif

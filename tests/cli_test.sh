@@ -336,6 +336,13 @@ else
     echo "FAIL cli_search_actions_both_default: $(diff "$D/labels.jsonl" "$D/both.jsonl" | head -c 300)"
 fi
 expect_out search_summary_skip "1 questions, D = 30, actions skip" $P search --summary "$D/skip.jsonl"
+# --compare pairs the two spaces' labels by question (lab1 searched 3 from 0 in both)
+expect_out search_compare "1 paired questions (0 only in A, 2 only in B)" $P search --compare "$D/skip.jsonl" \
+    --with "$D/lab1.jsonl"
+expect_out search_compare_json '"a":{"path":"'"$D"'/skip.jsonl","actions":"skip","unpaired":0}' $P search \
+    --compare "$D/skip.jsonl" --with "$D/lab1.jsonl" --json
+expect search_compare_alone 2 "give --compare A.jsonl --with B.jsonl" $P search --with "$D/skip.jsonl"
+expect search_compare_not_labels 1 "not a polar search line" $P search --compare "$D/skip.jsonl" --with "$D/ev.jsonl"
 expect search_actions_resume 1 "searched with --actions skip, not loop" $P search $SA --actions loop -o "$D/skip.jsonl"
 expect search_actions_bad 2 "--actions is both, skip or loop" $P search $SA --actions skips -o "$D/x.jsonl"
 expect search_summary_actions 2 "--summary takes only" $P search --summary "$D/skip.jsonl" --actions skip

@@ -334,6 +334,58 @@ static void labels_summary(void) {
           "not labels: %s", err.msg);
 }
 
+/* A labels line: base right or not, one valid program or none. */
+static void label_line(FILE *f, int index, int base_right, int valid, const char *actions) {
+    fprintf(f, "{\"index\":%d,\"question\":\"q\",\"gt_ans\":\"1\",\"initial_score\":%d,"
+            "\"final_valid_transitions\":[%s],\"final_invalid_transitions\":[],"
+            "\"best_transitions\":[{\"path\":[0,1,2,3,4,5],\"score\":%d,\"length\":6}],\"actions\":\"%s\"}\n",
+            index, base_right, valid ? "[0,1,2,2,3,4,5]" : "", base_right, actions);
+}
+
+/* Two action spaces' labels paired by question: q0 valid in both, q1 in A
+ * only, q2 in B only, q3 both, q6 neither (and its base answer judged
+ * differently); q5 only in A, q4 only in B. */
+static void labels_compare_pairs(void) {
+    polar_error err;
+    char a[256], b[256];
+    snprintf(a, sizeof a, "%s/la.jsonl", tmp_dir), snprintf(b, sizeof b, "%s/lb.jsonl", tmp_dir);
+    FILE *f = fopen(a, "w");
+    if (!f) return;
+    int qa[6][3] = {{0, 1, 1}, {1, 0, 1}, {2, 0, 0}, {3, 0, 1}, {5, 0, 1}, {6, 1, 0}};
+    int qb[6][3] = {{6, 0, 0}, {4, 0, 1}, {3, 0, 1}, {2, 0, 1}, {1, 0, 0}, {0, 1, 1}};
+    for (int i = 0; i < 6; i++) label_line(f, qa[i][0], qa[i][1], qa[i][2], "loop");
+    fclose(f);
+    if (!(f = fopen(b, "w"))) return;
+    for (int i = 0; i < 6; i++) label_line(f, qb[i][0], qb[i][1], qb[i][2], "skip");
+    fclose(f);
+    char *json = NULL, *table = NULL;
+    CHECK_OK(polar_labels_compare(a, b, &json, &table, &err));
+    if (!json || !table) return;
+    CHECK(strstr(json, "\"actions\":\"loop\",\"unpaired\":1}") && strstr(json, "\"actions\":\"skip\",\"unpaired\":1}"),
+          "sides: %s", json);
+    CHECK(strstr(json, "\"questions\":5,\"base_answer_differs\":1,\"with_valid\":{\"a\":0.600000,\"b\":0.600000,"
+                       "\"a_only\":1,\"b_only\":1,\"both\":2,\"neither\":1,\"p\":1}"),
+          "with valid: %s", json);
+    /* fixed: over q1, q2, q3, the questions both judge base-wrong */
+    CHECK(strstr(json, "\"base_wrong\":3,\"base_wrong_fixed\":{\"a\":0.666667,\"b\":0.666667,\"a_only\":1,"
+                       "\"b_only\":1,\"both\":1,\"neither\":0,"),
+          "fixed: %s", json);
+    CHECK(strstr(table, "5 paired questions (1 only in A, 1 only in B), 3 base-wrong in both") &&
+              strstr(table, "judged differently on 1 question(s)"),
+          "table: %s", table);
+    polar_free(json), polar_free(table);
+    if (!(f = fopen(b, "w"))) return;
+    label_line(f, 0, 1, 1, "skip"), label_line(f, 0, 1, 1, "skip");
+    fclose(f);
+    CHECK(polar_labels_compare(a, b, &json, NULL, &err) == POLAR_ERR_FORMAT && strstr(err.msg, "question 0 appears twice"),
+          "repeated: %s", err.msg);
+    if (!(f = fopen(b, "w"))) return;
+    label_line(f, 40, 1, 1, "skip");
+    fclose(f);
+    CHECK(polar_labels_compare(a, b, &json, NULL, &err) == POLAR_ERR_ARG && strstr(err.msg, "share no question"),
+          "disjoint: %s", err.msg);
+}
+
 int main(void) {
     if (!mkdtemp(tmp_dir)) return 1;
     RUN(record_lines);
@@ -342,6 +394,7 @@ int main(void) {
     RUN(distinct_program_lists);
     RUN(compare_pairs_questions);
     RUN(labels_summary);
+    RUN(labels_compare_pairs);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
     if (system(cmd)) return 1;
