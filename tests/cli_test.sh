@@ -371,10 +371,11 @@ else
 fi
 # --select beam|catalogue: the saved epoch is the one whose top 5 by that decoder hold a valid
 # program for the most validation questions, ties to the lower validation loss (the first of equals).
-# Two validation questions whose one valid program is not the base: on these labels the catalogue's
-# count moves between epochs (on the machine this was written on it keeps epoch 2, the loss epoch 6).
-# The beam's count stays 0 here, so its case checks only that it reads its own column (the
-# catalogue's would move the epoch); the rule itself is the catalogue case's.
+# Each rule has labels on which its count moves between epochs and its epoch is not the loss's (at
+# every CPU level of the machine this was written on): for the catalogue, two validation questions
+# whose one valid program is not the base (it keeps epoch 2, the loss epoch 6); for the beam, twelve
+# questions over nine programs, seed 4 (it keeps epoch 4 or 5, where its count falls after, the loss
+# epoch 6 by 0.15-0.42 of validation loss), so a rule that is ignored fails its case.
 LS=$D/select_labels.jsonl
 for i in 1 2 3 4 5 6 7 8 9 10; do
     printf '{"question":"What is %d + %d?","gt_ans":"%d","initial_score":1,"final_valid_transitions":[[%s],[%s]],"best_transitions":[]}\n' \
@@ -384,6 +385,31 @@ for i in 11 12; do
     printf '{"question":"What is %d + %d?","gt_ans":"%d","initial_score":0,"final_valid_transitions":[[%s]],"best_transitions":[]}\n' \
         "$i" "$i" "$((2 * i))" "$(seq -s, 0 $((17 + i % 8)))" >>"$LS"
 done
+LB=$D/select_beam_labels.jsonl
+span() { for r in "$@"; do seq -s, "${r%-*}" "${r#*-}"; done | paste -sd, -; }
+beam_label() { # N BASE_RIGHT PROGRAM [PROGRAM]: each program a quoted list of spans
+    n=$1 right=$2
+    shift 2
+    progs=
+    for p in "$@"; do
+        # shellcheck disable=SC2086
+        progs="$progs${progs:+,}[$(span $p)]"
+    done
+    printf '{"question":"What is %d + %d?","gt_ans":"%d","initial_score":%d,"final_valid_transitions":[%s],"best_transitions":[]}\n' \
+        "$n" "$n" "$((2 * n))" "$right" "$progs" >>"$LB"
+}
+beam_label 1 0 "0-19 24-29"
+beam_label 2 0 "0-11 8-29"
+beam_label 3 0 "0-23 28-29" "0-27"
+beam_label 4 0 "0-11 8-29" "0-27"
+beam_label 5 0 "0-11 8-29"
+beam_label 6 0 "0-27"
+beam_label 7 0 "0-19 24-29"
+beam_label 8 1 "0-29" "0-27 24-29"
+beam_label 9 0 "0-27"
+beam_label 10 1 "0-29" "0-23"
+beam_label 11 1 "0-29"
+beam_label 12 0 "0-23 28-29"
 selected_epoch() { # LOG FIELD: the epoch --select FIELD should keep, by the log's own figures
     awk -v f="\"$2\"" -F'[:,}]' '{
         for (i = 1; i < NF; i++) { if ($i ~ /"epoch"$/) e = $(i + 1); if ($i ~ /"val_loss"$/) v = $(i + 1); if ($i == f) k = $(i + 1) }
@@ -392,13 +418,16 @@ selected_epoch() { # LOG FIELD: the epoch --select FIELD should keep, by the log
 }
 saved_epoch() { grep '"best":true' "$1" | tail -n 1 | sed 's/^{"epoch":\([0-9]*\),.*/\1/'; }
 select_ok=1
-for sel in beam:val_top5_valid catalogue:catalogue_val_top5_valid; do
-    $P train --model "$M" --encoder "$M@0-1" --labels "$LS" --epochs 6 --batch 2 --lr 3e-3 --select "${sel%%:*}" \
-        -o "$D/sel.safetensors" --log "$D/sel.jsonl" >"$D/out" 2>"$D/err" &&
-        [ "$(grep -c '"val_loss"' "$D/sel.jsonl")" -eq 6 ] && want=$(selected_epoch "$D/sel.jsonl" "${sel#*:}") &&
-        [ "$(saved_epoch "$D/sel.jsonl")" = "$want" ] &&
-        grep -q "^saved epoch $want (most validation questions with a valid program in the ${sel%%:*}'s top 5): " "$D/err" ||
-        { select_ok=0; echo "FAIL cli_train_select ${sel%%:*}: $(head -c 300 "$D/err") $(cat "$D/sel.jsonl")"; }
+lowest_loss_epoch() { awk -F'"val_loss":' '{ split($2, v, ","); if (NR == 1 || v[1] < b) { b = v[1]; e = NR } } END { print e }' "$1"; }
+for sel in "beam:val_top5_valid:$LB:4" "catalogue:catalogue_val_top5_valid:$LS:42"; do
+    rule=${sel%%:*} rest=${sel#*:}
+    field=${rest%%:*} rest=${rest#*:}
+    $P train --model "$M" --encoder "$M@0-1" --labels "${rest%:*}" --epochs 6 --batch 2 --lr 3e-3 --seed "${rest##*:}" \
+        --select "$rule" -o "$D/sel.safetensors" --log "$D/sel.jsonl" >"$D/out" 2>"$D/err" &&
+        [ "$(grep -c '"val_loss"' "$D/sel.jsonl")" -eq 6 ] && want=$(selected_epoch "$D/sel.jsonl" "$field") &&
+        [ "$(saved_epoch "$D/sel.jsonl")" = "$want" ] && [ "$want" != "$(lowest_loss_epoch "$D/sel.jsonl")" ] &&
+        grep -q "^saved epoch $want (most validation questions with a valid program in the $rule's top 5): " "$D/err" ||
+        { select_ok=0; echo "FAIL cli_train_select $rule: $(head -c 300 "$D/err") $(cat "$D/sel.jsonl")"; }
 done
 [ $select_ok = 1 ] && echo "PASS cli_train_select"
 expect train_bad_select 2 "--select must be loss, beam or catalogue" $P train --model "$M" --labels "$L" \
