@@ -273,20 +273,22 @@ done:
     return rc;
 }
 
+/* json and a newline into path (--summary); 1 after printing the error. */
+static int write_json(const char *cmd, const char *path, const char *json) {
+    FILE *f = fopen(path, "w");
+    int ok = f && fprintf(f, "%s\n", json) >= 0;
+    if (f && fclose(f)) ok = 0;
+    if (!ok) fprintf(stderr, "polar %s: error: %s: cannot write the summary\n", cmd, path);
+    return !ok;
+}
+
 /* The summary of a results file: table on stdout, JSON and SVG when asked. */
 static int summarise(const char *cmd, const char *results, const char *summary, const char *plot) {
     polar_error err;
     char *json = NULL, *table = NULL;
     if (polar_eval_summary(results, summary ? &json : NULL, &table, &err) != POLAR_OK) return fail_status(cmd, &err);
     fputs(table, stdout);
-    int rc = 0;
-    if (summary) {
-        FILE *f = fopen(summary, "w");
-        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
-            fprintf(stderr, "polar %s: error: %s: cannot write the summary\n", cmd, summary);
-            rc = 1;
-        }
-    }
+    int rc = summary ? write_json(cmd, summary, json) : 0;
     polar_free(json), polar_free(table);
     if (!rc && plot && polar_eval_plot(results, plot, &err) != POLAR_OK) rc = fail_status(cmd, &err);
     return rc;
@@ -321,14 +323,7 @@ static int compare_files(const char *cmd, const eval_args *a, int k) {
     if (polar_eval_compare(a->compare_a, la, a->compare_b, lb, k, a->summary ? &json : NULL, &table, &err) != POLAR_OK)
         return fail_status(cmd, &err);
     fputs(table, stdout);
-    int rc = 0;
-    if (a->summary) {
-        FILE *f = fopen(a->summary, "w");
-        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
-            fprintf(stderr, "polar %s: error: %s: cannot write the comparison\n", cmd, a->summary);
-            rc = 1;
-        }
-    }
+    int rc = a->summary ? write_json(cmd, a->summary, json) : 0;
     polar_free(json), polar_free(table);
     return rc;
 }
@@ -363,7 +358,7 @@ int cmd_eval(int argc, char **argv) {
         if (!a.compare_a || !a.compare_b) return fail_usage(cmd, "give --compare A.jsonl --with B.jsonl");
         if (a.data || a.out || a.summary_of || a.plot)
             return fail_usage(cmd, "--compare takes only --with, --lists, -k and --summary");
-        if (opts[14].seen && (a.k < 1 || a.k > 64)) return fail_usage(cmd, "-k must be 1 to 64");
+        if (opts[14].seen && (a.k < 1 || a.k > MAX_PROGRAMS)) return fail_usage(cmd, "-k must be 1 to %d", MAX_PROGRAMS);
         return compare_files(cmd, &a, opts[14].seen ? a.k : 0);
     }
     if (a.summary_of) {
