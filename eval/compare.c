@@ -12,10 +12,13 @@
 
 /* One side of the comparison: a file's records and which list of them. */
 typedef struct {
-    const char *path, *list_name;
+    const char *path;
     eval_records rs;
     int samples; /* 1: the base samples; 0: the programs */
+    int longest; /* the longest such list of any line */
 } compare_side;
+
+static const char *list_name(int samples) { return samples ? "samples" : "runs"; }
 
 static void side_list(const compare_side *s, const eval_question *q, const eval_run_view **runs, int *n) {
     *runs = s->samples ? q->samples : q->runs;
@@ -43,7 +46,7 @@ static const eval_question *find_index(const eval_records *rs, long index) {
     return NULL;
 }
 
-static polar_status check_side(const compare_side *s, polar_error *err) {
+static polar_status check_side(compare_side *s, polar_error *err) {
     int longest = 0;
     for (int i = 0; i < s->rs.n; i++) {
         const eval_run_view *runs;
@@ -54,10 +57,11 @@ static polar_status check_side(const compare_side *s, polar_error *err) {
             if (s->rs.q[j].index == s->rs.q[i].index)
                 return polar_fail(err, POLAR_ERR_FORMAT, "%s: question %ld appears twice", s->path, s->rs.q[i].index);
     }
+    s->longest = longest;
     if (!s->rs.n) return polar_fail(err, POLAR_ERR_FORMAT, "%s: no complete results lines", s->path);
     if (!longest)
-        return polar_fail(err, POLAR_ERR_ARG, "%s: no question has %s (the other list is %s)", s->path, s->list_name,
-                          s->samples ? "runs" : "samples");
+        return polar_fail(err, POLAR_ERR_ARG, "%s: no question has %s (the other list is %s)", s->path, list_name(s->samples),
+                          list_name(!s->samples));
     return POLAR_OK;
 }
 
@@ -66,10 +70,11 @@ typedef struct {
     eval_paired pass[EVAL_MAX_K + 1], consensus[EVAL_MAX_K + 1];
 } comparison;
 
-/* k_max 0: the longer of the two lists. */
+/* k_max 0: the longer of the two lists (k past a list's end counts it whole). */
 static void compare(const compare_side *A, const compare_side *B, int k_max, comparison *c) {
     memset(c, 0, sizeof *c);
-    int longest = 0;
+    int longest = A->longest > B->longest ? A->longest : B->longest;
+    c->k_max = k_max ? k_max : longest < EVAL_MAX_K ? longest : EVAL_MAX_K;
     for (int i = 0; i < A->rs.n; i++) {
         const eval_question *qa = &A->rs.q[i], *qb = find_index(&B->rs, qa->index);
         if (!qb) {
@@ -80,14 +85,12 @@ static void compare(const compare_side *A, const compare_side *B, int k_max, com
         const eval_run_view *ra, *rb;
         int na, nb;
         side_list(A, qa, &ra, &na), side_list(B, qb, &rb, &nb);
-        longest = na > longest ? na : longest, longest = nb > longest ? nb : longest;
-        for (int k = 1; k <= EVAL_MAX_K; k++) {
+        for (int k = 1; k <= c->k_max; k++) {
             eval_paired_add(&c->pass[k], pass_within(ra, na, k), pass_within(rb, nb, k));
             eval_paired_add(&c->consensus[k], consensus_within(ra, na, k), consensus_within(rb, nb, k));
         }
     }
     c->b_unpaired = B->rs.n - c->paired;
-    c->k_max = k_max ? k_max : longest < EVAL_MAX_K ? longest : EVAL_MAX_K;
 }
 
 static int rows_json(sbuf *b, const char *key, const eval_paired *pc, int k_max, int n) {
@@ -99,9 +102,9 @@ static int rows_json(sbuf *b, const char *key, const eval_paired *pc, int k_max,
 
 static int comparison_json(const compare_side *A, const compare_side *B, const comparison *c, sbuf *b) {
     return sbuf_add(b, "{\"a\":{\"path\":") && sbuf_json_string(b, A->path) &&
-           sbuf_add(b, ",\"list\":\"%s\",\"unpaired\":%d},\"b\":{\"path\":", A->list_name, c->a_unpaired) &&
+           sbuf_add(b, ",\"list\":\"%s\",\"unpaired\":%d},\"b\":{\"path\":", list_name(A->samples), c->a_unpaired) &&
            sbuf_json_string(b, B->path) &&
-           sbuf_add(b, ",\"list\":\"%s\",\"unpaired\":%d},\"questions\":%d", B->list_name, c->b_unpaired, c->paired) &&
+           sbuf_add(b, ",\"list\":\"%s\",\"unpaired\":%d},\"questions\":%d", list_name(B->samples), c->b_unpaired, c->paired) &&
            rows_json(b, "pass_at_k", c->pass, c->k_max, c->paired) &&
            rows_json(b, "consensus_at_k", c->consensus, c->k_max, c->paired) && sbuf_add(b, "}");
 }
@@ -117,7 +120,7 @@ static int rows_table(sbuf *b, const char *metric, const eval_paired *pc, int k_
 }
 
 static int comparison_table(const compare_side *A, const compare_side *B, const comparison *c, sbuf *b) {
-    return sbuf_add(b, "A: the %s of %s\nB: the %s of %s\n", A->list_name, A->path, B->list_name, B->path) &&
+    return sbuf_add(b, "A: the %s of %s\nB: the %s of %s\n", list_name(A->samples), A->path, list_name(B->samples), B->path) &&
            sbuf_add(b, "%d paired questions (%d only in A, %d only in B)\n", c->paired, c->a_unpaired, c->b_unpaired) &&
            rows_table(b, "pass@k", c->pass, c->k_max, c->paired) &&
            rows_table(b, "consensus@k", c->consensus, c->k_max, c->paired);
@@ -126,8 +129,7 @@ static int comparison_table(const compare_side *A, const compare_side *B, const 
 polar_status polar_eval_compare(const char *path_a, polar_eval_list list_a, const char *path_b, polar_eval_list list_b,
                                 int k_max, char **json, char **table, polar_error *err) {
     if (k_max < 0 || k_max > EVAL_MAX_K) return polar_fail(err, POLAR_ERR_ARG, "eval compare: k must be 1 to %d", EVAL_MAX_K);
-    compare_side sides[2] = {{path_a, list_a == POLAR_EVAL_SAMPLES ? "samples" : "runs", {0}, list_a == POLAR_EVAL_SAMPLES},
-                             {path_b, list_b == POLAR_EVAL_SAMPLES ? "samples" : "runs", {0}, list_b == POLAR_EVAL_SAMPLES}};
+    compare_side sides[2] = {{path_a, {0}, list_a == POLAR_EVAL_SAMPLES, 0}, {path_b, {0}, list_b == POLAR_EVAL_SAMPLES, 0}};
     polar_status st = POLAR_OK;
     for (int s = 0; s < 2 && st == POLAR_OK; s++)
         if ((st = eval_read_records(sides[s].path, &sides[s].rs, err)) == POLAR_OK) st = check_side(&sides[s], err);

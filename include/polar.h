@@ -1264,7 +1264,7 @@ polar_status polar_eval_plot(const char *results_path, const char *svg_path, pol
 typedef enum { POLAR_EVAL_RUNS, POLAR_EVAL_SAMPLES } polar_eval_list;
 
 /* Two results files paired by question index: for k = 1..k_max (0: the
- * longer list), the questions that only A's first k get right, only B's,
+ * longest list of either file), the questions that only A's first k get right, only B's,
  * both and neither, for pass@k and consensus@k, with the exact two-sided
  * McNemar p. Questions in one file only are counted, not compared; a file
  * with a repeated index, or whose chosen list is empty on every line, is

@@ -24,8 +24,7 @@ typedef struct {
     const char *path;
     searched_question *q;
     int n, cap;
-    const char *actions; /* of the first line ("both" when it names none) */
-    char actions_buf[8];
+    char actions[8]; /* of the first line ("both" when it names none) */
 } labels_side;
 
 static polar_status add_question(const pred_label_line *line, void *ctx, polar_error *err) {
@@ -44,8 +43,7 @@ static polar_status add_question(const pred_label_line *line, void *ctx, polar_e
     }
     if (!s->n) {
         const json_value *act = json_get(line->root, "actions");
-        snprintf(s->actions_buf, sizeof s->actions_buf, "%s", act && act->type == JSON_STRING ? act->str : "both");
-        s->actions = s->actions_buf;
+        snprintf(s->actions, sizeof s->actions, "%s", act && act->type == JSON_STRING ? act->str : "both");
     }
     int layers[MAX_LEN], valid = 0;
     for (size_t i = 0; !valid && i < line->valid->len; i++) valid = pred_label_path(line->valid->items[i], MAX_LEN, MAX_LEN, layers) > 0;
