@@ -47,6 +47,9 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 [ -n "$LABELS" ] || { echo "train_sweep.sh: usage error: --labels FILE... is required" >&2; exit 2; }
+for f in $LABELS; do
+    [ -e "$f" ] || [ ! -e "$f.gz" ] || { echo "train_sweep.sh: $f: only $f.gz is there; run sh bench/unpack_results.sh first" >&2; exit 2; }
+done
 case $SELECT in
 loss) ORDER="-k1,1g" ;;
 beam) ORDER="-k12,12nr -k1,1g" ;;
@@ -84,9 +87,13 @@ for lr in $LRS; do
             name=lr$lr-b$b-e$e
             t0=$(date +%s)
             # shellcheck disable=SC2086
-            "$POLAR" train --labels $LABELS --lr "$lr" --batch "$b" --epochs "$e" --warmup "$WARMUP" --seed "$SEED" \
+            if ! "$POLAR" train --labels $LABELS --lr "$lr" --batch "$b" --epochs "$e" --warmup "$WARMUP" --seed "$SEED" \
                 --features-cache "$OUT/features.safetensors" --log "$OUT/logs/$name.jsonl" --select "$SELECT" \
-                -o "$OUT/runs/$name.safetensors" "$@" 2>"$OUT/logs/$name.stderr"
+                -o "$OUT/runs/$name.safetensors" "$@" 2>"$OUT/logs/$name.stderr"; then
+                echo "train_sweep.sh: error: $name: polar train failed ($OUT/logs/$name.stderr):" >&2
+                tail -n 3 "$OUT/logs/$name.stderr" >&2
+                exit 1
+            fi
             best=$(best_of "$OUT/logs/$name.jsonl")
             [ -n "$best" ] || { echo "train_sweep.sh: error: $name: no validation loss in its log" >&2; exit 1; }
             # "$@" holds the options for polar train: split the best epoch's fields with read, not set
