@@ -202,8 +202,8 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         goto done;
     }
     for (int i = 0; i < n_runs_max; i++) c.accs[i] = c.acc;
-    double t_start = polar_time_ms();
-    int done_before = n_done;
+    cli_progress progress;
+    progress_start(&progress, cmd, count, n_done);
     for (int i = 0; i < count; i++) {
         if (done[i]) continue;
         const polar_question *q = polar_dataset_get(data, first + i);
@@ -255,7 +255,7 @@ static int evaluate(const char *cmd, const eval_args *a, const char *model_path,
         fflush(f);
         polar_free(line);
         n_done++;
-        if (!a->quiet) progress_line(cmd, n_done, count, done_before, t_start);
+        if (!a->quiet) progress_update(&progress, n_done);
     }
     rc = 0;
 done:

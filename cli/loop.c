@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* 1 once text holds a \boxed{ whose braces have closed. */
@@ -179,13 +180,32 @@ polar_status longest_prompt(const polar_tokenizer *tok, prompt_style style, cons
     return POLAR_OK;
 }
 
-void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms) {
-    if (!isatty(2)) return;
-    double s = (polar_time_ms() - t_start_ms) / 1000, rate = s > 0 ? (done - done_before) / s : 0;
-    long eta = rate > 0 ? (long)((total - done) / rate) : 0;
-    fprintf(stderr, "\rpolar %s: %d/%d questions, %.2f/s, ETA %ldm %02lds   ", cmd, done, total, rate, eta / 60,
-            eta % 60);
-    if (done == total) fputc('\n', stderr);
+void progress_start(cli_progress *p, const char *cmd, int total, int done_before) {
+    *p = (cli_progress){.cmd = cmd, .total = total, .done_before = done_before, .tty = isatty(2),
+                        .t_start_ms = polar_time_ms()};
+    p->last_ms = p->t_start_ms;
+}
+
+void progress_update(cli_progress *p, int done) {
+    double now = polar_time_ms(), s = (now - p->t_start_ms) / 1000;
+    if (!p->tty && done < p->total && now - p->last_ms < 60e3) return;
+    p->last_ms = now;
+    double rate = s > 0 ? (done - p->done_before) / s : 0;
+    long eta = rate > 0 ? (long)((p->total - done) / rate) : 0;
+    char eta_text[32];
+    if (eta >= 3600) snprintf(eta_text, sizeof eta_text, "%ldh %02ldm", eta / 3600, eta / 60 % 60);
+    else snprintf(eta_text, sizeof eta_text, "%ldm %02lds", eta / 60, eta % 60);
+    if (p->tty) {
+        fprintf(stderr, "\rpolar %s: %d/%d questions, %.2f/s, ETA %s   ", p->cmd, done, p->total, rate, eta_text);
+        if (done == p->total) fputc('\n', stderr);
+    } else {
+        char stamp[32] = "";
+        time_t t = time(NULL);
+        struct tm tm;
+        if (gmtime_r(&t, &tm)) strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", &tm);
+        fprintf(stderr, "polar %s: %s: %d/%d questions (%d this run, %.0f s), %.3f/s, ETA %s\n", p->cmd, stamp, done,
+                p->total, done - p->done_before, s, rate, eta_text);
+    }
     fflush(stderr);
 }
 

@@ -72,7 +72,18 @@ FILE *resume_results(const char *cmd, const char *path, int first, int count, un
  * printed any error (file and line). */
 int read_programs(const char *cmd, const char *path, int D, polar_program *out, int max, int *n);
 
-/* "\rpolar CMD: 12/300 questions, 0.80/s, ETA 6m 5s" on stderr (a terminal only). */
-void progress_line(const char *cmd, int done, int total, int done_before, double t_start_ms);
+/* Progress of a long run over questions, on stderr: on a terminal one line
+ * rewritten after each question ("\rpolar CMD: 12/300 questions, 0.80/s,
+ * ETA 6m 05s"); elsewhere (a log of a background run) the same as a whole
+ * line, at most one a minute and the last, stamped with the UTC time. */
+typedef struct {
+    const char *cmd;
+    int total, done_before; /* questions in the run; those already in the output when it began */
+    int tty;
+    double t_start_ms, last_ms; /* the run's start; the last line printed (not on a terminal) */
+} cli_progress;
+
+void progress_start(cli_progress *p, const char *cmd, int total, int done_before);
+void progress_update(cli_progress *p, int done);
 
 #endif

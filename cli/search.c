@@ -255,8 +255,9 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
         rc = fail_status(cmd, &err);
         goto out;
     }
-    double t_start = polar_time_ms();
-    int done_before = n_done, next = 0, failed = -1;
+    cli_progress progress;
+    progress_start(&progress, cmd, count, n_done);
+    int next = 0, failed = -1;
     totals t = {0};
     while (st == POLAR_OK) {
         int active = 0, slot = -1;
@@ -273,7 +274,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
             if (st == POLAR_OK) st = advance(&r, j, &finished, &err);
             if (st == POLAR_OK && finished) {
                 st = job_finish(j, f, a->out, a->actions, &t, &err);
-                if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
+                if (!a->quiet) progress_update(&progress, ++n_done);
             }
             continue;
         }
@@ -288,7 +289,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
             if (st == POLAR_OK && rewarded) st = advance(&r, j, &finished, &err);
             if (st == POLAR_OK && finished) {
                 st = job_finish(j, f, a->out, a->actions, &t, &err);
-                if (!a->quiet) progress_line(cmd, ++n_done, count, done_before, t_start);
+                if (!a->quiet) progress_update(&progress, ++n_done);
             }
         }
     }
@@ -298,7 +299,7 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
     }
     printf("searched %d questions (%d done before): %d with a valid program, %d of them fixing a wrong base answer; "
            "%ld programs evaluated; prompt layer-tokens run: %.1f%% of those needed\n",
-           t.done, done_before, t.valid, t.fixed, t.evaluated, t.needed ? 100.0 * t.run / t.needed : 0.0);
+           t.done, progress.done_before, t.valid, t.fixed, t.evaluated, t.needed ? 100.0 * t.run / t.needed : 0.0);
     rc = 0;
 out:
     if (f && fclose(f) && !rc) rc = 1, fprintf(stderr, "polar %s: error: %s: write failed\n", cmd, a->out);
