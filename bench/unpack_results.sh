@@ -17,7 +17,8 @@ for f in $(find "$@" -name '*.jsonl.gz' | sort); do
         kept=$((kept + 1))
         continue
     fi
-    gzip -dc "$f" > "$out.tmp" && mv "$out.tmp" "$out"
+    gzip -dc "$f" >"$out.tmp" || { rm -f "$out.tmp"; echo "unpack_results.sh: error: $f: cannot unpack" >&2; exit 1; }
+    mv "$out.tmp" "$out"
     n=$((n + 1))
 done
 echo "unpack_results.sh: $n unpacked, $kept kept (newer than their .gz)"
