@@ -11,10 +11,9 @@
 #include "args.h"
 #include "auto.h"
 
-#define MAX_LABEL_FILES 64
-
-/* --labels takes every following argument up to the next option. */
-static int take_labels(int *argc, char **argv, const char **files, int *n_files) {
+/* --labels takes every following argument up to the next option, into
+ * files (room for argc entries: no limit on how many). */
+static void take_labels(int *argc, char **argv, const char **files, int *n_files) {
     int out = 0;
     *n_files = 0;
     for (int i = 0; i < *argc; i++) {
@@ -22,13 +21,10 @@ static int take_labels(int *argc, char **argv, const char **files, int *n_files)
             argv[out++] = argv[i];
             continue;
         }
-        while (i + 1 < *argc && strncmp(argv[i + 1], "--", 2) && strcmp(argv[i + 1], "-o")) {
-            if (*n_files == MAX_LABEL_FILES) return 0;
+        while (i + 1 < *argc && strncmp(argv[i + 1], "--", 2) && strcmp(argv[i + 1], "-o"))
             files[(*n_files)++] = argv[++i];
-        }
     }
     *argc = out;
-    return 1;
 }
 
 static void show_progress(int done, int total, void *ctx) {
@@ -223,13 +219,12 @@ static int train_epochs(const char *cmd, polar_predictor *p, polar_trainer *t, p
     return rc;
 }
 
-int cmd_train(int argc, char **argv) {
-    const char *cmd = "train", *files[MAX_LABEL_FILES], *model_arg = NULL, *encoder = NULL, *out = NULL,
+static int train(int argc, char **argv, const char *const *files, int n_files) {
+    const char *cmd = "train", *model_arg = NULL, *encoder = NULL, *out = NULL,
                *log_path = NULL, *cache = NULL, *lr_text = "5e-4", *ow_text = "0.3", *drop_text = "0.1",
                *select_text = "loss";
-    int n_files = 0, epochs = 10, batch = 128, warmup = 10, max_paths = 50;
+    int epochs = 10, batch = 128, warmup = 10, max_paths = 50;
     uint64_t seed = 42;
-    if (!take_labels(&argc, argv, files, &n_files)) return fail_usage(cmd, "more than %d labels files", MAX_LABEL_FILES);
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},     {"--encoder", OPT_STR, &encoder, 0},
         {"-o", OPT_STR, &out, 0},                {"--log", OPT_STR, &log_path, 0},
@@ -334,5 +329,18 @@ done:
     polar_train_features_free(&f);
     polar_train_labels_free(&l);
     polar_free(default_model);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    const char **files = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *files);
+    if (!files) {
+        fprintf(stderr, "polar train: error: out of memory\n");
+        return 1;
+    }
+    int n_files;
+    take_labels(&argc, argv, files, &n_files);
+    int rc = train(argc, argv, files, n_files);
+    free(files);
     return rc;
 }

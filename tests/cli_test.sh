@@ -386,6 +386,18 @@ if $P train --model "$M" --encoder "$M@0-1" --labels "$L" --epochs 2 --batch 4 -
 else
     echo "FAIL cli_train: $(head -c 300 "$D/err") $(head -c 300 "$D/train.jsonl")"
 fi
+# --labels takes any number of files (a full label set is ~90 search outputs): 70 one-line files,
+# the 7 questions ten times over, pool into the same 7 questions and 14 programs.
+mkdir -p "$D/many"
+for j in $(seq 0 69); do sed -n "$((j % 7 + 1))p" "$L" >"$D/many/$j.jsonl"; done
+# shellcheck disable=SC2046
+if $P train --model "$M" --encoder "$M@0-1" --labels $(seq -f "$D/many/%g.jsonl" 0 69) --epochs 1 --batch 4 \
+    -o "$D/many.safetensors" --log "$D/many.jsonl" >"$D/out" 2>"$D/err" &&
+    grep -q "labels: 7 questions (70 lines, 63 of them a question asked before: pooled, 126 programs found again), 7 with examples; 14 valid programs" "$D/err"; then
+    echo "PASS cli_train_many_files"
+else
+    echo "FAIL cli_train_many_files: $(head -c 300 "$D/err")"
+fi
 # --select beam|catalogue: the saved epoch is the one whose top 5 by that decoder hold a valid
 # program for the most validation questions, ties to the lower validation loss (the first of equals).
 # Each rule has labels on which its count moves between epochs and its epoch is not the loss's (at
