@@ -366,6 +366,8 @@ int cmd_eval(int argc, char **argv) {
         return summarise(cmd, a.summary_of, a.summary, a.plot);
     }
     if (!a.data || !a.out) return fail_usage(cmd, "give --data FILE and -o RESULTS.jsonl");
+    int bad_out = check_results_path(cmd, a.out);
+    if (bad_out) return bad_out;
     prompt_style style;
     if (!parse_style(cmd, a.style_text, &style)) return EXIT_USAGE;
     int auto_mode = !strcmp(a.program, "auto");

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -125,6 +126,14 @@ int load_shots(const char *cmd, int n, const char *from, polar_dataset **shot_da
         return fail_usage(cmd, "%s has %d questions, fewer than --shots %d", from, count, n);
     }
     for (int i = 0; i < n; i++) shots[i] = polar_dataset_get(*shot_data, i);
+    return 0;
+}
+
+int check_results_path(const char *cmd, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fail_usage(cmd, "-o %s: not a regular file (the results file is read back to resume a stopped run)",
+                          path);
     return 0;
 }
 

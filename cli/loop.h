@@ -59,6 +59,11 @@ int load_shots(const char *cmd, int n, const char *from, polar_dataset **shot_da
 int open_dataset(const char *cmd, const char *path, const char *format, const char *qfield, const char *afield,
                  int start, int limit, polar_dataset **out, int *first, int *count);
 
+/* -o names a results file that a later run resumes (reads back): refused
+ * with a usage error (its exit status) when it exists and is not a regular
+ * file (a device or a pipe reads back without end). */
+int check_results_path(const char *cmd, const char *path);
+
 /* Open a results file for appending after marking done[i] for the complete
  * lines of questions first..first+count-1 already in it; a torn last line
  * (a run killed mid-write) is cut off. A line that is not one of ours stops

@@ -294,7 +294,9 @@ static int run_searches(const char *cmd, const search_args *a, prompt_style styl
         }
     }
     if (st != POLAR_OK) {
-        fprintf(stderr, "\npolar %s: error: question %d: %s\n", cmd, failed, err.msg);
+        /* a terminal's progress line is open: end it first; a log gets the error line alone */
+        fprintf(stderr, "%spolar %s: error: question %d: %s\n", !a->quiet && progress.tty ? "\n" : "", cmd, failed,
+                err.msg);
         goto out;
     }
     printf("searched %d questions (%d done before): %d with a valid program, %d of them fixing a wrong base answer; "
@@ -361,6 +363,8 @@ int cmd_search(int argc, char **argv) {
         return 0;
     }
     if (!a.data || !a.out) return fail_usage(cmd, "give --data FILE and -o LABELS.jsonl");
+    int bad_out = check_results_path(cmd, a.out);
+    if (bad_out) return bad_out;
     prompt_style style;
     if (!parse_style(cmd, a.style_text, &style)) return EXIT_USAGE;
     if (style == STYLE_MC) return fail_usage(cmd, "--style is boxed or chat (the reward checks a \\boxed{} answer)");

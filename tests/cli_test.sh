@@ -363,6 +363,9 @@ expect search_compare_not_labels 1 "not a polar search line" $P search --compare
 expect search_actions_resume 1 "searched with --actions skip, not loop" $P search $SA --actions loop -o "$D/skip.jsonl"
 expect search_actions_bad 2 "--actions is both, skip or loop" $P search $SA --actions skips -o "$D/x.jsonl"
 expect search_summary_actions 2 "--summary takes only" $P search --summary "$D/skip.jsonl" --actions skip
+# -o is read back to resume: a device would read back without end (/dev/zero ran out of memory)
+expect search_out_device 2 "-o /dev/zero: not a regular file" $P search --model "$M" --data "$Q" -o /dev/zero
+expect eval_out_device 2 "-o /dev/zero: not a regular file" $P eval --model "$M" --data "$Q" -o /dev/zero
 expect search_shots_alone 2 "--shots N and --shots-from FILE go together" $P search --model "$M" --data "$Q" --shots 2 \
     -o "$D/x.jsonl"
 
