@@ -164,7 +164,7 @@ polar_status eval_read_records(const char *path, eval_records *rs, polar_error *
     ssize_t got;
     long lineno = 0;
     polar_status st = POLAR_OK;
-    while (st == POLAR_OK && (got = getline(&line, &cap, f)) > 0) {
+    while (st == POLAR_OK && (got = jsonl_read_line(f, &line, &cap, JSONL_MAX_LINE)) > 0) {
         lineno++;
         if (polar_eval_record_index(line) < 0) continue; /* torn or foreign line: a resumed run rewrites it */
         eval_question q = {0};
@@ -188,6 +188,10 @@ polar_status eval_read_records(const char *path, eval_records *rs, polar_error *
         rs->q = grown;
         rs->q[rs->n++] = q;
     }
+    if (st == POLAR_OK && got < 0)
+        st = got == JSONL_TOO_LONG ? polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: a line over %zu MiB: not a results file",
+                                                path, lineno + 1, JSONL_MAX_LINE >> 20)
+                                   : polar_fail(err, POLAR_ERR_IO, "%s:%ld: read error", path, lineno + 1);
     free(line);
     fclose(f);
     if (st != POLAR_OK) eval_records_free(rs);

@@ -423,6 +423,25 @@ polar_status json_read_file(const char *path, size_t max_bytes, char **text, siz
     return POLAR_OK;
 }
 
+ssize_t jsonl_read_line(FILE *f, char **line, size_t *cap, size_t max_bytes) {
+    size_t n = 0;
+    int c;
+    do {
+        if ((c = getc_unlocked(f)) == EOF) break;
+        if (n + 1 >= *cap) { /* room for c and the NUL */
+            if (n >= max_bytes) return JSONL_TOO_LONG;
+            size_t grown = *cap ? *cap * 2 : 256;
+            char *b = realloc(*line, grown);
+            if (!b) return JSONL_READ_ERROR;
+            *line = b, *cap = grown;
+        }
+        (*line)[n++] = (char)c;
+    } while (c != '\n');
+    if (ferror(f)) return JSONL_READ_ERROR;
+    if (*line) (*line)[n] = 0;
+    return (ssize_t)n;
+}
+
 polar_status json_parse_file(const char *path, json_doc **out, polar_error *err) {
     char *text;
     size_t len;

@@ -4,6 +4,8 @@
 #define POLAR_JSON_H
 
 #include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "polar.h"
 
@@ -35,6 +37,18 @@ const json_value *json_get(const json_value *obj, const char *key);
 /* Read a whole file (at most max_bytes) into a NUL-terminated buffer. */
 polar_status json_read_file(const char *path, size_t max_bytes, char **text, size_t *len,
                             polar_error *err);
+
+/* The longest JSONL line the readers take (labels, eval records): a longer
+ * one is a corrupt file or a device, which would otherwise grow the buffer
+ * until memory runs out. */
+#define JSONL_MAX_LINE ((size_t)64 << 20)
+
+/* One line of f, its newline kept, NUL-terminated, into *line (grown as
+ * needed, as getline does; free it after): its length, 0 at the end of the
+ * file, JSONL_TOO_LONG past max_bytes, JSONL_READ_ERROR on a read error. */
+#define JSONL_TOO_LONG ((ssize_t)-2)
+#define JSONL_READ_ERROR ((ssize_t)-1)
+ssize_t jsonl_read_line(FILE *f, char **line, size_t *cap, size_t max_bytes);
 
 /* Parse a file. */
 polar_status json_parse_file(const char *path, json_doc **out, polar_error *err);

@@ -142,7 +142,7 @@ polar_status pred_labels_each(const char *path, pred_label_fn fn, void *ctx, pol
     ssize_t got;
     long lineno = 0;
     polar_status st = POLAR_OK;
-    while (st == POLAR_OK && (got = getline(&line, &cap, f)) > 0) {
+    while (st == POLAR_OK && (got = jsonl_read_line(f, &line, &cap, JSONL_MAX_LINE)) > 0) {
         lineno++;
         if (!line_complete(line, (size_t)got)) continue;
         snprintf(where, sizeof where, "%.500s:%ld", path, lineno);
@@ -155,6 +155,10 @@ polar_status pred_labels_each(const char *path, pred_label_fn fn, void *ctx, pol
             st = fn(&l, ctx, err);
         json_free(doc);
     }
+    if (st == POLAR_OK && got < 0)
+        st = got == JSONL_TOO_LONG ? polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: a line over %zu MiB: not a labels file",
+                                                path, lineno + 1, JSONL_MAX_LINE >> 20)
+                                   : polar_fail(err, POLAR_ERR_IO, "%s:%ld: read error", path, lineno + 1);
     free(line);
     fclose(f);
     return st;

@@ -366,6 +366,9 @@ expect search_summary_actions 2 "--summary takes only" $P search --summary "$D/s
 # -o is read back to resume: a device would read back without end (/dev/zero ran out of memory)
 expect search_out_device 2 "-o /dev/zero: not a regular file" $P search --model "$M" --data "$Q" -o /dev/zero
 expect eval_out_device 2 "-o /dev/zero: not a regular file" $P eval --model "$M" --data "$Q" -o /dev/zero
+# ... and a device read as labels or results stops at the 64 MiB line cap with one line
+expect search_summary_device 1 "/dev/zero:1: a line over 64 MiB: not a labels file" $P search --summary /dev/zero
+expect eval_summary_device 1 "/dev/zero:1: a line over 64 MiB: not a results file" $P eval --summary-of /dev/zero
 expect search_shots_alone 2 "--shots N and --shots-from FILE go together" $P search --model "$M" --data "$Q" --shots 2 \
     -o "$D/x.jsonl"
 

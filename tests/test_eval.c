@@ -206,6 +206,19 @@ static void compare_pairs_questions(void) {
           "missing: %s", err.msg);
 }
 
+/* A device as a results or labels file reads one endless line: refused at
+ * the line cap (64 MiB), not read until memory runs out. */
+static void endless_line_refused(void) {
+    polar_error err;
+    char *json = NULL;
+    CHECK(polar_eval_summary("/dev/zero", &json, NULL, &err) == POLAR_ERR_FORMAT &&
+              strstr(err.msg, "/dev/zero:1: a line over 64 MiB: not a results file"),
+          "results: %s", err.msg);
+    CHECK(polar_labels_summary("/dev/zero", 30, &json, NULL, NULL, &err) == POLAR_ERR_FORMAT &&
+              strstr(err.msg, "/dev/zero:1: a line over 64 MiB: not a labels file"),
+          "labels: %s", err.msg);
+}
+
 static void record_lines(void) {
     polar_error err;
     polar_eval_run r = run("0-5,6-7x2", 10, "\\frac{1}{2}", 1);
@@ -395,6 +408,7 @@ int main(void) {
     RUN(compare_pairs_questions);
     RUN(labels_summary);
     RUN(labels_compare_pairs);
+    RUN(endless_line_refused);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
     if (system(cmd)) return 1;

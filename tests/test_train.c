@@ -569,6 +569,11 @@ static void labels_to_examples(void) {
     CHECK(polar_train_labels_load(files, 1, 6, 3, 0.3f, 1, &l, &err) == POLAR_ERR_FORMAT && strstr(err.msg, ":1:"),
           "a layer past D: %s", err.msg);
     unlink(path);
+    /* a device reads one endless line: refused at the line cap, not read until memory runs out */
+    const char *zero[1] = {"/dev/zero"};
+    CHECK(polar_train_labels_load(zero, 1, 6, 3, 0.3f, 1, &l, &err) == POLAR_ERR_FORMAT &&
+              strstr(err.msg, "/dev/zero:1: a line over 64 MiB"),
+          "/dev/zero: %s", err.msg);
 }
 
 /* The fit counts each question as its beam ranks its valid programs: labels
