@@ -230,6 +230,14 @@ int read_programs(const char *cmd, const char *path, int D, polar_program *out, 
     int lineno = 0, rc = 0;
     while (!rc && fgets(line, sizeof line, f)) {
         lineno++;
+        /* a line that fgets cut (no newline, more to come) is too long or holds a NUL: a
+         * device such as /dev/zero would otherwise be read as empty lines without end */
+        if (!strchr(line, '\n') && !feof(f)) {
+            fprintf(stderr, "polar %s: error: %s:%d: over %d bytes or a NUL byte: not a programs file\n", cmd, path,
+                    lineno, (int)sizeof line - 2);
+            rc = 1;
+            break;
+        }
         line[strcspn(line, "\r\n")] = 0;
         if (!line[0] || line[0] == '#') continue;
         if (*n == max) rc = fail_usage(cmd, "%s: more than %d programs", path, max);

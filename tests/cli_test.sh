@@ -119,6 +119,8 @@ grep -q -F '"launches_per_step":null,"copies_per_step":null,"launches_per_layer"
 expect_out bench_batch_launches '"threads":1,"cuda_launches":null,"prompt_len":5' $P bench --arch llama --batch 1 --prompt-len 5 --gen 2 --reps 1 --threads 1 --json
 printf '0-3\n0-9\n' >"$D/batch_bad.txt"
 expect bench_batch_bad_file 1 "batch_bad.txt:2:" $P bench --arch llama --batch 2 --programs "$D/batch_bad.txt"
+expect bench_batch_programs_device 1 "/dev/zero:1: over 8190 bytes or a NUL byte: not a programs file" $P bench --arch llama \
+    --batch 2 --programs /dev/zero
 expect usage_bench_programs 2 "--programs goes with --batch" $P bench --arch llama --programs "$D/batch_progs.txt"
 # POLAR_CPU picks the kernel level; a level this CPU cannot run is refused with one line, and the best one runs.
 expect_out bench_cpu_generic '"cpu_kernels":"generic"' env POLAR_CPU=generic $P bench --arch llama --prompt-len 4 --gen 2 \
