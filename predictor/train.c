@@ -213,13 +213,20 @@ static polar_status check_batch(const polar_predictor *p, const polar_train_exam
     return POLAR_OK;
 }
 
-void pred_batch_ws_free(pred_batch_ws *w) {
+/* The buffers sized by threads, examples and tokens (not the chunk sums). */
+static void free_batch_buffers(pred_batch_ws *w) {
     for (int t = 0; t < w->threads; t++) {
         if (w->fb) free(w->fb[t]);
         if (w->bb) free(w->bb[t]);
-        if (w->tgrad) free(w->tgrad[t]);
     }
-    free(w->fb), free(w->bb), free(w->tgrad), free(w->losses);
+    free(w->fb), free(w->bb), free(w->losses);
+    w->fb = NULL, w->bb = NULL, w->losses = NULL;
+    w->threads = w->examples = w->tokens = 0;
+}
+
+void pred_batch_ws_free(pred_batch_ws *w) {
+    free_batch_buffers(w);
+    for (int c = 0; c < PRED_GRAD_CHUNKS; c++) free(w->tgrad[c]);
     memset(w, 0, sizeof *w);
 }
 
@@ -229,22 +236,20 @@ static int ws_reserve(pred_batch_ws *w, const polar_predictor *p, int n, int T_m
     if (w->threads >= nt && w->examples >= n && w->tokens >= T_max) return 1;
     int keep_n = w->examples > n ? w->examples : n, keep_T = w->tokens > T_max ? w->tokens : T_max;
     int keep_nt = w->threads > nt ? w->threads : nt;
-    pred_batch_ws_free(w);
+    free_batch_buffers(w);
     acts tmpl;
     size_t nbytes, nact = acts_layout(&tmpl, p, keep_T, NULL, NULL, &nbytes), nbwd = bwd_floats(p, keep_T);
     w->threads = keep_nt, w->examples = keep_n, w->tokens = keep_T;
     w->fb = calloc((size_t)keep_nt, sizeof *w->fb);
     w->bb = calloc((size_t)keep_nt, sizeof *w->bb);
-    w->tgrad = calloc((size_t)keep_nt, sizeof *w->tgrad);
     w->losses = malloc((size_t)keep_n * sizeof *w->losses);
-    int ok = w->fb && w->bb && w->tgrad && w->losses;
+    int ok = w->fb && w->bb && w->losses;
     for (int t = 0; ok && t < keep_nt; t++) {
         w->fb[t] = malloc((nact + nbwd + 4 * (size_t)p->D) * sizeof(float));
         w->bb[t] = malloc(nbytes);
-        w->tgrad[t] = t ? malloc(p->storage_floats * sizeof(float)) : NULL; /* thread 0 sums into grad */
-        ok = w->fb[t] && w->bb[t] && (!t || w->tgrad[t]);
+        ok = w->fb[t] && w->bb[t];
     }
-    if (!ok) pred_batch_ws_free(w);
+    if (!ok) free_batch_buffers(w);
     return ok;
 }
 
@@ -253,14 +258,16 @@ polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example
                              polar_error *err) {
     polar_status st = check_batch(p, ex, n, dropout, err);
     if (st != POLAR_OK) return st;
-    int T_max = 1, nt = 1;
+    int T_max = 1, nt = 1, chunks = n < PRED_GRAD_CHUNKS ? n : PRED_GRAD_CHUNKS;
     for (int i = 0; i < n; i++) T_max = ex[i].T > T_max ? ex[i].T : T_max;
 #ifdef _OPENMP
     nt = omp_get_max_threads();
 #endif
-    nt = nt < n ? nt : n;
-    if (!ws_reserve(ws, p, n, T_max, nt))
-        return polar_fail(err, POLAR_ERR_NOMEM, "train: out of memory for a batch of %d", n);
+    nt = nt < chunks ? nt : chunks;
+    int ok = ws_reserve(ws, p, n, T_max, nt);
+    for (int c = 1; ok && grad && c < chunks; c++) /* chunk 0 sums into grad */
+        if (!ws->tgrad[c]) ok = (ws->tgrad[c] = malloc(p->storage_floats * sizeof(float))) != NULL;
+    if (!ok) return polar_fail(err, POLAR_ERR_NOMEM, "train: out of memory for a batch of %d", n);
     double wsum = 0.0;
     for (int i = 0; i < n; i++) wsum += ex[i].weight;
     double wnorm = 1.0 / (wsum / n + 1e-8); /* the reference's w / (mean(w) + 1e-8) */
@@ -268,36 +275,36 @@ polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example
     acts tmpl;
     size_t nact = acts_layout(&tmpl, p, ws->tokens, NULL, NULL, &nbytes), nbwd = bwd_floats(p, ws->tokens);
     double *losses = ws->losses;
-    int used = 1; /* threads the runtime gave: only their gradient buffers were written */
 #pragma omp parallel num_threads(nt)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
-#pragma omp master
-        used = omp_get_num_threads();
 #endif
-        float *fb = ws->fb[tid], *g = !grad ? NULL : tid == 0 ? grad : ws->tgrad[tid];
+        float *fb = ws->fb[tid];
         unsigned char *bb = ws->bb[tid];
-        if (g) memset(g, 0, G * sizeof *g);
 #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) {
-            acts a;
-            acts_layout(&a, p, ex[i].T, fb, bb, &nbytes);
-            float *dseg = fb + nact + nbwd, *dop = dseg + p->D;
-            polar_rng rng;
-            polar_rng_seed(&rng, example_seed(seed, step, (uint64_t)i));
-            example_forward(p, &a, ex[i].h, dropout, &rng);
-            double wi = ex[i].weight * wnorm;
-            losses[i] = wi * tr_example_loss(a.seg, a.op, ex[i].seg_start, ex[i].ops, p->D, g ? dseg : NULL,
-                                             g ? dop : NULL, (float)(wi / n));
-            if (g) example_backward(p, &a, ex[i].h, dseg, dop, dropout, g, fb + nact);
+        for (int c = 0; c < chunks; c++) {
+            float *g = !grad ? NULL : c == 0 ? grad : ws->tgrad[c];
+            if (g) memset(g, 0, G * sizeof *g);
+            for (int i = (int)((long)n * c / chunks); i < (int)((long)n * (c + 1) / chunks); i++) {
+                acts a;
+                acts_layout(&a, p, ex[i].T, fb, bb, &nbytes);
+                float *dseg = fb + nact + nbwd, *dop = dseg + p->D;
+                polar_rng rng;
+                polar_rng_seed(&rng, example_seed(seed, step, (uint64_t)i));
+                example_forward(p, &a, ex[i].h, dropout, &rng);
+                double wi = ex[i].weight * wnorm;
+                losses[i] = wi * tr_example_loss(a.seg, a.op, ex[i].seg_start, ex[i].ops, p->D, g ? dseg : NULL,
+                                                 g ? dop : NULL, (float)(wi / n));
+                if (g) example_backward(p, &a, ex[i].h, dseg, dop, dropout, g, fb + nact);
+            }
         }
     }
     if (grad) {
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < G; j++)
-            for (int t = 1; t < used; t++) grad[j] += ws->tgrad[t][j];
+            for (int c = 1; c < chunks; c++) grad[j] += ws->tgrad[c][j];
     }
     double total = 0.0;
     for (int i = 0; i < n; i++) total += losses[i];

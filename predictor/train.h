@@ -46,16 +46,22 @@ void tr_attn_bwd(float *dQ, float *dK, float *dV, const float *dctx, const float
 double tr_example_loss(const float *seg, const float *op, const unsigned char *seg_start, const int *ops, int D,
                        float *dseg, float *dop, float gscale);
 
-/* Per-thread activation / gradient buffers and per-example losses of a
- * batch, kept across steps (grown when a batch needs more); zero it to
+/* A batch's gradient is summed in this many fixed chunks of its examples,
+ * each in example order, then the chunks in order: the same bits on any
+ * number of threads (at most this many work on a batch). */
+#define PRED_GRAD_CHUNKS 16
+
+/* Per-thread activation buffers, per-chunk gradient sums and per-example
+ * losses of a batch, kept across steps (grown when a batch needs more); zero it to
  * start, pred_batch_ws_free to release. */
 typedef struct {
     int threads, examples, tokens; /* capacity */
     float **fb;                    /* [threads] activations + backward scratch */
     unsigned char **bb;            /* [threads] dropout masks */
-    float **tgrad;                 /* [threads] gradient sums (thread 0 uses the caller's) */
+    float *tgrad[PRED_GRAD_CHUNKS]; /* a chunk's gradient sum (chunk 0's is the caller's), made when first needed */
     double *losses;                /* [examples] */
 } pred_batch_ws;
+
 void pred_batch_ws_free(pred_batch_ws *w);
 
 /* The network's forward pass with dropout off, on the CPU (the training
@@ -65,8 +71,8 @@ polar_status pred_forward_cpu(const polar_predictor *p, const float *H, int T, f
 
 /* The batch loss (polar.h) and, when grad is not NULL, its gradient
  * (p->storage_floats floats laid out as p->storage, overwritten). Dropout
- * masks come from (seed, step, example index), so any thread count gives the
- * same masks. */
+ * masks come from (seed, step, example index) and the sums are made in
+ * fixed chunks, so any thread count gives the same loss and gradient bits. */
 polar_status pred_batch_grad(const polar_predictor *p, const polar_train_example *ex, int n, float dropout,
                              uint64_t seed, uint64_t step, float *grad, double *loss, pred_batch_ws *ws,
                              polar_error *err);
