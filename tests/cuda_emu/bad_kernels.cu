@@ -146,6 +146,27 @@ __global__ void blocks_racy_kernel(float *out) { out[threadIdx.x] = (float)block
 // Each block writes its own elements: no race.
 __global__ void blocks_fixed_kernel(float *out) { out[blockIdx.x * blockDim.x + threadIdx.x] = (float)blockIdx.x; }
 
+// Each block writes its element of out[1..], takes a ticket, and the last
+// block to take one sums them into out[0] (the split-K attention's merge).
+// Without the __threadfence before the ticket the last block's reads race
+// with the other blocks' writes.
+template <bool fence>
+__global__ void ticket_kernel(float *out, int *ticket) {
+    __shared__ int last;
+    if (threadIdx.x == 0) out[1 + blockIdx.x] = (float)(blockIdx.x + 1);
+    if (fence) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) {
+        float sum = 0;
+        for (unsigned b = 0; b < gridDim.x; b++) sum += out[1 + b];
+        out[0] = sum, *ticket = 0;
+    }
+}
+
 // Launched to overlap the previous kernel, it reads out before waiting for
 // that kernel, which writes it.
 __global__ void early_read_kernel(float *out, int n) {
@@ -221,6 +242,12 @@ int emu_bad_launch(const char *which, float *out, int n, void *stream) {
     else if (!__builtin_strcmp(which, "warp_fixed")) warp_fixed_kernel<<<1, WARP, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "blocks_racy")) blocks_racy_kernel<<<2, n, 0, s>>>(out);
     else if (!__builtin_strcmp(which, "blocks_fixed")) blocks_fixed_kernel<<<2, n, 0, s>>>(out);
+    else if (!__builtin_strncmp(which, "ticket_", 7)) { /* the ticket after out's n floats */
+        int *ticket = (int *)(out + n);
+        cudaMemsetAsync(ticket, 0, sizeof(int), s);
+        if (which[7] == 'r') ticket_kernel<false><<<4, WARP, 0, s>>>(out, ticket);
+        else ticket_kernel<true><<<4, WARP, 0, s>>>(out, ticket);
+    }
     else if (!__builtin_strcmp(which, "early_read") || !__builtin_strcmp(which, "overlap_wait")) {
         add_one_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, n);
         launch_overlapping(which[0] == 'e' ? early_read_kernel : awaiting_add_one_kernel, out, n, s);

@@ -504,7 +504,7 @@ void setup_block(block_state *b, unsigned linear_block, fiber **fibers) {
         f->block = b;
         f->blk = b;
         f->linear = t, f->lane = t % 32, f->warp = t / 32;
-        f->awaited = false;
+        f->awaited = false, f->fenced = false;
         f->state = RUNNABLE;
     }
 }

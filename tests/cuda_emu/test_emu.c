@@ -349,6 +349,13 @@ static int child_case(const char *name) {
         cudaFree(small); /* the redzone check finds the write past the end */
         return 0;
     }
+    if (!strncmp(name, "ticket_", 7)) { /* the last block's sum of 1..4, in any order of blocks */
+        float sum = 0;
+        emu_bad_launch(name, d, n, NULL);
+        cudaMemcpy(&sum, d, sizeof sum, cudaMemcpyDeviceToHost);
+        printf("sum %g\n", sum);
+        return 0;
+    }
     if (!strcmp(name, "racy") || !strcmp(name, "fixed")) {
         float h[64];
         emu_bad_launch(name, d, n, NULL);
@@ -397,6 +404,13 @@ static void detections(void) {
     run_case("fixed", "random", fixed_rev, sizeof fixed_rev);
     CHECK(strstr(fwd, "ones 64") && !strstr(rev, "ones 64"), "the racy kernel gave %s forward and %s reversed", fwd, rev);
     CHECK(strstr(fixed_rev, "ones 64") != NULL, "the fixed kernel gave %s in random order", fixed_rev);
+    /* the ticket's last block sums every block's element, in any order of blocks */
+    static const char *orders[] = {"forward", "reverse", "random"};
+    for (int o = 0; o < 3; o++) {
+        char sum[256];
+        run_case("ticket_fixed", orders[o], sum, sizeof sum);
+        CHECK(strstr(sum, "sum 10\n") != NULL, "the ticket kernel gave %s in %s order", sum, orders[o]);
+    }
 }
 
 /* Under ThreadSanitizer (make test-cuda-race): each race is reported, in
@@ -407,8 +421,9 @@ static void races(void) {
         {"warp_racy", "warp_racy_kernel"},     /* shared memory, no __syncwarp */
         {"blocks_racy", "blocks_racy_kernel"}, /* two blocks write one element */
         {"early_read", "early_read_kernel"},   /* read before cudaGridDependencySynchronize */
+        {"ticket_racy", "ticket_kernel"},      /* a ticket taken without __threadfence */
     };
-    static const char *fixed[] = {"fixed", "warp_fixed", "blocks_fixed", "overlap_wait"};
+    static const char *fixed[] = {"fixed", "warp_fixed", "blocks_fixed", "overlap_wait", "ticket_fixed"};
     static const char *orders[] = {"forward", "reverse", "random"};
     char out[16384];
     for (size_t o = 0; o < 3; o++) {

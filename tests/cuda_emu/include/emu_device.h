@@ -22,6 +22,7 @@
 #include <tuple>
 #include <utility>
 
+#include "../race.h"
 #include "cuda_runtime_api.h"
 
 // ------------------------------------------------------------ qualifiers
@@ -73,6 +74,7 @@ struct block_info {
 struct thread_info {
     uint3 thread_idx;
     block_info *block;
+    bool fenced; // ran __threadfence (the race check's atomics release then)
 };
 struct launch_info {
     dim3 grid_dim, block_dim;
@@ -238,7 +240,7 @@ static inline void __syncthreads() { emu::syncthreads(); }
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_op(emu::W_SYNC, mask, 0, 0, 32); }
 static inline void cudaGridDependencySynchronize() { emu::grid_dependency_sync(); }
 static inline void cudaTriggerProgrammaticLaunchCompletion() { emu::trigger_dependents(); }
-static inline void __threadfence() {}
+static inline void __threadfence() { emu::cur->fenced = true; }
 static inline void __threadfence_block() {}
 
 template <typename T>
@@ -317,42 +319,41 @@ template <typename T>
 static inline void __stcs(T *p, T v) { *p = v; }
 
 // Atomics: fibers switch only at barriers and collectives, and one launch
-// runs at a time, so a read-modify-write cannot be interrupted.
-template <typename T>
-static inline T atomicAdd(T *p, T v) {
-    T old = *p;
-    *p = old + v;
+// runs at a time, so a read-modify-write cannot be interrupted. Under the
+// race check each is an atomic access (two threads' atomics on one word are
+// no race; an atomic and a plain access are) and carries the GPU's ticket
+// idiom: it acquires what earlier atomics on its word released, and releases
+// what its thread has seen if the thread ran __threadfence before it. A
+// block that takes its ticket without the fence leaves what it wrote racing
+// with the last block's reads. (Writes between the fence and the atomic are
+// released too, and a missing fence after the ticket is not seen.)
+template <typename T, typename Op>
+static inline T emu_atomic(T *p, Op op) {
+#ifdef POLAR_CUDA_EMU_RACE
+    emu::race_acquire(p);
+    T old, want;
+    __atomic_load(p, &old, __ATOMIC_RELAXED);
+    do want = op(old);
+    while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    if (emu::cur->fenced) emu::race_release(p);
     return old;
+#else
+    T old = *p;
+    *p = op(old);
+    return old;
+#endif
 }
 template <typename T>
-static inline T atomicSub(T *p, T v) {
-    T old = *p;
-    *p = old - v;
-    return old;
-}
+static inline T atomicAdd(T *p, T v) { return emu_atomic(p, [v](T old) { return old + v; }); }
 template <typename T>
-static inline T atomicMax(T *p, T v) {
-    T old = *p;
-    *p = old > v ? old : v;
-    return old;
-}
+static inline T atomicSub(T *p, T v) { return emu_atomic(p, [v](T old) { return old - v; }); }
 template <typename T>
-static inline T atomicMin(T *p, T v) {
-    T old = *p;
-    *p = old < v ? old : v;
-    return old;
-}
+static inline T atomicMax(T *p, T v) { return emu_atomic(p, [v](T old) { return old > v ? old : v; }); }
 template <typename T>
-static inline T atomicExch(T *p, T v) {
-    T old = *p;
-    *p = v;
-    return old;
-}
+static inline T atomicMin(T *p, T v) { return emu_atomic(p, [v](T old) { return old < v ? old : v; }); }
 template <typename T>
-static inline T atomicCAS(T *p, T compare, T v) {
-    T old = *p;
-    if (old == compare) *p = v;
-    return old;
-}
+static inline T atomicExch(T *p, T v) { return emu_atomic(p, [v](T) { return v; }); }
+template <typename T>
+static inline T atomicCAS(T *p, T compare, T v) { return emu_atomic(p, [compare, v](T old) { return old == compare ? v : old; }); }
 
 #endif
