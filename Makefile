@@ -276,9 +276,13 @@ EMU_MODEL_TESTS := model_golden model_long_prompt model_moe_deterministic graph_
 EMU_ORDER_TESTS := kernel_prefill_ops kernel_kv_store kernel_attention kernel_moe kernel_blocks_staged kernel_mma_gemv kernel_route_group \
                    model_moe_deterministic
 # Data races (make test-cuda-race): make test runs the emulation's race
-# self-test and the faster kernel tests, when the C++ compiler's
-# ThreadSanitizer builds and runs here; make test-cuda-race runs them all.
-RACE_IN_TEST := kernel_moe kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store
+# self-test and the kernel tests that take under half a minute each under
+# ThreadSanitizer on a 2-core Zen 1 (kernel_moe four minutes,
+# kernel_attention and kernel_fused_gemv over ten), when the
+# C++ compiler's ThreadSanitizer builds and runs here; make test-cuda-race
+# runs them all.
+RACE_IN_TEST := kernel_rmsnorm_swiglu_argmax kernel_prefill_ops kernel_kv_store kernel_mma_gemv kernel_route_group \
+                kernel_blocks_experts kernel_blocks_gemm
 RACE_TESTS ?= $(EMU_KERNEL_TESTS) predictor_fused overlap_off
 RACE_ENV := TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_THREAD_LIMIT=1 POLAR_CUDA_EMU_ORDER=random
 TSAN_WORKS := t=$$(mktemp) && { echo 'int main(){return 0;}' | $(CXX) -fsanitize=thread -x c++ - -o $$t 2>/dev/null \
