@@ -188,10 +188,7 @@ polar_status eval_read_records(const char *path, eval_records *rs, polar_error *
         rs->q = grown;
         rs->q[rs->n++] = q;
     }
-    if (st == POLAR_OK && got < 0)
-        st = got == JSONL_TOO_LONG ? polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: a line over %zu MiB: not a results file",
-                                                path, lineno + 1, JSONL_MAX_LINE >> 20)
-                                   : polar_fail(err, POLAR_ERR_IO, "%s:%ld: read error", path, lineno + 1);
+    if (st == POLAR_OK && got < 0) st = jsonl_line_fail(got, path, lineno + 1, "results", err);
     free(line);
     fclose(f);
     if (st != POLAR_OK) eval_records_free(rs);

@@ -442,6 +442,13 @@ ssize_t jsonl_read_line(FILE *f, char **line, size_t *cap, size_t max_bytes) {
     return (ssize_t)n;
 }
 
+polar_status jsonl_line_fail(ssize_t got, const char *path, long lineno, const char *what, polar_error *err) {
+    if (got == JSONL_TOO_LONG)
+        return polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: a line over %zu MiB: not a %s file", path, lineno,
+                          JSONL_MAX_LINE >> 20, what);
+    return polar_fail(err, POLAR_ERR_IO, "%s:%ld: read error", path, lineno);
+}
+
 polar_status json_parse_file(const char *path, json_doc **out, polar_error *err) {
     char *text;
     size_t len;

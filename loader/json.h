@@ -50,6 +50,10 @@ polar_status json_read_file(const char *path, size_t max_bytes, char **text, siz
 #define JSONL_READ_ERROR ((ssize_t)-1)
 ssize_t jsonl_read_line(FILE *f, char **line, size_t *cap, size_t max_bytes);
 
+/* The error of a jsonl_read_line result below 0 at path's line lineno:
+ * "PATH:N: a line over 64 MiB: not a WHAT file" or a read error. */
+polar_status jsonl_line_fail(ssize_t got, const char *path, long lineno, const char *what, polar_error *err);
+
 /* Parse a file. */
 polar_status json_parse_file(const char *path, json_doc **out, polar_error *err);
 

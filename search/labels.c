@@ -155,10 +155,7 @@ polar_status pred_labels_each(const char *path, pred_label_fn fn, void *ctx, pol
             st = fn(&l, ctx, err);
         json_free(doc);
     }
-    if (st == POLAR_OK && got < 0)
-        st = got == JSONL_TOO_LONG ? polar_fail(err, POLAR_ERR_FORMAT, "%s:%ld: a line over %zu MiB: not a labels file",
-                                                path, lineno + 1, JSONL_MAX_LINE >> 20)
-                                   : polar_fail(err, POLAR_ERR_IO, "%s:%ld: read error", path, lineno + 1);
+    if (st == POLAR_OK && got < 0) st = jsonl_line_fail(got, path, lineno + 1, "labels", err);
     free(line);
     fclose(f);
     return st;

@@ -370,6 +370,8 @@ static int child_case(const char *name) {
     return 0;
 }
 
+static const char *orders[] = {"forward", "reverse", "random"}; /* POLAR_CUDA_EMU_ORDER */
+
 static void detections(void) {
     static const char *cases[][2] = {
         {"exit_before_barrier", "exited"},
@@ -405,7 +407,6 @@ static void detections(void) {
     CHECK(strstr(fwd, "ones 64") && !strstr(rev, "ones 64"), "the racy kernel gave %s forward and %s reversed", fwd, rev);
     CHECK(strstr(fixed_rev, "ones 64") != NULL, "the fixed kernel gave %s in random order", fixed_rev);
     /* the ticket's last block sums every block's element, in any order of blocks */
-    static const char *orders[] = {"forward", "reverse", "random"};
     for (int o = 0; o < 3; o++) {
         char sum[256];
         run_case("ticket_fixed", orders[o], sum, sizeof sum);
@@ -424,7 +425,6 @@ static void races(void) {
         {"ticket_racy", "ticket_kernel"},      /* a ticket taken without __threadfence */
     };
     static const char *fixed[] = {"fixed", "warp_fixed", "blocks_fixed", "overlap_wait", "ticket_fixed"};
-    static const char *orders[] = {"forward", "reverse", "random"};
     char out[16384];
     for (size_t o = 0; o < 3; o++) {
         for (size_t i = 0; i < sizeof racy / sizeof racy[0]; i++) {
