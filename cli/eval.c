@@ -395,9 +395,9 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!rc && style == STYLE_MC && polar_dataset_get(data, first)->n_choices == 0)
         rc = fail_usage(cmd, "--style mc needs a multiple-choice data set");
-    char *default_model = NULL;
-    const char *model_path = a.model;
-    if (!rc && !model_path && !(model_path = default_model = find_default_model(cmd))) rc = 1;
+    char *model_file = rc ? NULL : find_model(cmd, a.model);
+    const char *model_path = model_file;
+    if (!rc && !model_path) rc = 1;
     polar_error err;
     polar_model *m = NULL;
     polar_tokenizer *tok = NULL;
@@ -410,6 +410,6 @@ int cmd_eval(int argc, char **argv) {
     polar_model_free(m);
     polar_dataset_free(data);
     polar_dataset_free(shot_data);
-    polar_free(default_model);
+    polar_free(model_file);
     return rc;
 }

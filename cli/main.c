@@ -47,7 +47,7 @@ static const command commands[] = {
     {"perplexity", cmd_perplexity,
      "perplexity [--model PATH] (-f TEXT | --kl-divergence FILE) [--ctx 512] [--chunks N]\n"
      "            [--program SPEC] [--threads N] [--device D] [--kv f32|bf16]\n"
-     "            [--kl-divergence-base FILE [--kl-top-k K]] [--json] [--quiet]\n"},
+     "            [--kl-divergence-base FILE [--kl-top-k K | --kl-format llama]] [--json] [--quiet]\n"},
     {"serve", cmd_serve,
      "serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--device D] [--max-batch 16] [--ctx N]\n"
      "            [--threads N] [--kv f32|bf16] [--kv-mb N] [--cache-mb 64] [--api-key KEY] [--name ID]\n"
@@ -73,8 +73,9 @@ static void usage(FILE *f, const command *only) {
     for (int i = 0; i < N_COMMANDS; i++)
         if (!only || only == &commands[i]) fprintf(f, "  polar %s", commands[i].usage);
     fprintf(f, "\n"
-               "PATH: a model folder (config.json + safetensors) or a .gguf file; without --model, the\n"
-               "default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
+               "PATH: a model folder (config.json + safetensors), a .gguf file, or the name of a model\n"
+               "installed by `make models` (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); without --model,\n"
+               "the default model (SmolLM2-135M-Instruct, installed by `make run`).\n"
                "SPEC: base | comma-separated terms A, A-B, each optionally xN (repeat N times) | a JSON\n"
                "list of layer indices. Example: 0-5,6-7x2,9-15 runs 6,7,6,7 in place of 6,7 and skips 8.\n");
     if (!only)

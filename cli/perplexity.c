@@ -48,7 +48,7 @@ static void print_json(const polar_ppl_result *r, const char *program, int execu
 
 int cmd_perplexity(int argc, char **argv) {
     const char *cmd = "perplexity", *model_arg = NULL, *file = NULL, *program_text = "base", *device_text = NULL;
-    const char *kv_text = NULL, *save = NULL, *reference = NULL;
+    const char *kv_text = NULL, *save = NULL, *reference = NULL, *format = NULL;
     int ctx = 512, chunks = 0, threads = 0, top_k = 0, json = 0, quiet = 0;
     cli_opt opts[] = {
         {"--model", OPT_STR, &model_arg, 0},
@@ -61,6 +61,7 @@ int cmd_perplexity(int argc, char **argv) {
         {"--kv", OPT_STR, &kv_text, 0},
         {"--kl-divergence-base", OPT_STR, &save, 0},
         {"--kl-top-k", OPT_INT, &top_k, 0},
+        {"--kl-format", OPT_STR, &format, 0},
         {"--kl-divergence", OPT_STR, &reference, 0},
         {"--json", OPT_FLAG, &json, 0},
         {"--quiet", OPT_FLAG, &quiet, 0},
@@ -72,10 +73,15 @@ int cmd_perplexity(int argc, char **argv) {
     if (!file && !reference) return fail_usage(cmd, "-f TEXT is required (or --kl-divergence FILE, whose tokens are scored)");
     if (save && reference) return fail_usage(cmd, "--kl-divergence-base saves a reference, --kl-divergence compares: one of them");
     if (top_k && !save) return fail_usage(cmd, "--kl-top-k goes with --kl-divergence-base");
+    if (format && !save) return fail_usage(cmd, "--kl-format goes with --kl-divergence-base (a reference's is read from it)");
+    if (format && strcmp(format, "polar") && strcmp(format, "llama"))
+        return fail_usage(cmd, "--kl-format must be polar or llama, got '%s'", format);
+    o.save_llama = format && !strcmp(format, "llama");
+    if (o.save_llama && top_k) return fail_usage(cmd, "--kl-format llama keeps the whole vocabulary: no --kl-top-k");
     if (ctx < 4) return fail_usage(cmd, "--ctx must be 4 at least");
-    char *default_model = NULL;
-    const char *model_path = model_arg;
-    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
+    char *model_file = find_model(cmd, model_arg);
+    const char *model_path = model_file;
+    if (!model_path) return 1;
     polar_error err;
     polar_model *m = NULL;
     polar_tokenizer *tok = NULL;
@@ -126,6 +132,6 @@ done:
     polar_program_free(&p);
     polar_tokenizer_free(tok);
     polar_model_free(m);
-    polar_free(default_model);
+    polar_free(model_file);
     return rc;
 }

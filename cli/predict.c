@@ -19,16 +19,16 @@ int cmd_predict(int argc, char **argv) {
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0])) return EXIT_USAGE;
     if (!question) return fail_usage(cmd, "--question TEXT is required");
     if (k < 1 || k > 64) return fail_usage(cmd, "-k must be 1 to 64");
-    char *default_model;
+    char *model_file;
     const char *model_path;
     polar_arch arch;
-    int st_model = model_arch_of(cmd, model_arg, &model_path, &default_model, &arch);
+    int st_model = model_arch_of(cmd, model_arg, &model_path, &model_file, &arch);
     if (st_model) return st_model;
     polar_decode_opts o = polar_decode_defaults();
     o.min_layers = min_layers;
     o.max_layers = max_layers;
     if (decode_mode(cmd, decode, &o)) {
-        polar_free(default_model);
+        polar_free(model_file);
         return EXIT_USAGE;
     }
     polar_candidate cand[64];
@@ -55,6 +55,6 @@ int cmd_predict(int argc, char **argv) {
     else if (rc == 0)
         printf("encoder %.2f ms, predictor %.2f ms, beam %.3f ms\n", tm.encoder_ms, tm.predictor_ms, tm.beam_ms);
     for (int i = 0; i < n; i++) polar_program_free(&cand[i].program);
-    polar_free(default_model);
+    polar_free(model_file);
     return rc;
 }

@@ -147,9 +147,9 @@ int cmd_run(int argc, char **argv) {
     cli_tp par;
     int tp_rc = cli_tp_setup(cmd, &tpa, &par);
     if (tp_rc) return tp_rc;
-    char *default_model = NULL;
-    const char *model_path = model_arg;
-    if (!model_path && !(model_path = default_model = find_default_model(cmd))) return 1;
+    char *model_file = find_model(cmd, model_arg);
+    const char *model_path = model_file;
+    if (!model_path) return 1;
 
     polar_error err;
     polar_model *m = NULL;
@@ -250,7 +250,7 @@ done:
     for (int c = 0; c < n_cand; c++) polar_program_free(&cand[c].program);
     polar_tokenizer_free(tok);
     polar_model_free(m);
-    polar_free(default_model);
+    polar_free(model_file);
     polar_free(ids);
     free(out);
     free(ts.text);

@@ -381,12 +381,12 @@ int cmd_search(int argc, char **argv) {
         polar_dataset_free(shot_data);
         return rc;
     }
-    char *default_model = NULL;
-    const char *path = a.model;
+    char *model_file = find_model(cmd, a.model);
+    const char *path = model_file;
     polar_error err;
     polar_model *m = NULL;
     polar_tokenizer *tok = NULL;
-    if (!path && !(path = default_model = find_default_model(cmd))) rc = 1;
+    if (!path) rc = 1;
     else if (polar_model_load(path, &m, &err) != POLAR_OK || polar_tokenizer_load(path, &tok, &err) != POLAR_OK)
         rc = fail_status(cmd, &err);
     else
@@ -395,6 +395,6 @@ int cmd_search(int argc, char **argv) {
     polar_model_free(m);
     polar_dataset_free(data);
     polar_dataset_free(shot_data);
-    polar_free(default_model);
+    polar_free(model_file);
     return rc;
 }

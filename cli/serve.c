@@ -53,9 +53,9 @@ int cmd_serve(int argc, char **argv) {
      * leaves SIGTERM and SIGINT to serve_run */
     serve_block_signals();
 
-    char *default_model = NULL, *id = NULL;
-    const char *path = model_arg;
-    if (!path && !(path = default_model = find_default_model(cmd))) return 1;
+    char *model_file = find_model(cmd, model_arg), *id = NULL;
+    const char *path = model_file;
+    if (!path) return 1;
     o.model_name = name ? name : model_id(path, &id);
     serve_server s = {.o = o};
     polar_model *m = NULL;
@@ -90,7 +90,7 @@ done:
     polar_planner_free(s.planner);
     polar_tokenizer_free(tok);
     polar_model_free(m);
-    polar_free(default_model);
+    polar_free(model_file);
     free(id);
     return rc;
 }

@@ -32,13 +32,16 @@ int cmd_tokenize(int argc, char **argv) {
     char *contents = file ? read_text_file(cmd, file, &text_len) : NULL;
     if (file && !contents) return 1;
     if (file) text = contents;
-    char *default_model = NULL;
-    if (!model && !(model = default_model = find_default_model(cmd))) return 1;
+    char *model_file = find_model(cmd, model);
+    if (!(model = model_file)) {
+        free(contents);
+        return 1;
+    }
     polar_error err;
     polar_tokenizer *t;
     int *ids = NULL, n = 0, rc = 1;
     if (polar_tokenizer_load(model, &t, &err) != POLAR_OK) {
-        polar_free(default_model);
+        polar_free(model_file);
         free(contents);
         return fail_status(cmd, &err);
     }
@@ -66,7 +69,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     polar_free(ids);
     polar_tokenizer_free(t);
-    polar_free(default_model);
+    polar_free(model_file);
     free(contents);
     return rc;
 }

@@ -246,10 +246,10 @@ static int train(int argc, char **argv, const char *const *files, int n_files) {
     epoch_select sel = SELECT_LOSS;
     while (sel <= SELECT_CATALOGUE && strcmp(select_text, select_names[sel])) sel++;
     if (sel > SELECT_CATALOGUE) return fail_usage(cmd, "--select must be loss, beam or catalogue, got '%s'", select_text);
-    char *default_model;
+    char *model_file;
     const char *model_path;
     polar_arch arch;
-    int st_model = model_arch_of(cmd, model_arg, &model_path, &default_model, &arch);
+    int st_model = model_arch_of(cmd, model_arg, &model_path, &model_file, &arch);
     if (st_model) return st_model;
     polar_error err;
     int D = arch.n_layers, rc = 1, n_tr = 0, n_va = 0;
@@ -268,7 +268,7 @@ static int train(int argc, char **argv, const char *const *files, int n_files) {
     polar_program constant = {0};
     FILE *log = stdout;
     if (polar_train_labels_load(files, n_files, D, max_paths, (float)ow, seed, &l, &err) != POLAR_OK) {
-        polar_free(default_model);
+        polar_free(model_file);
         return fail_status(cmd, &err);
     }
     fprintf(stderr, "labels: %d questions (%d lines, %d of them a question asked before: pooled, %d programs found "
@@ -328,7 +328,7 @@ done:
     free(va);
     polar_train_features_free(&f);
     polar_train_labels_free(&l);
-    polar_free(default_model);
+    polar_free(model_file);
     return rc;
 }
 

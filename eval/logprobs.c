@@ -10,19 +10,26 @@
 #include "../runtime/error.h"
 
 #define MAGIC "POLARLP1"
+#define LLAMA_MAGIC "_logits_"
 #define FLOOR_NATS 20.0f /* below the most likely token's log-probability less this: left out */
+#define LLAMA_FLOOR_NATS 16.0f /* llama-perplexity's floor, and its KL divergence's cut (-16) */
 
 static size_t even(size_t n) { return (n + 1) & ~(size_t)1; }
 
 size_t logprobs_record_bytes(const logprobs_header *h) {
+    if (h->llama) return 8 + 2 * even(h->vocab);
     return h->top_k ? 8 + (size_t)h->top_k * 8 : 12 + 2 * even(h->vocab);
 }
+
+/* The header's u32 fields as stored: polar's four, llama-perplexity's three. */
+static size_t header_fields(const logprobs_header *h) { return h->llama ? 3 : 4; }
 
 polar_status logprobs_write_header(FILE *f, const char *path, const logprobs_header *h, const int *tokens,
                                    polar_error *err) {
     uint32_t v[4] = {h->ctx, h->vocab, h->chunks, h->top_k};
-    size_t n = (size_t)h->chunks * h->ctx;
-    if (fwrite(MAGIC, 1, 8, f) != 8 || fwrite(v, sizeof v, 1, f) != 1 || fwrite(tokens, sizeof *tokens, n, f) != n)
+    size_t n = (size_t)h->chunks * h->ctx, fields = header_fields(h);
+    if (fwrite(h->llama ? LLAMA_MAGIC : MAGIC, 1, 8, f) != 8 || fwrite(v, sizeof *v, fields, f) != fields ||
+        fwrite(tokens, sizeof *tokens, n, f) != n)
         return polar_fail(err, POLAR_ERR_IO, "%s: cannot write the log-probabilities", path);
     return POLAR_OK;
 }
@@ -31,10 +38,13 @@ polar_status logprobs_read_header(FILE *f, const char *path, int vocab, logprobs
                                   polar_error *err) {
     *tokens = NULL;
     char magic[8];
-    uint32_t v[4];
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, MAGIC, 8) || fread(v, sizeof v, 1, f) != 1)
-        return polar_fail(err, POLAR_ERR_FORMAT, "%s: not a file of log-probabilities polar wrote", path);
-    *h = (logprobs_header){v[0], v[1], v[2], v[3]};
+    uint32_t v[4] = {0};
+    int llama = 0;
+    if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, MAGIC, 8) && !(llama = !memcmp(magic, LLAMA_MAGIC, 8))) ||
+        fread(v, sizeof *v, llama ? 3 : 4, f) != (llama ? 3u : 4u))
+        return polar_fail(err, POLAR_ERR_FORMAT,
+                          "%s: not a file of log-probabilities (neither polar's nor llama-perplexity's)", path);
+    *h = (logprobs_header){v[0], v[1], v[2], v[3], llama};
     if (h->ctx < 4 || h->ctx > (1u << 20) || h->chunks < 1 || h->chunks > (1u << 24) || h->top_k > h->vocab ||
         h->top_k > (1u << 16))
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: ctx %u, %u chunks, top %u: not a valid header", path, h->ctx,
@@ -43,14 +53,15 @@ polar_status logprobs_read_header(FILE *f, const char *path, int vocab, logprobs
         return polar_fail(err, POLAR_ERR_ARG, "%s: log-probabilities over %u tokens, the model's vocabulary has %d",
                           path, h->vocab, vocab);
     size_t n = (size_t)h->chunks * h->ctx, body = (size_t)h->chunks * logprobs_scored((int)h->ctx) *
-                                                   logprobs_record_bytes(h);
+                                                   logprobs_record_bytes(h),
+           head = 8 + header_fields(h) * sizeof *v;
     if (n > ((size_t)1 << 28)) /* what no size check bounds (a pipe) */
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: %u chunks of %u tokens: more than 2^28 tokens", path, h->chunks,
                           h->ctx);
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && (size_t)sb.st_size != 8 + sizeof v + n * sizeof(int) + body)
+    if (fstat(fileno(f), &sb) == 0 && (size_t)sb.st_size != head + n * sizeof(int) + body)
         return polar_fail(err, POLAR_ERR_FORMAT, "%s: %lld bytes, where %u chunks of %u tokens take %zu", path,
-                          (long long)sb.st_size, h->chunks, h->ctx, 8 + sizeof v + n * sizeof(int) + body);
+                          (long long)sb.st_size, h->chunks, h->ctx, head + n * sizeof(int) + body);
     int *t = malloc(n * sizeof *t);
     if (!t) return polar_fail(err, POLAR_ERR_NOMEM, "%s: out of memory for %zu tokens", path, n);
     if (fread(t, sizeof *t, n, f) != n) {
@@ -126,6 +137,17 @@ double logprobs_encode(const logprobs_header *h, const float *logits, int target
     float mx;
     double lse = log_sum_exp(logits, V, &mx, NULL);
     float *r = record;
+    if (h->llama) { /* llama-perplexity's rounding, step over 65535 */
+        float lo = mx;
+        for (int i = 0; i < V; i++) lo = logits[i] < lo ? logits[i] : lo;
+        if (lo < mx - LLAMA_FLOOR_NATS) lo = mx - LLAMA_FLOOR_NATS;
+        float step = (mx - lo) / 65535.0f;
+        r[0] = step, r[1] = (float)(lo - lse);
+        uint16_t *q = (uint16_t *)(r + 2);
+        for (int i = 0; i < V; i++) q[i] = logits[i] > lo && step > 0 ? (uint16_t)lrintf((logits[i] - lo) / step) : 0;
+        if (V % 2) q[V] = 0;
+        return lse - logits[target];
+    }
     r[0] = (float)(logits[target] - lse);
     if (h->top_k) {
         int k = (int)h->top_k, *ids = (int *)work;
@@ -160,6 +182,19 @@ logprobs_cmp logprobs_compare(const logprobs_header *h, const float *logits, int
     const float *r = record;
     logprobs_cmp c = {.nll = lse - logits[target], .ref_nll = -r[0]};
     double kld = 0;
+    if (h->llama) {
+        const uint16_t *q = (const uint16_t *)(r + 2);
+        int ref_top = 0;
+        c.ref_nll = -((double)r[0] * q[target] + r[1]);
+        for (int i = 0; i < V; i++) {
+            if (q[i] > q[ref_top]) ref_top = i;
+            double lp = (double)r[0] * q[i] + r[1];
+            if (lp > -LLAMA_FLOOR_NATS) kld += exp(lp) * (lp - (logits[i] - lse));
+        }
+        c.same_top = ref_top == top;
+        c.kld = kld;
+        return c;
+    }
     if (h->top_k) {
         const unsigned char *entry = (const unsigned char *)record + 8;
         double q_top = 0;

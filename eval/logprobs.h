@@ -11,7 +11,14 @@
  *            one's less 20: probabilities under 2e-9 of it are left out);
  *   top_k k: f32 the scored token's log-probability, f32 log of the
  *            probability outside the top k, then k x (i32 id, f32
- *            log-probability), most likely first. */
+ *            log-probability), most likely first.
+ * llama-perplexity's file (--kl-divergence-base), read and written too:
+ * "_logits_", u32 ctx, i32 vocab, i32 chunks, the tokens (chunks x ctx
+ * i32), then per scored token f32 step, f32 floor and u16 q[vocab rounded
+ * up to even]: a log-probability is floor + step x q, with the floor the
+ * most likely one's less 16 (q = 0 at and below it). Its comparison is
+ * llama.cpp's: only the reference's log-probabilities above -16 count in
+ * the KL divergence. */
 #ifndef POLAR_EVAL_LOGPROBS_H
 #define POLAR_EVAL_LOGPROBS_H
 
@@ -22,6 +29,7 @@
 
 typedef struct {
     uint32_t ctx, vocab, chunks, top_k;
+    int llama; /* llama-perplexity's layout (top_k 0) */
 } logprobs_header;
 
 /* Bytes of one scored token's record. */

@@ -171,7 +171,12 @@ static polar_status run_open(run_state *s, const polar_model *m, const polar_pro
         if ((*tokens)[i] < 0 || (*tokens)[i] >= s->vocab)
             return polar_fail(err, POLAR_ERR_RANGE, "perplexity: token %d (at %d) is outside the vocabulary 0..%d",
                               (*tokens)[i], i, s->vocab - 1);
-    if (!s->ref) s->h = (logprobs_header){(uint32_t)s->ctx, (uint32_t)s->vocab, (uint32_t)chunks, (uint32_t)o->save_top_k};
+    if (o->save_llama && o->save_top_k)
+        return polar_fail(err, POLAR_ERR_ARG, "perplexity: llama-perplexity's layout keeps the whole vocabulary, "
+                                              "not a top %d", o->save_top_k);
+    if (!s->ref)
+        s->h = (logprobs_header){(uint32_t)s->ctx, (uint32_t)s->vocab, (uint32_t)chunks, (uint32_t)o->save_top_k,
+                                 o->save_llama};
     s->h.chunks = (uint32_t)chunks;
     if (o->save_top_k < 0 || o->save_top_k > s->vocab)
         return polar_fail(err, POLAR_ERR_ARG, "perplexity: top %d of a vocabulary of %d", o->save_top_k, s->vocab);

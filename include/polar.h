@@ -1187,6 +1187,8 @@ typedef struct {
     const char *save;       /* write the scored tokens' log-probabilities here: a reference for later runs */
     int save_top_k;         /* ... only each token's top k and the mass of the rest (a lower bound on the KL
                              * divergence then); 0: the whole vocabulary, 2 bytes each */
+    int save_llama;         /* ... in llama-perplexity's --kl-divergence-base layout (the whole vocabulary;
+                             * save_top_k 0). A reference is read in either layout, told by its magic */
     const char *reference;  /* compare with the log-probabilities saved in this file (its tokens, ctx and chunks
                              * are the run's: tokens may be NULL) */
     void (*progress)(int chunk, int n_chunks, double ppl, void *user); /* after each chunk (may be NULL) */

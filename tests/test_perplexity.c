@@ -139,6 +139,67 @@ static void kld_reference_files(void) {
     polar_model_free(m);
 }
 
+/* llama-perplexity's --kl-divergence-base layout, written and read: its
+ * header and size to the byte, a run against itself, and a program's KLD
+ * the same as against polar's own full record (its floor is 16 nats, which
+ * this model's probabilities stay above). */
+static void kld_llama_files(void) {
+    polar_error err;
+    polar_model_info info;
+    polar_model *m = golden_model("llama", &info);
+    if (!m) return;
+    int V = info.arch.vocab, tokens[64];
+    tokens_of(tokens, 64, V, 3);
+    polar_program base, skip;
+    CHECK_OK(polar_program_base(info.arch.n_layers, &base, &err));
+    CHECK_OK(polar_program_parse("0,2,3", info.arch.n_layers, 0, &skip, &err));
+    char llama[64], own[64];
+    snprintf(llama, sizeof llama, "/tmp/polar-ppl-%d.kld", (int)getpid());
+    snprintf(own, sizeof own, "/tmp/polar-ppl-%d.own", (int)getpid());
+    polar_ppl_opts o = {.ctx = CHUNK_CTX, .bos = -1, .n_threads = 2, .device = POLAR_DEVICE_CPU, .save = llama,
+                        .save_llama = 1};
+    polar_ppl_result saved, self, r[2];
+    CHECK_OK(polar_perplexity(m, &base, tokens, 64, &o, &saved, &err));
+    o.save = own, o.save_llama = 0;
+    CHECK_OK(polar_perplexity(m, &base, tokens, 64, &o, &saved, &err));
+    FILE *f = fopen(llama, "rb");
+    char magic[8] = {0};
+    uint32_t head[3] = {0};
+    int t0 = -1;
+    long size = 0;
+    if (f) {
+        CHECK(fread(magic, 1, 8, f) == 8 && fread(head, 4, 3, f) == 3 && fread(&t0, 4, 1, f) == 1, "header read");
+        fseek(f, 0, SEEK_END);
+        size = ftell(f);
+        fclose(f);
+    }
+    long want = 8 + 12 + 64 * 4 + 4L * (CHUNK_CTX - 1 - CHUNK_CTX / 2) * (2 * (4 + ((V + 1) & ~1)));
+    CHECK(!memcmp(magic, "_logits_", 8) && head[0] == CHUNK_CTX && (int)head[1] == V && head[2] == 4 &&
+              t0 == tokens[0] && size == want,
+          "llama layout: magic %.8s, ctx %u, vocab %u, chunks %u, first token %d, %ld bytes (want %ld)", magic, head[0],
+          head[1], head[2], t0, size, want);
+    o.save = NULL, o.reference = llama;
+    CHECK_OK(polar_perplexity(m, &base, NULL, 0, &o, &self, &err));
+    CHECK(self.compared && self.kld < 1e-6 && self.same_top == 1.0 && fabs(self.ln_ratio) < 1e-4 && self.chunks == 4,
+          "against itself in llama's layout: KLD %g, same top %g, ln ratio %g", self.kld, self.same_top, self.ln_ratio);
+    const char *files[2] = {llama, own};
+    for (int i = 0; i < 2; i++) {
+        o.reference = files[i];
+        CHECK_OK(polar_perplexity(m, &skip, tokens, 64, &o, &r[i], &err));
+    }
+    CHECK(r[1].kld > 1e-4 && fabs(r[0].kld / r[1].kld - 1) < 1e-3 && r[0].same_top == r[1].same_top,
+          "skip vs base: KLD %g (llama's layout) vs %g (polar's), same top %g vs %g", r[0].kld, r[1].kld, r[0].same_top,
+          r[1].same_top);
+    printf("  skip 0,2,3 against base: KLD %.6f (llama-perplexity's layout), %.6f (polar's)\n", r[0].kld, r[1].kld);
+    o.reference = NULL, o.save = llama, o.save_llama = 1, o.save_top_k = 8;
+    CHECK(polar_perplexity(m, &base, tokens, 64, &o, &saved, &err) == POLAR_ERR_ARG, "llama layout with a top k: %s",
+          err.msg);
+    unlink(llama), unlink(own);
+    polar_program_free(&base);
+    polar_program_free(&skip);
+    polar_model_free(m);
+}
+
 /* Write n bytes of src (0: all) into dst, or dst's bytes from offset on
  * replaced: a damaged copy of a reference file. */
 static int damaged_copy(const char *src, const char *dst, long n, long offset, const void *bytes, size_t len) {
@@ -377,6 +438,7 @@ int main(int argc, char **argv) {
     if (argc == 7 && !strcmp(argv[1], "--child")) return child_main(argv + 2);
     RUN(ppl_matches_direct);
     RUN(kld_reference_files);
+    RUN(kld_llama_files);
     RUN(errors);
     RUN(level_kld);
     TEST_EXIT();
